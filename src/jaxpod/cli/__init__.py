@@ -1,0 +1,1 @@
+"""Command line: parse config, call one workload; nothing else."""
