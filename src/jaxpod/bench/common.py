@@ -1,0 +1,52 @@
+"""Shared benchmark helpers: percentiles, a rich table, JSON output."""
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+
+def percentiles(samples_s: Sequence[float]) -> dict[str, float]:
+  """p50/p90/p99/mean in milliseconds."""
+  a = np.asarray(samples_s) * 1e3
+  return {"p50_ms": float(np.percentile(a, 50)), "p90_ms": float(np.percentile(a, 90)),
+          "p99_ms": float(np.percentile(a, 99)), "mean_ms": float(a.mean()), "n": int(a.size)}
+
+
+def time_calls(fn: Callable[[int], Any], n: int, warmup: int = 10) -> list[float]:
+  """Seconds per call of fn(i), after `warmup` untimed calls."""
+  for i in range(warmup):
+    fn(-1 - i)
+  out = []
+  for i in range(n):
+    t = time.perf_counter()
+    fn(i)
+    out.append(time.perf_counter() - t)
+  return out
+
+
+def machine() -> dict[str, Any]:
+  import os
+  return {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+  """A rich table on stdout."""
+  from rich.console import Console
+  from rich.table import Table
+  t = Table(title=title)
+  for c in columns:
+    t.add_column(c, justify="right" if c != columns[0] else "left")
+  for r in rows:
+    t.add_row(*[f"{x:.3f}" if isinstance(x, float) else str(x) for x in r])
+  Console().print(t)
+
+
+def write_json(path: str | None, payload: dict) -> None:
+  if path:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(payload, indent=2))

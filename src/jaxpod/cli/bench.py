@@ -1,0 +1,52 @@
+"""`jaxpod bench NAME [options]`: benchmarks that print a table and write JSON.
+
+Multi-host benchmarks re-launch themselves under `jaxpod launch` when started outside one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import sys
+
+from jaxpod.cli.args import parse
+from jaxpod.runtime import hosts as hosts_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class BarrierBench:
+  """Options of `jaxpod bench barrier`."""
+
+  hosts: int = 4  # simulated hosts
+  iters: int = 300  # barriers timed per kind per round
+  rounds: int = 3  # interleaved rounds (noise hits every kind alike)
+  json: str | None = None  # write the results here
+
+
+def _inside_launch() -> bool:
+  return hosts_lib.ENV_PROCESS_ID in os.environ
+
+
+def barrier(argv: list[str]) -> int:
+  cfg = parse(BarrierBench, argv, "jaxpod bench barrier")
+  if not _inside_launch():
+    from jaxpod.runtime.launcher import LaunchConfig, launch
+    cmd = [sys.executable, "-m", "jaxpod.cli.main", "bench", "barrier", *argv]
+    return launch(cmd, LaunchConfig(hosts=cfg.hosts), echo_hosts={0}).returncode
+  from jaxpod.bench.barrier import main as run
+  run(iters=cfg.iters, rounds=cfg.rounds, json_path=cfg.json)
+  return 0
+
+
+# name -> "module:function(argv) -> int"; workloads register their benchmark here.
+BENCHES = {
+    "barrier": "jaxpod.cli.bench:barrier",
+}
+
+
+def main(argv: list[str]) -> int:
+  if not argv or argv[0] not in BENCHES:
+    print(f"usage: jaxpod bench {{{'|'.join(BENCHES)}}} [options]", file=sys.stderr)
+    return 2
+  module, func = BENCHES[argv[0]].split(":")
+  return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)

@@ -1,0 +1,224 @@
+"""Run a command as N simulated hosts (processes) on this machine.
+
+Each host gets the variables `runtime.init()` reads (coordinator, host count and index,
+devices per host), every output line is prefixed with its host and kept in a per-host log,
+and the first host to exit non-zero takes the others down: SIGTERM, then SIGKILL after a
+grace period (JAX installs a SIGTERM handler for preemption notices, so SIGTERM alone does
+not stop a JAX process). The summary names the first host that failed and its last lines.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import TextIO
+
+from jaxpod.runtime import hosts as hosts_lib
+
+TAIL_LINES = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+  """Options of `jaxpod launch`."""
+
+  hosts: int = 2  # number of simulated hosts (processes)
+  devices_per_host: int = 1  # fake CPU devices per host
+  log_dir: str | None = None  # folder for host_<i>.log files; default: a new temporary folder
+  port: int | None = None  # coordinator port on 127.0.0.1; default: a free one
+  grace_s: float = 5.0  # seconds between SIGTERM and SIGKILL when stopping hosts
+  timeout_s: float | None = None  # stop everything after this many seconds (None: no limit)
+
+  def __post_init__(self):
+    if self.hosts < 1:
+      raise ValueError(f"--hosts must be >= 1, got {self.hosts}")
+    if self.devices_per_host < 1:
+      raise ValueError(f"--devices-per-host must be >= 1, got {self.devices_per_host}")
+    if self.port is not None and not 0 < self.port < 65536:
+      raise ValueError(f"--port must be in 1..65535, got {self.port}")
+    if self.grace_s < 0:
+      raise ValueError(f"--grace-s must be >= 0, got {self.grace_s}")
+
+
+@dataclasses.dataclass
+class LaunchResult:
+  """What happened to every host."""
+
+  returncode: int  # 0 if every host exited 0, else the first failure's code
+  exit_codes: list[int | None]  # per host (negative: killed by that signal)
+  first_failed: int | None  # index of the first host that failed, if any
+  output: list[list[str]]  # every line each host printed (stdout and stderr merged)
+  log_dir: str
+  seconds: float
+  reason: str = ""  # why the launch failed: "exit", "timeout", "interrupted"
+
+  def host_output(self, i: int) -> str:
+    return "\n".join(self.output[i])
+
+  @property
+  def all_output(self) -> str:
+    return "\n".join(f"[host {i}] {line}" for i, lines in enumerate(self.output) for line in lines)
+
+
+def free_port() -> int:
+  """A TCP port on 127.0.0.1 that is free right now."""
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def check_port_free(port: int) -> None:
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    try:
+      s.bind(("127.0.0.1", port))
+    except OSError:
+      raise ValueError(f"--port {port} is in use on 127.0.0.1; pick another port or omit --port") from None
+
+
+def host_env(i: int, n: int, coordinator: str, devices_per_host: int, base: dict | None = None) -> dict:
+  """Environment of simulated host i."""
+  env = dict(os.environ if base is None else base)
+  env.update({
+      hosts_lib.ENV_COORDINATOR: coordinator,
+      hosts_lib.ENV_NUM_PROCESSES: str(n),
+      hosts_lib.ENV_PROCESS_ID: str(i),
+      hosts_lib.ENV_DEVICES_PER_HOST: str(devices_per_host),
+      "JAX_PLATFORMS": "cpu",
+      "PYTHONUNBUFFERED": "1",
+  })
+  return env
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+  try:
+    os.killpg(proc.pid, sig)
+  except (ProcessLookupError, PermissionError):
+    pass
+
+
+class _Host:
+  def __init__(self, i: int, n: int, proc: subprocess.Popen, log_path: Path, sink: TextIO | None, lock):
+    self.i, self.proc, self.lines = i, proc, []
+    self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    self._prefix = f"[host {i}/{n}] "
+    self._thread = threading.Thread(target=self._pump, args=(log_path, sink, lock), daemon=True)
+    self._thread.start()
+
+  def _pump(self, log_path: Path, sink: TextIO | None, lock) -> None:
+    with open(log_path, "w", encoding="utf-8") as log:
+      for raw in self.proc.stdout:
+        line = raw.decode("utf-8", "replace").rstrip("\n")
+        self.lines.append(line)
+        self.tail.append(line)
+        log.write(line + "\n")
+        log.flush()
+        if sink is not None:
+          with lock:
+            sink.write(self._prefix + line + "\n")
+            sink.flush()
+
+  def join(self, timeout: float = 5.0) -> None:
+    self._thread.join(timeout)
+
+
+def _stop_all(procs: list[_Host], grace_s: float) -> None:
+  for h in procs:
+    if h.proc.poll() is None:
+      _signal_group(h.proc, signal.SIGTERM)
+  end = time.monotonic() + grace_s
+  while time.monotonic() < end and any(h.proc.poll() is None for h in procs):
+    time.sleep(0.05)
+  for h in procs:
+    if h.proc.poll() is None:
+      _signal_group(h.proc, signal.SIGKILL)
+  for h in procs:
+    h.proc.wait()
+
+
+def launch(cmd: list[str], cfg: LaunchConfig, sink: TextIO | None = sys.stdout, env: dict | None = None,
+           summary: TextIO | None = sys.stderr, echo_hosts: set[int] | None = None) -> LaunchResult:
+  """Run `cmd` as cfg.hosts simulated hosts; fail fast; return every host's outcome.
+
+  Lines of the hosts in `echo_hosts` (default: all) are echoed to `sink`; all are logged.
+  """
+  if not cmd:
+    raise ValueError("jaxpod launch needs a command after '--', e.g. jaxpod launch --hosts 2 -- jaxpod doctor")
+  port = cfg.port if cfg.port is not None else free_port()
+  if cfg.port is not None:
+    check_port_free(port)
+  log_dir = Path(cfg.log_dir or tempfile.mkdtemp(prefix="jaxpod-launch-"))
+  log_dir.mkdir(parents=True, exist_ok=True)
+  coordinator = f"127.0.0.1:{port}"
+  lock = threading.Lock()
+  start = time.monotonic()
+  procs: list[_Host] = []
+  for i in range(cfg.hosts):
+    try:
+      p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                           env=host_env(i, cfg.hosts, coordinator, cfg.devices_per_host, env),
+                           start_new_session=True)
+    except FileNotFoundError:
+      _stop_all(procs, 0)
+      raise ValueError(f"command not found: {cmd[0]!r}; check the command after '--'") from None
+    echo = sink if echo_hosts is None or i in echo_hosts else None
+    procs.append(_Host(i, cfg.hosts, p, log_dir / f"host_{i}.log", echo, lock))
+
+  first_failed, reason = None, ""
+  try:
+    while True:
+      codes = [h.proc.poll() for h in procs]
+      bad = [h.i for h, c in zip(procs, codes) if c not in (None, 0)]
+      if bad and first_failed is None:
+        first_failed, reason = bad[0], "exit"
+        _stop_all(procs, cfg.grace_s)
+        break
+      if all(c is not None for c in codes):
+        break
+      if cfg.timeout_s is not None and time.monotonic() - start > cfg.timeout_s:
+        reason = "timeout"
+        _stop_all(procs, cfg.grace_s)
+        break
+      time.sleep(0.02)
+  except KeyboardInterrupt:
+    reason = "interrupted"
+    _stop_all(procs, min(cfg.grace_s, 2.0))
+  for h in procs:
+    h.join()
+  codes = [h.proc.returncode for h in procs]
+  if reason == "exit":
+    rc = codes[first_failed]
+    rc = 128 - rc if rc < 0 else rc
+  elif reason == "timeout":
+    rc = 124
+  elif reason == "interrupted":
+    rc = 130
+  else:
+    rc = 0
+  result = LaunchResult(rc, codes, first_failed, [h.lines for h in procs], str(log_dir),
+                        time.monotonic() - start, reason)
+  if summary is not None:
+    summary.write(format_summary(result, procs) + "\n")
+    summary.flush()
+  return result
+
+
+def format_summary(result: LaunchResult, procs: list[_Host]) -> str:
+  n = len(procs)
+  if result.reason == "":
+    return f"jaxpod launch: all {n} hosts exited 0 in {result.seconds:.1f}s; logs in {result.log_dir}"
+  if result.reason == "exit":
+    h = procs[result.first_failed]
+    tail = "\n".join(f"    {line}" for line in h.tail)
+    return (f"jaxpod launch: host {h.i}/{n} failed first (exit code {result.exit_codes[h.i]}) after "
+            f"{result.seconds:.1f}s; the other hosts were stopped. Last lines of host {h.i}:\n{tail}\n"
+            f"  full logs: {result.log_dir}")
+  what = "timed out" if result.reason == "timeout" else "was interrupted"
+  return f"jaxpod launch: {what} after {result.seconds:.1f}s; all hosts stopped; logs in {result.log_dir}"

@@ -1,0 +1,109 @@
+"""Opt-in check that every host is about to run the same program.
+
+Hosts that run different executables (a host-dependent shape, a host-only code path, a
+different order) crash a TPU pod with "unexpected peer ... different launch id", or hang
+gloo collectives forever. With the check on, `runtime.jit` hashes the lowered program text
+of each new call signature and compares it across hosts through the key-value store
+before running it; a mismatch raises `ProgramMismatch` on every host naming the function,
+the hosts that differ and the first differing line.
+"""
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import zlib
+from typing import Any, Callable
+
+import jax
+
+from jaxpod.runtime import control, distributed
+from jaxpod.runtime.log import get_logger
+
+log = get_logger("program_check")
+_ENABLED = False
+_CHANNEL = "jaxpod.program_check"  # one channel for every function, so a different function is caught too
+
+
+class ProgramMismatch(RuntimeError):
+  """Hosts are about to run different programs."""
+
+
+def enable(flag: bool = True) -> None:
+  """Turn the cross-host program check on or off for this process."""
+  global _ENABLED
+  _ENABLED = bool(flag)
+
+
+def enabled() -> bool:
+  return _ENABLED
+
+
+def _first_difference(a: str, b: str) -> tuple[int, str, str]:
+  la, lb = a.splitlines(), b.splitlines()
+  for i, (x, y) in enumerate(zip(la, lb)):
+    if x != y:
+      return i + 1, x.strip(), y.strip()
+  i = min(len(la), len(lb))
+  return i + 1, (la[i].strip() if i < len(la) else "<end>"), (lb[i].strip() if i < len(lb) else "<end>")
+
+
+def _pack(text: str) -> str:
+  return base64.b64encode(zlib.compress(text.encode(), 6)).decode()
+
+
+def _unpack(blob: str) -> str:
+  return zlib.decompress(base64.b64decode(blob)).decode()
+
+
+def verify(name: str, program_text: str, timeout_s: float | None = None) -> None:
+  """Compare (name, hash of program_text) across hosts; raise ProgramMismatch on every host if any differ."""
+  if not (distributed.is_initialized() and distributed.host_info().multi_process):
+    return
+  digest = hashlib.sha256(program_text.encode()).hexdigest()
+  seen = control.allgather([name, digest], _CHANNEL, timeout_s)
+  if all(s == seen[0] for s in seen):
+    return
+  other = next(i for i, s in enumerate(seen) if s != seen[0])
+  me = distributed.host_info().process_index
+  texts = control.allgather(_pack(program_text) if me in (0, other) else None, _CHANNEL + ".text", timeout_s)
+  differing = [i for i, s in enumerate(seen) if s != seen[0]]
+  names = {i: s[0] for i, s in enumerate(seen)}
+  if names[other] != names[0]:
+    detail = f"host 0 runs {names[0]!r} but host {other} runs {names[other]!r}"
+  else:
+    line, a, b = _first_difference(_unpack(texts[0]), _unpack(texts[other]))
+    detail = f"first difference at line {line}:\n  host 0:     {a[:300]}\n  host {other}: {b[:300]}"
+  raise ProgramMismatch(f"hosts are about to run different programs for {name!r}: hosts {differing} differ from "
+                        f"host 0; {detail}\nEvery size and input must be decided on the leader and broadcast.")
+
+
+def _signature(args, kwargs) -> str:
+  def describe(x):
+    if isinstance(x, jax.Array) or hasattr(x, "shape") and hasattr(x, "dtype"):
+      return (tuple(x.shape), str(x.dtype), str(getattr(x, "sharding", "")))
+    return repr(x)
+  leaves, tree = jax.tree.flatten((args, kwargs))
+  return repr((tree, [describe(x) for x in leaves]))
+
+
+def jit(fn: Callable[..., Any] | None = None, *, name: str | None = None, **jit_kwargs):
+  """`jax.jit` that, with the program check on, verifies each new signature across hosts first."""
+  if fn is None:
+    return functools.partial(jit, name=name, **jit_kwargs)
+  jitted = jax.jit(fn, **jit_kwargs)
+  label = name or getattr(fn, "__qualname__", repr(fn))
+  checked: set[str] = set()
+
+  @functools.wraps(fn)
+  def wrapper(*args, **kwargs):
+    if _ENABLED:
+      sig = _signature(args, kwargs)
+      if sig not in checked:
+        verify(label, jitted.lower(*args, **kwargs).as_text())
+        checked.add(sig)
+    return jitted(*args, **kwargs)
+
+  wrapper.lower = jitted.lower
+  wrapper.jitted = jitted
+  return wrapper
