@@ -1,0 +1,245 @@
+"""The weight-transfer contract shared by every transport: `create_server`, `create_client`.
+
+    with create_server(cfg) as server:           # trainer: every host calls publish
+      server.publish(step, params)
+    with create_client(cfg) as client:           # inference worker
+      update = client.receive(like, wait=5.0)    # WeightUpdate(params, weight_id) | None
+
+`like` is a pytree of `jax.ShapeDtypeStruct`s carrying the client's own shardings; the
+client may use another mesh than the trainer. `None` means "nothing newer than what you
+hold" (or a newer version could not be fetched before its deadline: the next call retries).
+
+The older-id rule: the newest *publication* wins, not the largest weight id. Each publish
+gets a sequence number from the coordinator, strictly larger than every earlier one, and a
+client rolls to any version whose (coordinator epoch, seq) it has not seen yet, even when
+its weight id is lower than the one it holds. Why: in RL post-training a trainer that
+publishes a lower id has been restored from an older checkpoint after a crash or a
+divergence; from then on every gradient step is taken from the restored policy, so rollouts
+from the abandoned "newer" weights are off-policy data for a trajectory that no longer
+exists. Ignoring lower ids would keep workers on dead weights until the trainer's step count
+caught up (possibly thousands of steps). The weight id is a label the client reports
+(`update.weight_id`) so logs show the rollback; `update.seq` orders publications.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import time
+from typing import Any, Protocol
+
+import jax
+
+from jaxpod.transfer import coordinators, flatten
+from jaxpod.transfer.config import TransferConfig
+from jaxpod.transfer.metrics import Totals, TransferMetrics
+
+log = logging.getLogger("jaxpod.transfer")
+
+
+class TransferError(RuntimeError):
+  """A version could not be fetched (its source died, it was pruned, or a deadline passed)."""
+
+
+@dataclasses.dataclass
+class WeightUpdate:
+  """A received version: the params on the client's shardings and the trainer's weight id."""
+
+  params: Any
+  weight_id: int
+  seq: int = 0  # publication number on the coordinator (orders versions; see the older-id rule)
+  metrics: TransferMetrics | None = None
+
+
+class WeightServer(Protocol):
+  def publish(self, weight_id: int, params: Any) -> TransferMetrics: ...
+  def metrics(self) -> dict: ...
+  def close(self) -> None: ...
+
+
+class WeightClient(Protocol):
+  def receive(self, like: Any, wait: float | None = None) -> WeightUpdate | None: ...
+  def metrics(self) -> dict: ...
+  def close(self) -> None: ...
+
+
+def _multi_process() -> bool:
+  return jax.process_count() > 1
+
+
+class ServerBase:
+  """Publish = flatten (replica 0) -> reserve seq -> transport stages -> leader commits."""
+
+  def __init__(self, config: TransferConfig, coordinator: coordinators.Coordinator | None = None):
+    self.config = config
+    self.coord = coordinator or coordinators.create_coordinator(config)
+    self.epoch = self.coord.epoch()
+    self.totals = Totals()
+    self.closed = False
+
+  def _stage(self, seq: int, table: dict, pieces: list[flatten.Piece], m: TransferMetrics) -> dict:
+    raise NotImplementedError
+
+  def _retire(self, seqs: list[int]) -> None:
+    """Free what the transport holds for versions the coordinator dropped."""
+
+  def _close(self) -> None:
+    """Stop the transport's servers."""
+
+  def publish(self, weight_id: int, params: Any) -> TransferMetrics:
+    """Publish `params` as `weight_id`; every host of a multi-host trainer calls this."""
+    if self.closed:
+      raise RuntimeError("publish() on a closed weight server")
+    m = TransferMetrics("server", int(weight_id))
+    try:
+      with m.phase("flatten"):
+        table, pieces = flatten.to_pieces(params, self.config.wire_dtype)
+      m.nbytes = flatten.total_bytes(pieces)
+      m.num_params = len(table)
+      m.largest_param_bytes = max((p.data.nbytes for p in pieces), default=0)
+      with m.phase("register"):
+        seq = self._reserve()
+      part = self._stage(seq, table, pieces, m)  # records its own phases
+      part = {"host": jax.process_index(), "pieces": [p.meta() for p in pieces], **part}
+      with m.phase("register"):
+        parts = self._gather_parts(seq, part)
+        if jax.process_index() == 0:
+          self._retire(self.coord.commit(seq, weight_id, self.epoch, {"table": table, "parts": parts}))
+    except Exception:
+      self.totals.record(m, ok=False)
+      raise
+    self.totals.record(m, ok=True)
+    log.info("published weight_id=%d seq=%d: %.1f MB in %.3fs", weight_id, seq, m.nbytes / 1e6, m.seconds)
+    return m
+
+  def _reserve(self) -> int:
+    if not _multi_process():
+      return self.coord.reserve()
+    from jaxpod.runtime import control
+    return int(control.broadcast_call(self.coord.reserve, name=f"transfer/{self.config.name}/reserve",
+                                      timeout_s=self.config.publish_timeout_s))
+
+  def _gather_parts(self, seq: int, part: dict) -> list[dict]:
+    """Every host's part reaches the leader through the coordinator's store (refs included)."""
+    if not _multi_process():
+      return [part]
+    from jaxpod.runtime import control
+    self.coord.store.put(f"part/{seq}/{jax.process_index()}", part)
+    control.barrier(f"transfer/{self.config.name}/parts/{seq}", timeout_s=self.config.publish_timeout_s)
+    if jax.process_index() != 0:
+      return []
+    found = self.coord.store.items(f"part/{seq}/")
+    for key, _ in found:
+      self.coord.store.delete(key)
+    return [v for _, v in found]
+
+  def metrics(self) -> dict:
+    """Totals and the last publish's per-phase figures."""
+    return self.totals.as_dict()
+
+  def close(self) -> None:
+    """Stop serving; versions already committed stay readable only where the transport allows."""
+    if not self.closed:
+      self.closed = True
+      self._close()
+      self.coord.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+class ClientBase:
+  """Receive = look up the newest version -> fetch its pieces -> place them on `like`'s shardings."""
+
+  def __init__(self, config: TransferConfig, coordinator: coordinators.Coordinator | None = None):
+    self.config = config
+    self.coord = coordinator or coordinators.create_coordinator(config)
+    self.held: tuple[str, int] | None = None  # (epoch, seq) of the version we hold
+    self.totals = Totals()
+    self.closed = False
+
+  def _fetch(self, record: dict, asm: flatten.Assembler, m: TransferMetrics, deadline: float) -> None:
+    raise NotImplementedError
+
+  def _close(self) -> None:
+    """Release the transport's connections."""
+
+  def is_newer(self, record: dict) -> bool:
+    """The older-id rule: any publication not yet held is newer, whatever its weight id."""
+    if self.held is None:
+      return True
+    epoch, seq = self.held
+    return record["epoch"] != epoch or record["seq"] > seq
+
+  def receive(self, like: Any, wait: float | None = None) -> WeightUpdate | None:
+    """The newest version if newer than the one held, else None; `wait` polls up to that many seconds."""
+    if self.closed:
+      raise RuntimeError("receive() on a closed weight client")
+    give_up = time.monotonic() + (wait or 0.0)
+    while True:
+      record = self.coord.latest()
+      if record is not None and self.is_newer(record):
+        update = self._try_fetch(record, like)
+        if update is not None:
+          return update
+      if wait is None or time.monotonic() >= give_up:
+        return None
+      time.sleep(self.config.poll_interval_s)
+
+  def _try_fetch(self, record: dict, like: Any) -> WeightUpdate | None:
+    m = TransferMetrics("client", record["weight_id"])
+    deadline = time.monotonic() + self.config.receive_timeout_s
+    try:
+      asm = flatten.Assembler(record["meta"]["table"], like)
+      pieces = [p for part in record["meta"]["parts"] for p in part["pieces"]]
+      m.nbytes = sum(p["nbytes"] for p in pieces)
+      m.num_params = len(record["meta"]["table"])
+      m.largest_param_bytes = max((p["nbytes"] for p in pieces), default=0)
+      self._fetch(record, asm, m, deadline)
+      with m.phase("place"):
+        params = jax.block_until_ready(asm.finish())
+    except TransferError as e:
+      self.totals.record(m, ok=False)
+      log.warning("weight_id=%d seq=%d not received: %s", record["weight_id"], record["seq"], e)
+      return None
+    self.held = (record["epoch"], record["seq"])
+    self.totals.record(m, ok=True)
+    return WeightUpdate(params, int(record["weight_id"]), int(record["seq"]), m)
+
+  def metrics(self) -> dict:
+    """Totals and the last receive's per-phase figures."""
+    return self.totals.as_dict()
+
+  def close(self) -> None:
+    """Drop connections; a later receive raises."""
+    if not self.closed:
+      self.closed = True
+      self._close()
+      self.coord.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+_MODULES = {"checkpoint": "checkpoint", "ray": "ray_store", "jax_transfer": "jax_transfer",
+            "arrow_flight": "flight"}
+
+
+def _module(config: TransferConfig):
+  return importlib.import_module(f"jaxpod.transfer.{_MODULES[config.mode]}")
+
+
+def create_server(config: TransferConfig) -> ServerBase:
+  """The trainer side of `config.mode`, registered with its coordinator."""
+  return _module(config).Server(config)
+
+
+def create_client(config: TransferConfig) -> ClientBase:
+  """The worker side of `config.mode`."""
+  return _module(config).Client(config)

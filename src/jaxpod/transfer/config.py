@@ -1,0 +1,58 @@
+"""`TransferConfig`: one frozen dataclass for every transport, validated before anything starts."""
+from __future__ import annotations
+
+import dataclasses
+
+MODES = ("checkpoint", "ray", "jax_transfer", "arrow_flight")
+COORDINATORS = ("ray", "kv", "filesystem")
+WIRE_DTYPES = (None, "bfloat16", "float16", "float32")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransferConfig:
+  """How a trainer publishes weights and how inference workers find and pull them."""
+
+  mode: str = "arrow_flight"  # one of MODES
+  coordinator: str | None = None  # one of COORDINATORS; None: "filesystem" for checkpoint, else "ray"
+  name: str = "jaxpod_weights"  # coordinator name (Ray actor name / kv prefix); unique per run
+  ray_namespace: str | None = None  # Ray namespace of the coordinator actor (None: the driver's)
+  folder: str = ""  # fsspec URL (local path, gs://...) for checkpoint mode and the filesystem coordinator
+  keep_n: int = 3  # versions kept alive (files, object-store refs, served tables) for clients mid-pull
+  wire_dtype: str | None = None  # cast floating arrays to this dtype on the wire (e.g. "bfloat16")
+  bind_address: str = "127.0.0.1"  # interface servers listen on; "0.0.0.0" only on a trusted network
+  num_servers: int = 2  # arrow_flight: servers in the trainer process
+  streams: int = 4  # arrow_flight: parallel client streams
+  chunk_bytes: int = 4 << 20  # arrow_flight: bytes per record batch
+  stream_bytes: int = 64 << 20  # arrow_flight: a parameter larger than this is split over streams
+  publish_timeout_s: float = 60.0  # deadline of one publish (coordinator calls, writes)
+  receive_timeout_s: float = 60.0  # deadline of one pull once a newer version is seen
+  poll_interval_s: float = 0.05  # how often receive(wait=...) and the jax_transfer server poll
+  coordinator_timeout_s: float = 30.0  # deadline of one coordinator call
+
+  def __post_init__(self):
+    if self.mode not in MODES:
+      raise ValueError(f"transfer.mode={self.mode!r} is unknown; use one of {MODES}")
+    if self.coordinator is None:
+      object.__setattr__(self, "coordinator", "filesystem" if self.mode == "checkpoint" else "ray")
+    if self.coordinator not in COORDINATORS:
+      raise ValueError(f"transfer.coordinator={self.coordinator!r} is unknown; use one of {COORDINATORS}")
+    if self.mode == "ray" and self.coordinator != "ray":
+      raise ValueError(f"transfer.coordinator={self.coordinator!r} cannot hold Ray object refs; "
+                       "set coordinator='ray' for mode='ray'")
+    if (self.mode == "checkpoint" or self.coordinator == "filesystem") and not self.folder:
+      raise ValueError("transfer.folder is empty; set it to an fsspec URL (a local path or gs://bucket/dir) "
+                       f"for mode={self.mode!r} / coordinator={self.coordinator!r}")
+    if not self.name or "/" in self.name:
+      raise ValueError(f"transfer.name={self.name!r} must be a non-empty name without '/'")
+    if self.keep_n < 1:
+      raise ValueError(f"transfer.keep_n={self.keep_n} must be >= 1 (clients mid-pull need their version)")
+    if self.wire_dtype not in WIRE_DTYPES:
+      raise ValueError(f"transfer.wire_dtype={self.wire_dtype!r} is unknown; use one of {WIRE_DTYPES}")
+    for field in ("num_servers", "streams", "chunk_bytes", "stream_bytes"):
+      if getattr(self, field) < 1:
+        raise ValueError(f"transfer.{field}={getattr(self, field)} must be >= 1")
+    if self.stream_bytes < self.chunk_bytes:
+      raise ValueError(f"transfer.stream_bytes={self.stream_bytes} must be >= chunk_bytes={self.chunk_bytes}")
+    for field in ("publish_timeout_s", "receive_timeout_s", "poll_interval_s", "coordinator_timeout_s"):
+      if getattr(self, field) <= 0:
+        raise ValueError(f"transfer.{field}={getattr(self, field)} must be > 0 seconds")

@@ -1,0 +1,127 @@
+"""Mode "arrow_flight": pyarrow.flight servers in the trainer, parallel chunked streams to clients.
+
+The trainer runs `num_servers` Flight servers (bound to `bind_address`, 127.0.0.1 unless
+configured) sharing one table of versions: seq -> pieces as raw bytes. A ticket is JSON
+(seq, piece, byte range); a parameter larger than `stream_bytes` is split over several
+tickets so one big array uses several streams, and each stream sends `chunk_bytes` record
+batches of one uint8 column. The coordinator holds (weight id, parameter table, addresses).
+Clients fetch with `streams` threads spread over the servers and copy each chunk into its
+place; nothing is unpickled: tickets are JSON and data are Arrow buffers.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from jaxpod.transfer import api, flatten
+from jaxpod.transfer.metrics import TransferMetrics
+
+_SCHEMA = pa.schema([("b", pa.uint8())])
+
+
+class _FlightServer(fl.FlightServerBase):
+  """Serves byte ranges of the pieces of kept versions, in chunks."""
+
+  def __init__(self, location: str, versions: dict, chunk_bytes: int):
+    super().__init__(location)
+    self.versions, self.chunk_bytes = versions, chunk_bytes
+
+  def do_get(self, context, ticket):
+    req = json.loads(ticket.ticket.decode())
+    pieces = self.versions.get(req["seq"])
+    if pieces is None:
+      raise fl.FlightServerError(f"version seq={req['seq']} is not served (pruned or from another trainer)")
+    data = pieces[req["piece"]]
+    start, end, step = req["start"], req["end"], self.chunk_bytes
+
+    def batches():
+      for off in range(start, end, step):
+        n = min(step, end - off)
+        col = pa.Array.from_buffers(pa.uint8(), n, [None, pa.py_buffer(data[off:off + n])])
+        yield pa.RecordBatch.from_arrays([col], schema=_SCHEMA)
+    return fl.GeneratorStream(_SCHEMA, batches())
+
+
+class Server(api.ServerBase):
+  """Keeps the last keep_n versions in memory and serves them from several Flight servers."""
+
+  def __init__(self, config, coordinator=None):
+    super().__init__(config, coordinator)
+    self.versions: dict[int, list[np.ndarray]] = {}
+    self.servers = [_FlightServer(f"grpc://{config.bind_address}:0", self.versions, config.chunk_bytes)
+                    for _ in range(config.num_servers)]
+    self.addresses = [f"grpc://{config.bind_address}:{s.port}" for s in self.servers]
+
+  def _stage(self, seq: int, table: dict, pieces: list[flatten.Piece], m: TransferMetrics) -> dict:
+    with m.phase("serve"):
+      self.versions[seq] = [p.data.reshape(-1).view(np.uint8) for p in pieces]
+    return {"addresses": self.addresses}
+
+  def _retire(self, seqs: list[int]) -> None:
+    for seq in seqs:
+      self.versions.pop(seq, None)
+
+  def _close(self) -> None:
+    for s in self.servers:
+      s.shutdown()
+    self.versions.clear()
+
+
+class Client(api.ClientBase):
+  """Fetches every byte range in parallel threads, each copying chunks into the piece buffer."""
+
+  def __init__(self, config, coordinator=None):
+    super().__init__(config, coordinator)
+    self.local = threading.local()
+    self.pool = concurrent.futures.ThreadPoolExecutor(config.streams, thread_name_prefix="flight-fetch")
+
+  def _conn(self, address: str) -> fl.FlightClient:
+    conns = self.local.__dict__.setdefault("conns", {})
+    if address not in conns:
+      conns[address] = fl.FlightClient(address)
+    return conns[address]
+
+  def _get(self, address: str, ticket: dict, dst: np.ndarray, deadline: float) -> None:
+    options = fl.FlightCallOptions(timeout=max(0.1, deadline - time.monotonic()))
+    reader = self._conn(address).do_get(fl.Ticket(json.dumps(ticket).encode()), options)
+    off = ticket["start"]
+    for chunk in reader:
+      buf = chunk.data.column(0).buffers()[1]
+      n = chunk.data.num_rows
+      dst[off:off + n] = np.frombuffer(buf, np.uint8, count=n, offset=chunk.data.column(0).offset)
+      off += n
+    if off != ticket["end"]:
+      raise api.TransferError(f"stream for piece {ticket['piece']} ended at byte {off} of {ticket['end']}")
+
+  def _fetch(self, record: dict, asm: flatten.Assembler, m: TransferMetrics, deadline: float) -> None:
+    step = self.config.stream_bytes
+    jobs, buffers = [], []
+    for part in record["meta"]["parts"]:
+      addresses = part["addresses"]
+      for i, meta in enumerate(part["pieces"]):
+        dst = asm.empty(meta)
+        buffers.append((meta, dst))
+        for start in range(0, max(meta["nbytes"], 1), step):
+          ticket = {"seq": record["seq"], "piece": i, "start": start, "end": min(meta["nbytes"], start + step)}
+          jobs.append((addresses[len(jobs) % len(addresses)], ticket, dst))
+    with m.phase("fetch"):
+      futures = [self.pool.submit(self._get, a, t, d, deadline) for a, t, d in jobs]
+      try:
+        for f in futures:
+          f.result(timeout=max(0.1, deadline - time.monotonic()))
+      except (fl.FlightError, pa.ArrowException, OSError, concurrent.futures.TimeoutError) as e:
+        for f in futures:
+          f.cancel()
+        raise api.TransferError(f"version seq={record['seq']}: {type(e).__name__}: {e}") from None
+    with m.phase("decode"):
+      for meta, dst in buffers:
+        asm.put_bytes(meta, dst)
+
+  def _close(self) -> None:
+    self.pool.shutdown(wait=False, cancel_futures=True)
