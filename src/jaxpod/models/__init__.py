@@ -1,0 +1,1 @@
+"""jaxpod.models: model families (trm/, llama/); each annotates logical axes, never mesh axes."""

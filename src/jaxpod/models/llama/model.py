@@ -1,0 +1,230 @@
+"""Llama-family decoder in Flax NNX: GQA, split-half RoPE (with Llama-3 scaling), RMSNorm, SwiGLU.
+
+Every parameter is declared once, with its logical axes (`runtime/sharding.py` names), so
+abstract shapes, shardings and HF loading all derive from the module tree. Shapes in names
+use B=batch, T=new tokens, S=key slots, D=hidden, H=query heads, K=kv heads, G=H/K,
+E=head_dim, I=mlp width, V=vocab, L=layers.
+
+One attention rule serves training, prefill and decode. Tokens occupy *slots*; a query in
+slot q sees key slot s iff `s <= q and kv_mask[b, s]`. Without a cache the slots are
+`0..T-1`. With a static cache [L, B, S, K, E] the T new tokens are written at slots
+`cache_index .. cache_index+T-1` (one scalar index for the whole batch), and `kv_mask`
+says which slots of each row hold real keys. RoPE uses `positions`, which need not equal
+slots: the sampler puts ragged prompts right-padded at slots 0.. and every decode step at
+one shared slot, with true per-row positions.
+
+Captures (for activation extraction): `capture_layers=(i, ...)` and
+`capture_points=("resid", "attn_out", "mlp_out")` return `out.captures["resid.3"]` etc.,
+each [B, T, D] in the compute dtype:
+  resid.i    residual stream after block i (HF `hidden_states[i+1]`, except that HF applies
+             the final norm to its last entry and jaxpod does not)
+  attn_out.i output of block i's attention (after o_proj), before it is added to the residual
+  mlp_out.i  output of block i's MLP (after down_proj), before it is added to the residual
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxpod.models.llama.config import LlamaConfig
+from jaxpod.runtime.sharding import constrain
+
+CAPTURE_POINTS = ("resid", "attn_out", "mlp_out")
+CACHE_AXES = ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
+_ACT = ("batch", "seq", "act_embed")
+
+
+class KVCache(NamedTuple):
+  """Static key/value cache, each [L, B, S, K, E]."""
+
+  k: jax.Array
+  v: jax.Array
+
+  @classmethod
+  def zeros(cls, cfg: LlamaConfig, batch: int, length: int) -> "KVCache":
+    shape = (cfg.num_hidden_layers, batch, length, cfg.num_key_value_heads, cfg.head_dim_)
+    z = jnp.zeros(shape, cfg.jnp_dtype)
+    return cls(constrain(z, CACHE_AXES), constrain(z, CACHE_AXES))
+
+  @staticmethod
+  def nbytes(cfg: LlamaConfig, batch: int, length: int) -> int:
+    """Bytes of a cache of this size (k and v)."""
+    n = cfg.num_hidden_layers * batch * length * cfg.num_key_value_heads * cfg.head_dim_
+    return 2 * n * jnp.dtype(cfg.jnp_dtype).itemsize
+
+
+class Output(NamedTuple):
+  """What `Llama.__call__` returns: logits [B, T, V] float32 (or hidden [B, T, D]), cache, captures."""
+
+  logits: jax.Array
+  cache: KVCache | None
+  captures: dict[str, jax.Array]
+
+
+def _param(rngs: nnx.Rngs, shape, axes, dtype, scale: float = 0.02) -> nnx.Param:
+  return nnx.Param(scale * jax.random.normal(rngs.params(), shape, jnp.float32).astype(dtype), logical_axes=axes)
+
+
+def rms_norm(x, w, eps: float):
+  """HF RMSNorm: w * (x32 * rsqrt(mean(x32^2) + eps)).astype(dtype)."""
+  x32 = x.astype(jnp.float32)
+  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return w * y.astype(x.dtype)
+
+
+def rope(x_BxTxNxE, positions_BxT, inv_freq_E2):
+  """Split-half rotary embedding (HF `rotate_half` form), angles computed in float32."""
+  freqs = positions_BxT.astype(jnp.float32)[..., None] * inv_freq_E2  # [B, T, E/2]
+  emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, T, 1, E]
+  cos, sin = jnp.cos(emb).astype(x_BxTxNxE.dtype), jnp.sin(emb).astype(x_BxTxNxE.dtype)
+  half = x_BxTxNxE.shape[-1] // 2
+  rot = jnp.concatenate([-x_BxTxNxE[..., half:], x_BxTxNxE[..., :half]], axis=-1)
+  return x_BxTxNxE * cos + rot * sin
+
+
+class Attention(nnx.Module):
+  """Grouped-query attention; query head j uses kv head j // G."""
+
+  def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
+    d, h, k, e, dt = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim_, cfg.jnp_dtype
+    self.cfg = cfg
+    self.q_proj = _param(rngs, (d, h, e), ("embed", "heads", "head_dim"), dt)
+    self.k_proj = _param(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"), dt)
+    self.v_proj = _param(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"), dt)
+    self.o_proj = _param(rngs, (h, e, d), ("heads", "head_dim", "embed"), dt)
+
+  def __call__(self, x_BxTxD, positions_BxT, kv_mask_BxS, cache, cache_index, layer: int, inv_freq):
+    cfg = self.cfg
+    kvh, e = cfg.num_key_value_heads, cfg.head_dim_
+    b, t, _ = x_BxTxD.shape
+    q = constrain(jnp.einsum("btd,dhe->bthe", x_BxTxD, self.q_proj[...]), ("batch", "seq", "heads", "head_dim"))
+    k = constrain(jnp.einsum("btd,dke->btke", x_BxTxD, self.k_proj[...]), ("batch", "seq", "kv_heads", "head_dim"))
+    v = constrain(jnp.einsum("btd,dke->btke", x_BxTxD, self.v_proj[...]), ("batch", "seq", "kv_heads", "head_dim"))
+    q, k = rope(q, positions_BxT, inv_freq), rope(k, positions_BxT, inv_freq)
+    if cache is None:
+      keys_BxSxKxE, values_BxSxKxE, q_slots = k, v, jnp.arange(t)
+    else:
+      start = (layer, 0, cache_index, 0, 0)
+      cache = KVCache(jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), start),
+                      jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), start))
+      keys_BxSxKxE, values_BxSxKxE = cache.k[layer], cache.v[layer]
+      q_slots = cache_index + jnp.arange(t)
+    s = keys_BxSxKxE.shape[1]
+    mask_BxTxS = (jnp.arange(s)[None, :] <= q_slots[:, None])[None] & kv_mask_BxS[:, None, :]
+    q_BxTxKxGxE = q.reshape(b, t, kvh, cfg.num_attention_heads // kvh, e)
+    scores = jnp.einsum("btkge,bske->bkgts", q_BxTxKxGxE, keys_BxSxKxE,
+                        preferred_element_type=jnp.float32) * (1.0 / math.sqrt(e))
+    scores = jnp.where(mask_BxTxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(values_BxSxKxE.dtype)
+    ctx = jnp.einsum("bkgts,bske->btkge", probs, values_BxSxKxE).reshape(b, t, cfg.num_attention_heads, e)
+    ctx = constrain(ctx, ("batch", "seq", "heads", "head_dim"))
+    return constrain(jnp.einsum("bthe,hed->btd", ctx, self.o_proj[...]), _ACT), cache
+
+
+class MLP(nnx.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+  def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
+    d, i, dt = cfg.hidden_size, cfg.intermediate_size, cfg.jnp_dtype
+    self.gate_proj = _param(rngs, (d, i), ("embed", "mlp"), dt)
+    self.up_proj = _param(rngs, (d, i), ("embed", "mlp"), dt)
+    self.down_proj = _param(rngs, (i, d), ("mlp", "embed"), dt)
+
+  def __call__(self, x_BxTxD):
+    h = jax.nn.silu(x_BxTxD @ self.gate_proj[...]) * (x_BxTxD @ self.up_proj[...])
+    h = constrain(h, ("batch", "seq", "mlp"))
+    return constrain(h @ self.down_proj[...], _ACT)
+
+
+class Block(nnx.Module):
+  """Pre-norm decoder block: x + attn(norm(x)), then + mlp(norm(x))."""
+
+  def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
+    self.eps = cfg.rms_norm_eps
+    self.input_layernorm = nnx.Param(jnp.ones((cfg.hidden_size,), cfg.jnp_dtype), logical_axes=("act_embed",))
+    self.self_attn = Attention(cfg, rngs=rngs)
+    self.post_attention_layernorm = nnx.Param(jnp.ones((cfg.hidden_size,), cfg.jnp_dtype),
+                                              logical_axes=("act_embed",))
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(self, x, positions, kv_mask, cache, cache_index, layer, inv_freq):
+    attn_out, cache = self.self_attn(rms_norm(x, self.input_layernorm[...], self.eps), positions, kv_mask,
+                                     cache, cache_index, layer, inv_freq)
+    x = x + attn_out
+    mlp_out = self.mlp(rms_norm(x, self.post_attention_layernorm[...], self.eps))
+    return constrain(x + mlp_out, _ACT), cache, attn_out, mlp_out
+
+
+class Llama(nnx.Module):
+  """The decoder: embed -> L blocks -> final RMSNorm -> LM head (tied or not)."""
+
+  def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embed_tokens = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), cfg.jnp_dtype)
+    self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
+    self.norm = nnx.Param(jnp.ones((cfg.hidden_size,), cfg.jnp_dtype), logical_axes=("act_embed",))
+    if not cfg.tie_word_embeddings:
+      self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), cfg.jnp_dtype)
+
+  def head(self, h_BxTxD):
+    """Final-normed hidden -> float32 logits [B, T, V]."""
+    w = self.embed_tokens[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
+    return constrain(jnp.einsum("btd,dv->btv", h_BxTxD, w, preferred_element_type=jnp.float32),
+                     ("batch", "seq", "vocab"))
+
+  def __call__(self, tokens_BxT, positions_BxT=None, *, kv_mask_BxS=None, cache: KVCache | None = None,
+               cache_index=0, capture_layers: Sequence[int] = (), capture_points: Sequence[str] = (),
+               logits_at_B=None, return_hidden: bool = False) -> Output:
+    """Run the decoder (see module docstring for slots, masks and captures).
+
+    logits_at_B: if given, logits only at token index `logits_at_B[b]` of each row ([B, 1, V]).
+    return_hidden: return final-normed hidden states instead of logits.
+    """
+    cfg = self.cfg
+    b, t = tokens_BxT.shape
+    _check_captures(cfg, capture_layers, capture_points)
+    if positions_BxT is None:
+      positions_BxT = jnp.broadcast_to(cache_index + jnp.arange(t), (b, t))
+    if kv_mask_BxS is None:
+      kv_mask_BxS = jnp.ones((b, t if cache is None else cache.k.shape[2]), bool)
+    inv_freq = jnp.asarray(cfg.inv_freq(), jnp.float32)
+    x = constrain(jnp.take(self.embed_tokens[...], tokens_BxT, axis=0), _ACT)
+    captures = {}
+    for i, block in enumerate(self.layers):
+      with jax.named_scope(f"layer_{i}"):
+        x, cache, attn_out, mlp_out = block(x, positions_BxT, kv_mask_BxS, cache, cache_index, i, inv_freq)
+      if i in capture_layers:
+        got = {"resid": x, "attn_out": attn_out, "mlp_out": mlp_out}
+        captures.update({f"{p}.{i}": got[p] for p in capture_points})
+    h = rms_norm(x, self.norm[...], cfg.rms_norm_eps)
+    if logits_at_B is not None:
+      h = jnp.take_along_axis(h, logits_at_B[:, None, None].astype(jnp.int32), axis=1)  # [B, 1, D]
+    return Output(h if return_hidden else self.head(h), cache, captures)
+
+
+def _check_captures(cfg: LlamaConfig, layers: Sequence[int], points: Sequence[str]) -> None:
+  bad = [p for p in points if p not in CAPTURE_POINTS]
+  if bad:
+    raise ValueError(f"capture_points {bad} unknown; use some of {CAPTURE_POINTS}")
+  out = [i for i in layers if not 0 <= i < cfg.num_hidden_layers]
+  if out:
+    raise ValueError(f"capture_layers {out} out of range; this model has layers 0..{cfg.num_hidden_layers - 1}")
+
+
+def init(cfg: LlamaConfig, seed: int = 0) -> Llama:
+  """A randomly initialised model (normal(0.02) weights, unit norms)."""
+  return Llama(cfg, rngs=nnx.Rngs(params=seed))
+
+
+def abstract(cfg: LlamaConfig) -> Llama:
+  """The model with ShapeDtypeStruct leaves: shapes, dtypes and logical axes, no memory."""
+  return nnx.eval_shape(lambda: init(cfg))
+
+
+def forward(graphdef, params, tokens_BxT, positions_BxT=None, **kwargs) -> Output:
+  """Pure forward: `nnx.merge(graphdef, params)(tokens, ...)`; jit this, not the module."""
+  return nnx.merge(graphdef, params)(tokens_BxT, positions_BxT, **kwargs)

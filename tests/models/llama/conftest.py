@@ -1,0 +1,33 @@
+"""Tiny random Llama checkpoints written by `transformers` (offline), shared by the llama tests."""
+import jax
+import pytest
+
+try:  # 4 fake CPU devices for the sharded-mesh tests; a no-op if a backend already exists
+  jax.config.update("jax_num_cpu_devices", max(4, jax.config.jax_num_cpu_devices))
+except RuntimeError:
+  pass
+
+
+def write_hf_checkpoint(folder, seed=0, **overrides):
+  """Save a random tiny HF LlamaForCausalLM (fp32) to `folder`; returns the torch model."""
+  import torch
+  from transformers import LlamaConfig, LlamaForCausalLM
+  kw = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+            rms_norm_eps=1e-5, bos_token_id=256, eos_token_id=257, pad_token_id=258)
+  kw.update(overrides)
+  torch.manual_seed(seed)
+  model = LlamaForCausalLM(LlamaConfig(**kw)).eval()
+  with torch.no_grad():  # norms are ones at init: randomise them so the test sees their weights
+    for n, p in model.named_parameters():
+      if "norm" in n:
+        p.add_(0.1 * torch.randn_like(p))
+  model.save_pretrained(folder)
+  return model
+
+
+@pytest.fixture(scope="session")
+def hf_gqa(tmp_path_factory):
+  """(folder, torch model): GQA 4/2, untied embeddings."""
+  folder = tmp_path_factory.mktemp("llama_gqa")
+  return str(folder), write_hf_checkpoint(folder)
