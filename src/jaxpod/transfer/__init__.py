@@ -2,12 +2,26 @@
 
 Modes: "checkpoint" (fsspec folder), "ray" (object store), "jax_transfer"
 (jax.experimental.transfer), "arrow_flight" (pyarrow.flight). See `api` for the contract and
-the older-id rule, `coordinators` for how versions are registered.
+the older-id rule, `coordinators` for how versions are registered. Names are imported lazily
+so that `jaxpod.transfer.coordinators` and `config` load without JAX.
 """
-from jaxpod.transfer.api import (TransferError, WeightClient, WeightServer, WeightUpdate, create_client,
-                                 create_server)
-from jaxpod.transfer.config import MODES, TransferConfig
-from jaxpod.transfer.coordinators import get_or_create_actor
-from jaxpod.transfer.flatten import abstract
-from jaxpod.transfer.hooks import PublishWeightsHook
-from jaxpod.transfer.metrics import TransferMetrics
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "TransferConfig": "config", "MODES": "config",
+    "create_server": "api", "create_client": "api", "WeightUpdate": "api", "WeightServer": "api",
+    "WeightClient": "api", "TransferError": "api",
+    "get_or_create_actor": "coordinators",
+    "abstract": "flatten",
+    "PublishWeightsHook": "hooks",
+    "TransferMetrics": "metrics",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+  if name not in _EXPORTS:
+    raise AttributeError(f"module 'jaxpod.transfer' has no attribute {name!r}")
+  return getattr(importlib.import_module(f"jaxpod.transfer.{_EXPORTS[name]}"), name)
