@@ -37,7 +37,9 @@ def parse(cls: type[T], argv: list[str], prog: str) -> T:
     return draccus.parse(cls, args=_normalise(argv), prog=prog)
   except SystemExit:
     raise
-  except (ValueError, TypeError, FileNotFoundError, draccus.utils.DecodingError) as e:
+  except (ValueError, TypeError, FileNotFoundError, draccus.utils.DecodingError, draccus.utils.ParsingError) as e:
+    while isinstance(e, draccus.utils.ParsingError) and e.__cause__ is not None:
+      e = e.__cause__  # the dataclass's own message names the field and the fix
     print(f"{prog}: error: {e}", file=sys.stderr)
     raise UsageError(2) from None
 

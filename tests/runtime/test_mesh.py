@@ -1,0 +1,73 @@
+"""Meshes and logical sharding rules (single process, 8 fake CPU devices)."""
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from jaxpod.runtime import DEFAULT_RULES, MeshConfig, ShardingRules, constrain, make_mesh, state_shardings
+
+
+def test_minus_one_fills_the_remaining_devices():
+  mesh = make_mesh(data=-1, fsdp=2, model=2)
+  assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "model": 2}
+
+
+def test_data_axis_comes_first():
+  assert make_mesh(fsdp=4).axis_names == ("data", "fsdp", "model")
+
+
+@pytest.mark.parametrize("sizes, msg", [
+    ({"data": 3}, "needs 3 devices but 8 are available"),
+    ({"data": -1, "fsdp": 3}, "fixed axes multiply to 3, which does not divide 8"),
+    ({"data": -1, "fsdp": -1}, "at most one axis may be -1"),
+    ({"model": 0}, r"mesh.model=0 is invalid"),
+])
+def test_mesh_errors_name_the_sizes_and_the_fix(sizes, msg):
+  with pytest.raises(ValueError, match=msg):
+    make_mesh(**sizes)
+
+
+def test_data_parallel_size_counts_fsdp():
+  assert MeshConfig(data=-1, fsdp=2, model=2).data_parallel_size(16) == 8
+
+
+def test_rules_refuse_a_mesh_axis_used_twice():
+  with pytest.raises(ValueError, match="maps mesh axis 'fsdp' twice .*'batch'.*'embed'"):
+    DEFAULT_RULES.spec(("batch", "embed"))
+
+
+def test_size_one_axes_are_dropped_from_specs():
+  mesh = make_mesh(data=-1, fsdp=1, model=1)
+  assert DEFAULT_RULES.spec(("batch", "seq", "act_embed"), mesh) == jax.sharding.PartitionSpec("data", None, None)
+
+
+class _Tiny(nnx.Module):
+  def __init__(self):
+    self.w = nnx.Param(jnp.zeros((16, 32)), logical_axes=("embed", "mlp"))
+    self.v = nnx.Param(jnp.zeros((11, 16)), logical_axes=("vocab", "embed"))
+    self.buf = nnx.Variable(jnp.zeros((3,)))
+
+
+def test_parameter_shardings_come_from_logical_axes():
+  mesh = make_mesh(data=-1, fsdp=2, model=2)
+  sh = state_shardings(nnx.state(_Tiny()), mesh)
+  assert sh["w"].spec == jax.sharding.PartitionSpec("fsdp", "model")
+  # vocab 11 does not divide over model=2: replicated rather than failing
+  assert sh["v"].spec == jax.sharding.PartitionSpec(None, "fsdp")
+  assert sh["buf"].spec == jax.sharding.PartitionSpec()
+
+
+def test_constrain_is_a_no_op_without_a_mesh_and_shards_with_one():
+  f = jax.jit(lambda x: constrain(x * 2, ("batch", "act_embed")))
+  assert f(jnp.ones((8, 4))).sharding.is_fully_replicated
+  with jax.set_mesh(make_mesh(data=-1, fsdp=2)):
+    y = f(jnp.ones((8, 4)))
+  assert y.sharding.spec == jax.sharding.PartitionSpec(("data", "fsdp"))
+
+
+def test_rules_can_be_overridden_without_mutation():
+  r = DEFAULT_RULES.replace(embed=None)
+  assert r.spec(("embed", "mlp")) == jax.sharding.PartitionSpec(None, "model")
+  assert DEFAULT_RULES.spec(("embed",)) == jax.sharding.PartitionSpec("fsdp")
+  with pytest.raises(ValueError, match="more than once"):
+    ShardingRules((("a", None), ("a", "data")))
