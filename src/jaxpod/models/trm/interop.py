@@ -103,17 +103,20 @@ def load_state_dict_into(model: TRM, state_dict: dict) -> TRM:
   for key, (path, (to_ours, _)) in mapping.items():
     var = _variable(model, path)
     value = to_ours(sd[key].astype(np.float32))
-    if value.shape != var[...].shape:
+    if value.shape != tuple(var.shape):
       raise ValueError(f"{key}: reference shape {sd[key].shape} gives {value.shape}, the model expects "
-                       f"{var[...].shape}; check hidden_size/num_heads/expansion/seq_len")
-    var[...] = jnp.asarray(value)
+                       f"{tuple(var.shape)}; check hidden_size/num_heads/expansion/seq_len")
+    var.set_value(jnp.asarray(value))
   return model
 
 
-def load_reference_state_dict(path: str, cfg: TRMConfig, seed: int = 0) -> TRM:
-  """A TRM built from `cfg` holding the weights of a reference safetensors state dict at `path`."""
+def load_reference_state_dict(path: str, cfg: TRMConfig) -> TRM:
+  """A TRM built from `cfg` holding the weights of a reference safetensors state dict at `path`.
+
+  The model is created abstractly (no random init); every variable comes from the file.
+  """
   from safetensors.numpy import load_file
-  model = TRM(cfg, rngs=nnx.Rngs(seed))
+  model = nnx.eval_shape(lambda: TRM(cfg, rngs=nnx.Rngs(0)))
   return load_state_dict_into(model, load_file(path))
 
 
