@@ -27,3 +27,17 @@ def test_doctor_rejects_a_bad_option_with_one_line():
 def test_unknown_command_lists_the_commands():
   p = subprocess.run([sys.executable, "-m", "jaxpod.cli.main", "nope"], capture_output=True, text=True)
   assert p.returncode == 2 and "unknown command 'nope'" in p.stderr and "launch" in p.stderr
+
+
+def test_a_failed_check_makes_doctor_exit_non_zero_with_the_reason(monkeypatch, capsys):
+  """Single process, in this test process: a broken collective is reported, not raised."""
+  from jaxpod.cli import doctor as cli
+  from jaxpod.runtime import doctor
+
+  def broken():
+    raise RuntimeError("cross-host sum gave 3.0, expected 10.0")
+
+  monkeypatch.setattr(doctor, "_collective", broken)
+  assert cli.main(["--barrier_rounds", "2"]) == 1
+  err = capsys.readouterr().err
+  assert "collective: RuntimeError: cross-host sum gave 3.0, expected 10.0" in err

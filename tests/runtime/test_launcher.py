@@ -34,12 +34,18 @@ def test_each_host_gets_its_variables_and_a_prefixed_log(tmp_path):
 
 def test_first_failure_stops_the_others_even_if_they_ignore_sigterm(tmp_path):
   """JAX swallows SIGTERM; the launcher must follow up with SIGKILL after the grace period."""
-  code = ("import os, signal, sys, time\n"
+  ready = tmp_path / "ready"
+  ready.mkdir()
+  code = ("import os, signal, sys, time, pathlib\n"
           "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-          "if os.environ['JAXPOD_PROCESS_ID'] == '1':\n"
+          f"ready = pathlib.Path({str(ready)!r})\n"
+          "me = os.environ['JAXPOD_PROCESS_ID']\n"
+          "(ready / me).touch()\n"
+          "if me == '1':\n"
+          "  while len(list(ready.iterdir())) < 3: time.sleep(0.05)\n"
           "  print('loading shard 3'); print('bad checksum', flush=True); sys.exit(3)\n"
           "time.sleep(600)\n")
-  r, out = _run(code, hosts=3, grace_s=0.5, log_dir=str(tmp_path))
+  r, out = _run(code, hosts=3, grace_s=0.5, log_dir=str(tmp_path / "logs"))
   assert r.returncode == 3 and r.first_failed == 1 and r.reason == "exit"
   assert r.exit_codes[0] == -signal.SIGKILL and r.exit_codes[2] == -signal.SIGKILL
   assert "host 1/3 failed first (exit code 3)" in out and "    bad checksum" in out

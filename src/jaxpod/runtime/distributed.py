@@ -151,6 +151,8 @@ def shutdown() -> None:
   if _STATE.host is None:
     return
   import jax
+  if _STATE.cache_dir and _STATE.host.is_leader:
+    log.info("%s (%s)", compile_cache.STATS.summary(), _STATE.cache_dir)
   if _STATE.host.multi_process:
     jax.distributed.shutdown()
   _STATE.host = None

@@ -24,6 +24,9 @@ def report(tag, value):
 try:
   if scenario == "roundtrip":
     runtime.barrier("roundtrip.start", 60)
+    assert runtime.init() is host  # idempotent
+    from jaxpod.runtime.log import get_logger
+    get_logger("worker").info("hello from the worker")
     value = runtime.broadcast({"seed": 1234, "arr": np.arange(6).reshape(2, 3)} if me == 0 else None, "cfg")
     report("BCAST", {"seed": value["seed"], "arr": value["arr"].tolist()})
     report("GATHER", runtime.allgather({"host": me, "sq": me * me}, "who"))
