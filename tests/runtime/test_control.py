@@ -19,6 +19,7 @@ def test_barrier_broadcast_allgather_round_trip(launch_hosts, hosts):
     assert json.loads(host_lines(r, h, "BCAST")[0]) == {"seed": 1234, "arr": [[0, 1, 2], [3, 4, 5]]}
     assert json.loads(host_lines(r, h, "GATHER")[0]) == [{"host": i, "sq": i * i} for i in range(hosts)]
     assert json.loads(host_lines(r, h, "CALL")[0]) == "leader-0"
+    assert json.loads(host_lines(r, h, "LEADER_ONLY")[0]) == ("wrote metrics" if h == 0 else None)
     assert any(l.startswith(f"[host {h}/{hosts}] I") and "hello from the worker" in l for l in r.output[h])
 
 

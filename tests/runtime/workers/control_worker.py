@@ -30,6 +30,7 @@ try:
     value = runtime.broadcast({"seed": 1234, "arr": np.arange(6).reshape(2, 3)} if me == 0 else None, "cfg")
     report("BCAST", {"seed": value["seed"], "arr": value["arr"].tolist()})
     report("GATHER", runtime.allgather({"host": me, "sq": me * me}, "who"))
+    report("LEADER_ONLY", runtime.leader_only(lambda: "wrote metrics")())
     report("CALL", runtime.broadcast_call(lambda: f"leader-{os.getpid() % 1}", "call"))
     for i in range(30):  # the same names again and again: keys must not pile up
       runtime.barrier("loop.barrier", 60)
