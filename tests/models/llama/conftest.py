@@ -1,11 +1,6 @@
 """Tiny random Llama checkpoints written by `transformers` (offline), shared by the llama tests."""
-import jax
 import pytest
 
-try:  # 4 fake CPU devices for the sharded-mesh tests; a no-op if a backend already exists
-  jax.config.update("jax_num_cpu_devices", max(4, jax.config.jax_num_cpu_devices))
-except RuntimeError:
-  pass
 
 
 def write_hf_checkpoint(folder, seed=0, **overrides):

@@ -215,14 +215,29 @@ def _check_captures(cfg: LlamaConfig, layers: Sequence[int], points: Sequence[st
     raise ValueError(f"capture_layers {out} out of range; this model has layers 0..{cfg.num_hidden_layers - 1}")
 
 
-def init(cfg: LlamaConfig, seed: int = 0) -> Llama:
-  """A randomly initialised model (normal(0.02) weights, unit norms)."""
-  return Llama(cfg, rngs=nnx.Rngs(params=seed))
+def init(cfg: LlamaConfig, seed: int = 0, shardings=None) -> Llama:
+  """A random model: normal(0.02) matrices, unit norms, drawn with numpy (no compile) per parameter.
+
+  shardings: optional `runtime.state_shardings(...)` tree; parameters are then placed sharded.
+  `Llama(cfg, rngs=nnx.Rngs(seed))` gives the same distribution inside a jit.
+  """
+  import numpy as np
+  graphdef, abs_state = nnx.split(abstract(cfg))
+  rng = np.random.default_rng(seed)
+  flat = nnx.to_flat_state(abs_state)
+  shard_leaves = jax.tree.leaves(shardings) if shardings is not None else [None] * len(flat)
+  leaves = []
+  for (_, var), sh in zip(flat, shard_leaves):
+    shape = tuple(var.shape)
+    w = np.ones(shape, np.float32) if len(shape) == 1 else (0.02 * rng.standard_normal(shape, np.float32))
+    w = w.astype(var.dtype)
+    leaves.append(jnp.asarray(w) if sh is None else jax.make_array_from_callback(shape, sh, lambda i, w=w: w[i]))
+  return nnx.merge(graphdef, nnx.from_flat_state([(p, v.replace(a)) for (p, v), a in zip(flat, leaves)]))
 
 
 def abstract(cfg: LlamaConfig) -> Llama:
   """The model with ShapeDtypeStruct leaves: shapes, dtypes and logical axes, no memory."""
-  return nnx.eval_shape(lambda: init(cfg))
+  return nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(params=0)))
 
 
 def forward(graphdef, params, tokens_BxT, positions_BxT=None, **kwargs) -> Output:

@@ -1,0 +1,87 @@
+"""`SampleConfig`: every size the sampler uses, fixed here (never derived per host)."""
+from __future__ import annotations
+
+import dataclasses
+
+from jaxpod.runtime.mesh import MeshConfig
+
+MODES = ("global", "replicated")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+  """How the next token is chosen; temperature 0 means greedy (argmax)."""
+
+  temperature: float = 0.0  # 0: greedy; otherwise logits / temperature
+  top_k: int = 0  # keep the k most likely tokens (0: all)
+  top_p: float = 1.0  # keep the smallest set whose probability reaches top_p (1: all)
+
+  def __post_init__(self):
+    if self.temperature < 0:
+      raise ValueError(f"sample.temperature={self.temperature} must be >= 0 (0 = greedy)")
+    if self.top_k < 0:
+      raise ValueError(f"sample.top_k={self.top_k} must be >= 0 (0 = no top-k filter)")
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f"sample.top_p={self.top_p} must be in (0, 1]")
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+  """Static shapes of the compiled prefill + decode program; the same on every host."""
+
+  batch_size: int = 8  # rows per chunk (global: over the whole mesh; replicated: per host)
+  max_prompt_len: int = 128  # prompts are right-padded to this; longer prompts are an error
+  max_new_tokens: int = 64  # decode steps; the KV cache holds max_prompt_len + max_new_tokens slots
+  stop_token_ids: tuple[int, ...] = ()  # extra stop ids besides the tokenizer's EOS
+  memory_fraction: float = 0.9  # share of device memory the memory check allows
+  device_memory_bytes: int | None = None  # per-device memory for the check; None: ask the leader's device
+
+  def __post_init__(self):
+    for name in ("batch_size", "max_prompt_len", "max_new_tokens"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"sample.{name}={getattr(self, name)} must be >= 1")
+    if not 0 < self.memory_fraction <= 1:
+      raise ValueError(f"sample.memory_fraction={self.memory_fraction} must be in (0, 1]")
+
+  @property
+  def cache_len(self) -> int:
+    return self.max_prompt_len + self.max_new_tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleConfig:
+  """`jaxpod sample`: a checkpoint, a prompt file, an output JSONL."""
+
+  model: str = ""  # HF checkpoint folder or fsspec URL (config.json + safetensors + tokenizer files)
+  prompts: str = ""  # .txt (one prompt per line) or .jsonl ({"prompt": ..., optional "seed": ...})
+  out: str = ""  # JSONL written once by the leader
+  mode: str = "global"  # global: model sharded over all hosts | replicated: a full copy per host
+  max_new_tokens: int = 64  # tokens generated per prompt at most
+  max_prompt_len: int = 128  # longest prompt in tokens (static shape)
+  batch_size: int = 8  # prompts per chunk
+  temperature: float = 0.0  # 0: greedy
+  top_k: int = 0
+  top_p: float = 1.0
+  seed: int = 0  # request i uses seed + i unless its JSONL line sets "seed"
+  stop_token_ids: tuple[int, ...] = ()  # extra stop ids besides EOS
+  dtype: str | None = None  # compute dtype override: float32 | bfloat16 (None: the checkpoint's)
+  weight_version: str = ""  # recorded with each output; "" means the checkpoint path
+  mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)  # over all devices (global) or a host's
+  memory_fraction: float = 0.9
+  device_memory_bytes: int | None = None  # override the per-device memory the check compares with
+
+  def __post_init__(self):
+    if self.mode not in MODES:
+      raise ValueError(f"sample.mode={self.mode!r}; use one of {MODES}")
+    for name in ("model", "prompts", "out"):
+      if not getattr(self, name):
+        raise ValueError(f"sample.{name} is required (--{name.replace('_', '-')} ...)")
+    self.engine(), self.sampling()  # validates those fields with their own messages
+
+  def engine(self) -> EngineConfig:
+    return EngineConfig(batch_size=self.batch_size, max_prompt_len=self.max_prompt_len,
+                        max_new_tokens=self.max_new_tokens, stop_token_ids=tuple(self.stop_token_ids),
+                        memory_fraction=self.memory_fraction, device_memory_bytes=self.device_memory_bytes)
+
+  def sampling(self) -> SamplingParams:
+    return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)

@@ -1,0 +1,109 @@
+"""The generation program: right-padded batched prefill, then decode in one `lax.while_loop`.
+
+Slots of the static KV cache [L, B, S, K, E], S = max_prompt_len + max_new_tokens:
+prompts sit right-padded at slots 0..P-1 (row b valid below `lengths[b]`), decode step s
+writes every row at slot P + s - 1 while RoPE uses the row's true position lengths[b] + s - 1.
+So each write is one dynamic_update_slice at a scalar index, and outputs equal those of an
+unpadded run of each prompt alone.
+
+Randomness is per request: row b at step s uses `fold_in(key(seed_b), s)`, so a prompt's
+completion does not depend on its chunk, its row, the mode or the host count.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxpod.models.llama.model import KVCache, Llama
+from jaxpod.runtime.sharding import constrain
+from jaxpod.sample.config import EngineConfig, SamplingParams
+
+NO_TOKEN = -1  # out-buffer value after a row has stopped
+
+
+def sample_tokens(logits_BxV, keys_B, sp: SamplingParams):
+  """Next token per row: greedy, or temperature / top-k / top-p sampling with per-row keys."""
+  if sp.temperature == 0:
+    return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
+  logits = logits_BxV.astype(jnp.float32) / sp.temperature
+  k = sp.top_k if sp.top_k > 0 else (logits.shape[-1] if sp.top_p < 1 else 0)
+  if k == 0:
+    return jax.vmap(jax.random.categorical)(keys_B, logits).astype(jnp.int32)
+  vals_BxK, idx_BxK = jax.lax.top_k(logits, k)  # sorted, most likely first
+  if sp.top_p < 1:
+    probs = jax.nn.softmax(vals_BxK, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each candidate
+    vals_BxK = jnp.where(before < sp.top_p, vals_BxK, -jnp.inf)  # the first one always stays
+  choice_B = jax.vmap(jax.random.categorical)(keys_B, vals_BxK)
+  return jnp.take_along_axis(idx_BxK, choice_B[:, None], axis=1)[:, 0].astype(jnp.int32)
+
+
+def _keys(seeds_B, step):
+  return jax.vmap(lambda s: jax.random.fold_in(jax.random.key(s), step))(seeds_B)
+
+
+def generate(graphdef, params, tokens_BxP, lengths_B, seeds_B, *, ec: EngineConfig, sp: SamplingParams,
+             stop_ids: tuple[int, ...]):
+  """Pure: returns new tokens [B, N] int32 (NO_TOKEN after a row stops; the stop token is kept)."""
+  model: Llama = nnx.merge(graphdef, params)
+  b, p = tokens_BxP.shape
+  n, s = ec.max_new_tokens, ec.cache_len
+  stop = jnp.asarray(stop_ids or (NO_TOKEN,), jnp.int32)
+  cache = KVCache.zeros(model.cfg, b, s)
+  kv_mask_BxS = constrain(jnp.arange(s)[None, :] < lengths_B[:, None], ("batch", "cache_seq"))
+  with jax.named_scope("prefill"):
+    out = model(tokens_BxP, jnp.broadcast_to(jnp.arange(p), (b, p)), kv_mask_BxS=kv_mask_BxS, cache=cache,
+                cache_index=0, logits_at_B=lengths_B - 1)
+  tok_B = sample_tokens(out.logits[:, 0], _keys(seeds_B, 0), sp)
+  done_B = jnp.isin(tok_B, stop)
+  new_BxN = jnp.full((b, n), NO_TOKEN, jnp.int32).at[:, 0].set(tok_B)
+
+  def cond(carry):
+    step, _, _, _, done_B, _ = carry
+    return (step < n) & ~jnp.all(done_B)
+
+  def body(carry):
+    step, tok_B, cache, kv_mask_BxS, done_B, new_BxN = carry
+    slot = p + step - 1
+    tok_B = jnp.maximum(tok_B, 0)  # stopped rows keep running on a dummy token; their output is dropped
+    kv_mask_BxS = jax.lax.dynamic_update_slice(kv_mask_BxS, jnp.ones((b, 1), bool), (0, slot))
+    o = model(tok_B[:, None], (lengths_B + step - 1)[:, None], kv_mask_BxS=kv_mask_BxS, cache=cache,
+              cache_index=slot)
+    nxt_B = sample_tokens(o.logits[:, 0], _keys(seeds_B, step), sp)
+    nxt_B = jnp.where(done_B, NO_TOKEN, nxt_B)
+    new_BxN = jax.lax.dynamic_update_slice(new_BxN, nxt_B[:, None], (0, step))
+    return step + 1, nxt_B, o.cache, kv_mask_BxS, done_B | jnp.isin(nxt_B, stop), new_BxN
+
+  with jax.named_scope("decode"):
+    carry = jax.lax.while_loop(cond, body, (jnp.int32(1), tok_B, out.cache, kv_mask_BxS, done_B, new_BxN))
+  return carry[-1]
+
+
+def prefill_only(graphdef, params, tokens_BxP, lengths_B, *, ec: EngineConfig):
+  """Prefill alone (first-token logits); used by the benchmark to time prefill."""
+  model: Llama = nnx.merge(graphdef, params)
+  b, p = tokens_BxP.shape
+  cache = KVCache.zeros(model.cfg, b, ec.cache_len)
+  kv_mask_BxS = jnp.arange(ec.cache_len)[None, :] < lengths_B[:, None]
+  return model(tokens_BxP, jnp.broadcast_to(jnp.arange(p), (b, p)), kv_mask_BxS=kv_mask_BxS, cache=cache,
+               cache_index=0, logits_at_B=lengths_B - 1).logits
+
+
+def trim(new_N: np.ndarray, stop_ids: tuple[int, ...]) -> tuple[list[int], str]:
+  """(completion token ids without the stop token, finish reason 'stop' | 'length') for one row."""
+  ids = [int(t) for t in new_N if t != NO_TOKEN]
+  if ids and ids[-1] in stop_ids:
+    return ids[:-1], "stop"
+  return ids, "length"
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_generate(ec: EngineConfig, sp: SamplingParams, stop_ids: tuple[int, ...]):
+  """One jitted generate per (engine config, sampling params, stop ids); params stay arguments."""
+  from jaxpod import runtime
+  return runtime.jit(functools.partial(generate, ec=ec, sp=sp, stop_ids=stop_ids), name="sample.generate",
+                     static_argnums=(0,))

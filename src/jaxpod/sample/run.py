@@ -1,0 +1,99 @@
+"""`run(SampleConfig)`: prompt file -> completions JSONL, with every host taking part.
+
+Order of work, the same on every host:
+  1. the leader reads config.json, the prompt file and the tokenizer, tokenizes, and runs
+     the memory check; the result (or its exception) reaches every host through
+     `runtime.broadcast_call`, so a tokenizer error or an oversized config raises
+     everywhere instead of leaving the others waiting;
+  2. every host loads the checkpoint straight into its sharding (global: all devices;
+     replicated: its own devices);
+  3. every host runs every chunk it owns (see `sampler.py`);
+  4. the leader detokenizes and writes the JSONL once; a named barrier closes the job.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import fsspec
+
+from jaxpod import runtime
+from jaxpod.models.llama import LlamaConfig, hf_io, load_tokenizer
+from jaxpod.sample.config import SampleConfig
+from jaxpod.sample.sampler import Sampler, check_memory, make_sample_mesh
+
+
+def read_prompts(path: str) -> tuple[list[str], list[int | None]]:
+  """Prompts (and optional per-request seeds) from .jsonl ({"prompt", "seed"?}) or text lines."""
+  with fsspec.open(path, "r") as f:
+    lines = [l.rstrip("\n") for l in f]
+  if path.endswith(".jsonl"):
+    rows = [json.loads(l) for l in lines if l.strip()]
+    bad = [i for i, r in enumerate(rows) if not isinstance(r.get("prompt"), str)]
+    if bad:
+      raise ValueError(f"{path}: line(s) {bad[:5]} lack a string \"prompt\" field")
+    return [r["prompt"] for r in rows], [r.get("seed") for r in rows]
+  prompts = [l for l in lines if l.strip()]
+  return prompts, [None] * len(prompts)
+
+
+def _leader_plan(cfg: SampleConfig, mesh_for_check) -> tuple[dict[str, Any], Any]:
+  """On the leader: model config, tokenized prompts, seeds, stop ids; raises on any problem."""
+  model_cfg = hf_io.load_config(cfg.model, **({"dtype": cfg.dtype} if cfg.dtype else {}))
+  check_memory(model_cfg, cfg.engine(), mesh_for_check)
+  tok = load_tokenizer(cfg.model)
+  prompts, seeds = read_prompts(cfg.prompts)
+  if not prompts:
+    raise ValueError(f"{cfg.prompts} holds no prompts")
+  ids = [tok.encode(p) for p in prompts]
+  too_long = [i for i, x in enumerate(ids) if len(x) > cfg.max_prompt_len]
+  if too_long:
+    raise ValueError(f"prompt(s) {too_long[:5]} exceed sample.max_prompt_len={cfg.max_prompt_len} tokens "
+                     f"(longest {max(len(ids[i]) for i in too_long)}); raise max_prompt_len or shorten them")
+  plan = {"model_cfg": model_cfg.to_hf_config() | {"dtype": model_cfg.dtype}, "prompts": prompts, "ids": ids,
+          "seeds": [cfg.seed + i if s is None else int(s) for i, s in enumerate(seeds)],
+          "stop_ids": sorted(set(tok.eos_ids) | set(cfg.stop_token_ids))}
+  return plan, tok
+
+
+def _progress(total: int):
+  """(callback, closer): a rich progress bar on the leader, nothing elsewhere."""
+  if not runtime.is_leader():
+    return None, lambda: None
+  from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TextColumn
+  bar = Progress(TextColumn("sampling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+  task = bar.add_task("sample", total=total)
+  bar.start()
+  return (lambda n: bar.advance(task, n)), bar.stop
+
+
+def run(cfg: SampleConfig) -> list[dict[str, Any]] | None:
+  """Sample completions for `cfg.prompts`; returns the written records on the leader, None elsewhere."""
+  runtime.init()
+  mesh = make_sample_mesh(cfg.mode, cfg.mesh)
+  tok_box: list = []
+
+  def plan_fn():
+    plan, tok = _leader_plan(cfg, mesh)
+    tok_box.append(tok)
+    return plan
+  plan = runtime.broadcast_call(plan_fn, "sample.plan")
+  model_cfg = LlamaConfig.from_hf_config(plan["model_cfg"], dtype=plan["model_cfg"]["dtype"])
+  model = hf_io.load(cfg.model, mesh, cfg=model_cfg)
+  sampler = Sampler(model, mesh, cfg.engine(), cfg.sampling(), plan["stop_ids"], mode=cfg.mode)
+  advance, close = _progress(len(plan["ids"]))
+  try:
+    results = sampler.generate(plan["ids"], plan["seeds"], on_chunk=advance)
+  finally:
+    close()
+  records = None
+  if runtime.is_leader():
+    tok = tok_box[0]
+    version = cfg.weight_version or cfg.model
+    records = [{"index": i, "prompt": p, "completion": tok.decode(new), "token_ids": new,
+                "finish_reason": reason, "seed": seed, "weight_version": version}
+               for i, (p, (new, reason), seed) in enumerate(zip(plan["prompts"], results, plan["seeds"]))]
+    with fsspec.open(cfg.out, "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in records)
+  runtime.barrier("sample.done")
+  return records
