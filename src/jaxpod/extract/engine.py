@@ -1,0 +1,235 @@
+"""The extraction loop: the same forward on every host, per-host shards, global resume.
+
+    stats = run(ExtractConfig(model=..., prompts=..., layers=(4, 8), out="gs://..."))
+
+1. Checks before JAX init (config.check_inputs), then `runtime.init`.
+2. The leader reads and tokenizes the prompts, decides the padded length, checks or writes
+   `run.json`, and broadcasts the token ids (DESIGN.md invariant 1: nothing per host).
+3. Every host reads its progress record; all resume from the minimum (invariant 5).
+4. Per batch: a named barrier (a failed peer is noticed before the next collective), the
+   forward on every host, this host's replica-0 rows to its shard file, then its progress
+   record (invariant 4). A failure anywhere is published and names its host (invariant 3).
+5. The leader writes `manifest.json`.
+
+Numerics do not depend on the mesh: inside a `shard_map` every device runs each of its rows
+alone (`lax.map`) with whole weights, so the same prompt gives the same bytes on any layout.
+Rows go over every mesh axis when the batch divides the device count, else over data*fsdp
+(replicated over `model`; the writer keeps replica 0). fsdp/model shard weights at rest;
+they are gathered for the forward.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from typing import Callable
+
+import numpy as np
+
+from jaxpod import runtime
+from jaxpod.extract import writer
+from jaxpod.extract.config import ExtractConfig, check_batch, check_inputs, read_prompts
+from jaxpod.runtime.log import get_logger
+
+log = get_logger("extract")
+BARRIER_TIMEOUT_S = 600.0
+
+
+@dataclasses.dataclass
+class Plan:
+  """What every host needs to run the same batches: decided on the leader, broadcast."""
+
+  run_id: str  # hash of model config, token ids, layers, points, dtype, batch, length, layout
+  seq_len: int  # padded length T of every batch
+  lengths: np.ndarray  # [N] real tokens per prompt
+  tokens: np.ndarray  # [N, T] int32, right-padded with pad_id
+  start_batch: int = 0  # first batch to run (after the resume agreement)
+
+  @property
+  def num_rows(self) -> int:
+    return len(self.lengths)
+
+  def num_batches(self, batch_size: int) -> int:
+    return -(-self.num_rows // batch_size)
+
+  def batch(self, b: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens [B, T] int32, mask [B, T] bool) of global batch b; rows past the end are all padding."""
+    tok = np.zeros((batch_size, self.seq_len), np.int32)
+    lens = np.zeros((batch_size,), np.int32)
+    rows = self.tokens[b * batch_size:(b + 1) * batch_size]
+    tok[:len(rows)] = rows
+    lens[:len(rows)] = self.lengths[b * batch_size:(b + 1) * batch_size]
+    return tok, np.arange(self.seq_len)[None, :] < lens[:, None]
+
+
+def _tokenize(cfg: ExtractConfig) -> tuple[np.ndarray, np.ndarray, int]:
+  """(flat ids, lengths, pad id) of the prompt file, truncated to max_seq_len; leader only."""
+  from jaxpod.models.llama import load_tokenizer
+  prompts = read_prompts(cfg.prompts)
+  if not prompts:
+    raise ValueError(f"extract.prompts={cfg.prompts!r} holds no prompts; give one per line (.txt) or .jsonl")
+  tok = load_tokenizer(cfg.model)
+  ids = [tok.encode(p)[:cfg.max_seq_len] for p in prompts]
+  lengths = np.asarray([len(i) for i in ids], np.int32)
+  flat = np.asarray([t for i in ids for t in i], np.int32)
+  return flat, lengths, int(tok.pad_id)
+
+
+def layout(cfg: ExtractConfig, num_devices: int) -> dict:
+  """Hosts and resolved mesh sizes: shard files are named per host, so a resume needs the same."""
+  data, fsdp, model = cfg.mesh.resolve(num_devices)
+  return {"hosts": runtime.host_info().process_count, "mesh": {"data": data, "fsdp": fsdp, "model": model}}
+
+
+def run_record(cfg: ExtractConfig, hf: dict, plan_fields: dict, lay: dict) -> dict:
+  """Contents of run.json (and the base of manifest.json)."""
+  hidden = int(hf["hidden_size"])
+  n, t = plan_fields["num_rows"], plan_fields["seq_len"]
+  return {
+      "format": writer.FORMAT, "model": cfg.model, "model_config": hf, "layers": sorted(cfg.layers),
+      "points": list(cfg.points), "keys": list(cfg.keys), "dtype": cfg.np_dtype, "batch_size": cfg.batch_size,
+      "max_seq_len": cfg.max_seq_len, "seq_len": t, "hidden_size": hidden, "num_rows": n,
+      "num_batches": -(-n // cfg.batch_size), "shapes": {k: [n, t, hidden] for k in cfg.keys},
+      "run_id": plan_fields["run_id"], **lay,
+  }
+
+
+def _plan_on_leader(cfg: ExtractConfig, hf: dict, lay: dict, storage: writer.Storage) -> dict:
+  """Tokenize, fix the padded length and run id, check or write run.json; the broadcast payload."""
+  flat, lengths, pad = _tokenize(cfg)
+  seq_len = int(lengths.max())
+  digest = hashlib.sha256()
+  for part in (json.dumps(hf, sort_keys=True), cfg.model, sorted(cfg.layers), cfg.points, cfg.np_dtype,
+               cfg.batch_size, seq_len, pad, json.dumps(lay, sort_keys=True)):
+    digest.update(repr(part).encode())
+  digest.update(lengths.tobytes())
+  digest.update(flat.tobytes())
+  fields = {"run_id": digest.hexdigest()[:16], "num_rows": len(lengths), "seq_len": seq_len}
+  record = run_record(cfg, hf, fields, lay)
+  old = storage.read_json(storage.path("run.json"))
+  if old is not None and old.get("run_id") != record["run_id"]:
+    differ = [k for k in ("model", "layers", "points", "dtype", "batch_size", "seq_len", "num_rows", "hosts", "mesh")
+              if old.get(k) != record[k]] or ["model weights config or prompt tokens"]
+    raise ValueError(f"extract.out={cfg.out!r} holds another extraction (differs in {', '.join(differ)}); "
+                     "rerun with the same options and hosts to resume, or use a new --out")
+  if old is None:
+    storage.write_json(storage.path("run.json"), record)
+  return {**fields, "pad": pad, "lengths": lengths, "flat": flat}
+
+
+def _make_plan(payload: dict) -> Plan:
+  lengths, flat, t = payload["lengths"], payload["flat"], payload["seq_len"]
+  tokens = np.full((len(lengths), t), payload["pad"], np.int32)
+  mask = np.arange(t)[None, :] < lengths[:, None]
+  tokens[mask] = flat  # row-major order of the mask = prompt order, then token order
+  return Plan(payload["run_id"], t, lengths, tokens)
+
+
+def _resume(storage: writer.Storage, plan: Plan, num_batches: int) -> int:
+  """Every host's committed batch count -> the minimum, agreed by all hosts."""
+  host = runtime.host_info().process_index
+  mine = min(writer.committed(storage, host, plan.run_id), num_batches)
+  every = runtime.allgather(mine, "extract.resume")
+  start = min(every)
+  if start:
+    log.info("resuming at batch %d of %d (committed per host: %s)", start, num_batches, every)
+  return start
+
+
+class _Timer:
+  """Seconds spent per phase (forward, pull, write, barrier, setup)."""
+
+  def __init__(self):
+    self.seconds: dict[str, float] = {}
+
+  def add(self, name: str, since: float) -> float:
+    now = time.perf_counter()
+    self.seconds[name] = self.seconds.get(name, 0.0) + now - since
+    return now
+
+
+def run(cfg: ExtractConfig, runtime_cfg: runtime.RuntimeConfig | None = None,
+        on_batch: Callable[[int], None] | None = None) -> dict:
+  """Extract activations to cfg.out on every host of the job; returns timing and counts."""
+  runtime_cfg = runtime_cfg or runtime.RuntimeConfig()
+  hf = check_inputs(cfg, runtime_cfg.hosts())  # invariant 7: before JAX init
+  host = runtime.init(runtime_cfg)
+  with runtime.guard():
+    return _run(cfg, hf, host, on_batch)
+
+
+def _run(cfg: ExtractConfig, hf: dict, host: runtime.HostInfo, on_batch) -> dict:
+  import jax
+  from jaxpod.extract import forward as fwd_lib
+  from jaxpod.extract.progress import Progress
+  from jaxpod.models.llama import hf_io
+  timer, t0 = _Timer(), time.perf_counter()
+  check_batch(cfg, jax.device_count())
+  storage = writer.Storage(cfg.out)
+  lay = layout(cfg, jax.device_count())
+  plan = _make_plan(runtime.broadcast_call(lambda: _plan_on_leader(cfg, hf, lay, storage), "extract.plan"))
+  nb = plan.num_batches(cfg.batch_size)
+  plan.start_batch = _resume(storage, plan, nb)
+  mesh = runtime.make_mesh(**lay["mesh"])
+  with jax.set_mesh(mesh):
+    model = hf_io.load(cfg.model, mesh)
+    forward = fwd_lib.Forward(model, mesh, cfg)
+    t = timer.add("setup", t0)
+    bar = Progress(plan, cfg, enabled=cfg.progress and host.is_leader)
+    for b in range(plan.start_batch, nb):
+      runtime.barrier("extract.batch", BARRIER_TIMEOUT_S)
+      t = timer.add("barrier", t)
+      tokens, mask = plan.batch(b, cfg.batch_size)
+      captures = forward(tokens, mask)
+      jax.block_until_ready(captures)
+      t = timer.add("forward", t)
+      tensors = _host_tensors(captures, plan, b, cfg.batch_size)
+      t = timer.add("pull", t)
+      if len(tensors["row_ids"]):
+        writer.write_shard(storage, b, host.process_index, tensors, {"run": plan.run_id})
+      writer.commit(storage, host.process_index, plan.run_id, b + 1)
+      t = timer.add("write", t)
+      if on_batch is not None:
+        on_batch(b)
+      bar.advance(b)
+      t = time.perf_counter()
+    bar.close()
+  runtime.barrier("extract.done", BARRIER_TIMEOUT_S)
+  t = timer.add("barrier", t)
+  if host.is_leader:
+    _write_manifest(storage, cfg, hf, plan, lay)
+  runtime.barrier("extract.manifest", BARRIER_TIMEOUT_S)
+  timer.add("write", t)
+  done = range(plan.start_batch, nb)
+  rows = sum(min(cfg.batch_size, plan.num_rows - b * cfg.batch_size) for b in done)
+  tokens = int(sum(plan.lengths[b * cfg.batch_size:(b + 1) * cfg.batch_size].sum() for b in done))
+  return {"batches": len(done), "start_batch": plan.start_batch, "rows": rows, "tokens": tokens,
+          "seconds": timer.seconds, "run_id": plan.run_id}
+
+
+def _host_tensors(captures: dict, plan: Plan, b: int, batch_size: int) -> dict[str, np.ndarray]:
+  """This host's rows of batch b (real prompts only): row ids, tokens, mask, activations."""
+  out, rows = {}, None
+  for key, arr in captures.items():
+    r, values = writer.replica0_rows(arr)
+    if rows is not None and not np.array_equal(r, rows):
+      raise RuntimeError(f"capture {key} is laid out differently from the others on this host")
+    rows = r
+    out[key] = values
+  keep = rows + b * batch_size < plan.num_rows
+  rows = rows[keep] + b * batch_size
+  out = {k: v[keep] for k, v in out.items()}
+  out["row_ids"] = rows
+  out["tokens"] = plan.tokens[rows]
+  out["mask"] = (np.arange(plan.seq_len)[None, :] < plan.lengths[rows][:, None]).astype(np.uint8)
+  return out
+
+
+def _write_manifest(storage: writer.Storage, cfg: ExtractConfig, hf: dict, plan: Plan, lay: dict) -> None:
+  fields = {"run_id": plan.run_id, "num_rows": plan.num_rows, "seq_len": plan.seq_len}
+  manifest = run_record(cfg, hf, fields, lay)
+  manifest["counts"] = {"rows": plan.num_rows, "tokens": int(plan.lengths.sum()),
+                        "batches": plan.num_batches(cfg.batch_size), "shard_files": len(storage.list_shards())}
+  manifest["complete"] = True
+  storage.write_json(storage.path("manifest.json"), manifest)

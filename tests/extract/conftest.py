@@ -1,0 +1,56 @@
+"""Tiny random HF Llama checkpoints and prompt files for the extraction tests (offline)."""
+from pathlib import Path
+
+import pytest
+
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello",
+    "Activation extraction across many hosts must give every sample exactly once.",
+    "a",
+    "Sparse autoencoders are trained on residual stream activations of language models, layer by layer.",
+    "Preemptible pods restart at any time; resume must be global.",
+    "ok",
+    "0123456789" * 3,
+    "Ünïcödé bytes count as several tokens in a byte-level tokenizer.",
+    "short one",
+    "The leader tokenizes; every host runs the same forward.",
+    "x y z",
+    "Replica zero only, placed by global index, never by arrival order.",
+    "Mesh axes: data, fsdp, model.",
+    "The last batch is partial.",
+    "What is written is what is read.",
+    "Byte identical on one host or eight devices.",
+    "end",
+    "Twenty prompts minus one.",
+    "Nineteen prompts and a half.",
+    "Twenty-one.",
+]
+
+
+def write_checkpoint(folder, seed: int = 0, **overrides):
+  """Save a random tiny HF LlamaForCausalLM (fp32, hidden 64) to `folder`; returns the torch model."""
+  import torch
+  from transformers import LlamaConfig, LlamaForCausalLM
+  kw = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, bos_token_id=256,
+            eos_token_id=257, pad_token_id=258)
+  kw.update(overrides)
+  torch.manual_seed(seed)
+  model = LlamaForCausalLM(LlamaConfig(**kw)).eval()
+  with torch.no_grad():  # norms are ones at init: randomise them so their weights matter
+    for n, p in model.named_parameters():
+      if "norm" in n:
+        p.add_(0.1 * torch.randn_like(p))
+  model.save_pretrained(folder)
+  return model
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory):
+  """(checkpoint folder, torch model, prompts file): 3 blocks, GQA 4/2, byte-level tokenizer."""
+  root = tmp_path_factory.mktemp("extract_ckpt")
+  model = write_checkpoint(root / "model")
+  prompts = root / "prompts.txt"
+  prompts.write_text("\n".join(PROMPTS) + "\n")
+  return str(root / "model"), model, str(prompts)
