@@ -90,3 +90,19 @@ def test_run_writes_jsonl_once(tiny_ckpt, tmp_path):
   assert rows[0]["weight_version"] == "v1" and rows[0]["completion"] == TOK.decode(rows[0]["token_ids"])
   with pytest.raises(ValueError, match="max_prompt_len=4"):
     run(dataclasses.replace(cfg, max_prompt_len=4))
+
+
+@pytest.mark.slow
+def test_cli_smoke(tiny_ckpt, tmp_path):
+  """`jaxpod sample` end to end in a fresh process; a bad --mode fails with the field named."""
+  import subprocess
+  import sys
+  (tmp_path / "p.txt").write_text("hello\nworld\n")
+  base = [sys.executable, "-m", "jaxpod.cli.main", "sample", "--model", tiny_ckpt, "--prompts",
+          str(tmp_path / "p.txt"), "--out", str(tmp_path / "o.jsonl")]
+  r = subprocess.run(base + ["--max-new-tokens", "3", "--batch-size", "8"], capture_output=True, text=True,
+                     timeout=120)
+  assert r.returncode == 0, r.stderr
+  assert len((tmp_path / "o.jsonl").read_text().splitlines()) == 2
+  r = subprocess.run(base + ["--mode", "pipeline"], capture_output=True, text=True, timeout=60)
+  assert r.returncode == 2 and "sample.mode='pipeline'" in r.stderr, r.stderr

@@ -14,6 +14,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "launch": ("jaxpod.cli.launch:main", "run a command as N simulated hosts on this machine"),
     "doctor": ("jaxpod.cli.doctor:main", "check hosts, devices, mesh, collectives, barriers, cache"),
     "cache": ("jaxpod.cli.cache:main", "persistent compile cache: info | clear"),
+    "sample": ("jaxpod.cli.sample:main", "generate text from a HF Llama checkpoint on every host"),
+    "extract": ("jaxpod.cli.extract:main", "layer activations over a prompt set, per host; info URL"),
     "bench": ("jaxpod.cli.bench:main", "benchmarks: barrier | trm-step | sample | extract | transfer"),
 }
 

@@ -57,7 +57,7 @@ def generate(graphdef, params, tokens_BxP, lengths_B, seeds_B, *, ec: EngineConf
   kv_mask_BxS = constrain(jnp.arange(s)[None, :] < lengths_B[:, None], ("batch", "cache_seq"))
   with jax.named_scope("prefill"):
     out = model(tokens_BxP, jnp.broadcast_to(jnp.arange(p), (b, p)), kv_mask_BxS=kv_mask_BxS, cache=cache,
-                cache_index=0, logits_at_B=lengths_B - 1)
+                cache_index=0, logits_at_B=lengths_B - 1, kv_len=p)
   tok_B = sample_tokens(out.logits[:, 0], _keys(seeds_B, 0), sp)
   done_B = jnp.isin(tok_B, stop)
   new_BxN = jnp.full((b, n), NO_TOKEN, jnp.int32).at[:, 0].set(tok_B)
@@ -90,7 +90,7 @@ def prefill_only(graphdef, params, tokens_BxP, lengths_B, *, ec: EngineConfig):
   cache = KVCache.zeros(model.cfg, b, ec.cache_len)
   kv_mask_BxS = jnp.arange(ec.cache_len)[None, :] < lengths_B[:, None]
   return model(tokens_BxP, jnp.broadcast_to(jnp.arange(p), (b, p)), kv_mask_BxS=kv_mask_BxS, cache=cache,
-               cache_index=0, logits_at_B=lengths_B - 1).logits
+               cache_index=0, logits_at_B=lengths_B - 1, kv_len=p).logits
 
 
 def trim(new_N: np.ndarray, stop_ids: tuple[int, ...]) -> tuple[list[int], str]:

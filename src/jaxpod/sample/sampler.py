@@ -66,10 +66,10 @@ def memory_plan(cfg: LlamaConfig, ec: EngineConfig, mesh) -> dict[str, int]:
   rows = max(1, ec.batch_size // dp)
   tokens = rows * ec.max_prompt_len
   item = np.dtype(cfg.dtype).itemsize
-  # one layer live at a time: residual, q/k/v/ctx, the mlp pair, and fp32 scores + probs over all slots
+  # one layer live at a time: residual, q/k/v/ctx, the mlp pair, and fp32 scores + probs over the prompt slots
   acts = tokens * (4 * cfg.hidden_size + 2 * cfg.num_attention_heads * cfg.head_dim_
                    + 2 * cfg.intermediate_size) * item
-  acts += 2 * rows * cfg.num_attention_heads * ec.max_prompt_len * ec.cache_len * 4 // mesh.shape["model"]
+  acts += 2 * rows * cfg.num_attention_heads * ec.max_prompt_len ** 2 * 4 // mesh.shape["model"]
   acts += rows * cfg.vocab_size * 4
   return {"weights": weights, "kv_cache": cache, "activations": acts}
 
@@ -85,8 +85,7 @@ def check_memory(cfg: LlamaConfig, ec: EngineConfig, mesh, available: int | None
       "weights": "shard the model more (mesh.model / mesh.fsdp, global mode) or use dtype=bfloat16",
       "kv_cache": f"lower sample.batch_size={ec.batch_size} or sample.max_new_tokens={ec.max_new_tokens} "
                   f"(cache slots = max_prompt_len + max_new_tokens = {ec.cache_len})",
-      "activations": f"lower sample.max_prompt_len={ec.max_prompt_len} or sample.batch_size={ec.batch_size} "
-                     f"(prefill attends over all {ec.cache_len} cache slots, so max_new_tokens counts too)",
+      "activations": f"lower sample.max_prompt_len={ec.max_prompt_len} or sample.batch_size={ec.batch_size}",
   }
   worst = max(plan, key=plan.get)
   parts = " + ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in plan.items())

@@ -97,7 +97,7 @@ class Attention(nnx.Module):
     self.v_proj = _param(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"), dt)
     self.o_proj = _param(rngs, (h, e, d), ("heads", "head_dim", "embed"), dt)
 
-  def __call__(self, x_BxTxD, positions_BxT, kv_mask_BxS, cache, cache_index, layer: int, inv_freq):
+  def __call__(self, x_BxTxD, positions_BxT, kv_mask_BxS, cache, cache_index, layer: int, inv_freq, kv_len=None):
     cfg = self.cfg
     kvh, e = cfg.num_key_value_heads, cfg.head_dim_
     b, t, _ = x_BxTxD.shape
@@ -111,7 +111,8 @@ class Attention(nnx.Module):
       start = (layer, 0, cache_index, 0, 0)
       cache = KVCache(jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), start),
                       jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), start))
-      keys_BxSxKxE, values_BxSxKxE = cache.k[layer], cache.v[layer]
+      keys_BxSxKxE, values_BxSxKxE = cache.k[layer, :, :kv_len], cache.v[layer, :, :kv_len]
+      kv_mask_BxS = kv_mask_BxS[:, :kv_len]
       q_slots = cache_index + jnp.arange(t)
     s = keys_BxSxKxE.shape[1]
     mask_BxTxS = (jnp.arange(s)[None, :] <= q_slots[:, None])[None] & kv_mask_BxS[:, None, :]
@@ -151,9 +152,9 @@ class Block(nnx.Module):
                                               logical_axes=("act_embed",))
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x, positions, kv_mask, cache, cache_index, layer, inv_freq):
+  def __call__(self, x, positions, kv_mask, cache, cache_index, layer, inv_freq, kv_len=None):
     attn_out, cache = self.self_attn(rms_norm(x, self.input_layernorm[...], self.eps), positions, kv_mask,
-                                     cache, cache_index, layer, inv_freq)
+                                     cache, cache_index, layer, inv_freq, kv_len)
     x = x + attn_out
     mlp_out = self.mlp(rms_norm(x, self.post_attention_layernorm[...], self.eps))
     return constrain(x + mlp_out, _ACT), cache, attn_out, mlp_out
@@ -178,11 +179,12 @@ class Llama(nnx.Module):
 
   def __call__(self, tokens_BxT, positions_BxT=None, *, kv_mask_BxS=None, cache: KVCache | None = None,
                cache_index=0, capture_layers: Sequence[int] = (), capture_points: Sequence[str] = (),
-               logits_at_B=None, return_hidden: bool = False) -> Output:
+               logits_at_B=None, return_hidden: bool = False, kv_len: int | None = None) -> Output:
     """Run the decoder (see module docstring for slots, masks and captures).
 
     logits_at_B: if given, logits only at token index `logits_at_B[b]` of each row ([B, 1, V]).
     return_hidden: return final-normed hidden states instead of logits.
+    kv_len: with a cache, attend only to its first kv_len slots (static; e.g. prefill of P prompt slots).
     """
     cfg = self.cfg
     b, t = tokens_BxT.shape
@@ -196,7 +198,8 @@ class Llama(nnx.Module):
     captures = {}
     for i, block in enumerate(self.layers):
       with jax.named_scope(f"layer_{i}"):
-        x, cache, attn_out, mlp_out = block(x, positions_BxT, kv_mask_BxS, cache, cache_index, i, inv_freq)
+        x, cache, attn_out, mlp_out = block(x, positions_BxT, kv_mask_BxS, cache, cache_index, i, inv_freq,
+                                              kv_len)
       if i in capture_layers:
         got = {"resid": x, "attn_out": attn_out, "mlp_out": mlp_out}
         captures.update({f"{p}.{i}": got[p] for p in capture_points})
