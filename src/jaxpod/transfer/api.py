@@ -63,8 +63,13 @@ class WeightClient(Protocol):
   def close(self) -> None: ...
 
 
-def _multi_process() -> bool:
-  return jax.process_count() > 1
+def trainer_processes(params: Any) -> set[int]:
+  """JAX process indices holding any shard of `params` (one process unless a mesh spans hosts)."""
+  procs = set()
+  for leaf in jax.tree_util.tree_leaves(params):
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+      procs.update(d.process_index for d in leaf.sharding.device_set)
+  return procs or {jax.process_index()}
 
 
 class ServerBase:
@@ -92,18 +97,20 @@ class ServerBase:
       raise RuntimeError("publish() on a closed weight server")
     m = TransferMetrics("server", int(weight_id))
     try:
+      multi = self._check_hosts(params)
       with m.phase("flatten"):
-        table, pieces = flatten.to_pieces(params, self.config.wire_dtype)
+        leader = not multi or jax.process_index() == 0
+        table, pieces = flatten.to_pieces(params, self.config.wire_dtype, leader=leader)
       m.nbytes = flatten.total_bytes(pieces)
       m.num_params = len(table)
       m.largest_param_bytes = max((p.data.nbytes for p in pieces), default=0)
       with m.phase("register"):
-        seq = self._reserve()
+        seq = self._reserve(multi)
       part = self._stage(seq, table, pieces, m)  # records its own phases
       part = {"host": jax.process_index(), "pieces": [p.meta() for p in pieces], **part}
       with m.phase("register"):
-        parts = self._gather_parts(seq, part)
-        if jax.process_index() == 0:
+        parts = self._gather_parts(seq, part, multi)
+        if parts:  # the leader
           self._retire(self.coord.commit(seq, weight_id, self.epoch, {"table": table, "parts": parts}))
     except Exception:
       self.totals.record(m, ok=False)
@@ -112,20 +119,31 @@ class ServerBase:
     log.info("published weight_id=%d seq=%d: %.1f MB in %.3fs", weight_id, seq, m.nbytes / 1e6, m.seconds)
     return m
 
-  def _reserve(self) -> int:
-    if not _multi_process():
+  def _check_hosts(self, params: Any) -> bool:
+    """True for a multi-host trainer, which must be the whole jax.distributed job."""
+    procs = trainer_processes(params)
+    if len(procs) == 1:
+      return False
+    if procs != set(range(jax.process_count())):
+      raise ValueError(f"params span JAX processes {sorted(procs)} of {jax.process_count()}: a multi-host "
+                       "trainer must be its own jax.distributed job (run inference workers as another job)")
+    return True
+
+  def _reserve(self, multi: bool) -> int:
+    """The version number; on a multi-host trainer the leader reserves it and broadcasts it."""
+    if not multi:
       return self.coord.reserve()
-    from jaxpod.runtime import control
-    return int(control.broadcast_call(self.coord.reserve, name=f"transfer/{self.config.name}/reserve",
+    from jaxpod import runtime
+    return int(runtime.broadcast_call(self.coord.reserve, f"transfer/{self.config.name}/reserve",
                                       timeout_s=self.config.publish_timeout_s))
 
-  def _gather_parts(self, seq: int, part: dict) -> list[dict]:
-    """Every host's part reaches the leader through the coordinator's store (refs included)."""
-    if not _multi_process():
+  def _gather_parts(self, seq: int, part: dict, multi: bool) -> list[dict]:
+    """Every host's part, on the leader (through the coordinator's store: Ray refs travel too)."""
+    if not multi:
       return [part]
-    from jaxpod.runtime import control
+    from jaxpod import runtime
     self.coord.store.put(f"part/{seq}/{jax.process_index()}", part)
-    control.barrier(f"transfer/{self.config.name}/parts/{seq}", timeout_s=self.config.publish_timeout_s)
+    runtime.barrier(f"transfer/{self.config.name}/parts", timeout_s=self.config.publish_timeout_s)
     if jax.process_index() != 0:
       return []
     found = self.coord.store.items(f"part/{seq}/")

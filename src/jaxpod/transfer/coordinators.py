@@ -180,6 +180,8 @@ class FileStore:
   def put(self, key, value):
     tmp = f"{self.root}/.tmp-{uuid.uuid4().hex}"
     self.fs.pipe_file(tmp, json.dumps(value).encode())
+    if "/" in key:
+      self.fs.makedirs(self._path(key).rsplit("/", 1)[0], exist_ok=True)
     self.fs.mv(tmp, self._path(key))
 
   def get(self, key):

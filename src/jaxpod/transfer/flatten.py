@@ -52,10 +52,10 @@ def _norm_index(index: tuple, shape: tuple[int, ...]) -> Index:
   return tuple((s.start or 0, shape[d] if s.stop is None else s.stop) for d, s in enumerate(index))
 
 
-def to_pieces(params: Any, wire_dtype: str | None = None) -> tuple[dict, list[Piece]]:
-  """(parameter table, this process's pieces): replica 0 of each addressable shard only."""
+def to_pieces(params: Any, wire_dtype: str | None = None, leader: bool = True) -> tuple[dict, list[Piece]]:
+  """(parameter table, this process's pieces): replica 0 of each addressable shard only; arrays
+  that live on one process (fully addressable) are sent by the `leader` only."""
   table, pieces = {}, []
-  leader = jax.process_index() == 0
   for name, leaf in leaf_names(params):
     shape, dtype = tuple(np.shape(leaf)), np.dtype(leaf.dtype) if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
     wire = _wire(dtype, wire_dtype)

@@ -17,7 +17,7 @@ REPLY = os.fdopen(os.dup(1), "w", buffering=1)
 os.dup2(2, 1)
 sys.stdout = sys.stderr
 
-import common  # noqa: E402
+import transfer_common as common  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
