@@ -1,0 +1,79 @@
+"""In-process checks of the pieces under the transports: config validation, flatten, the hook."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxpod.transfer import PublishWeightsHook, TransferConfig, flatten
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"mode": "nccl"}, "transfer.mode"),
+    ({"mode": "checkpoint"}, "transfer.folder"),
+    ({"mode": "ray", "coordinator": "kv"}, "transfer.coordinator"),
+    ({"keep_n": 0}, "transfer.keep_n"),
+    ({"wire_dtype": "int8"}, "transfer.wire_dtype"),
+    ({"chunk_bytes": 8, "stream_bytes": 4}, "transfer.stream_bytes"),
+])
+def test_config_errors_name_the_field(kwargs, field):
+  """Invariant 7: config errors are reported before anything starts, naming the field."""
+  with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+    TransferConfig(**kwargs)
+
+
+def test_config_defaults_bind_loopback_and_pick_coordinator():
+  assert TransferConfig().bind_address == "127.0.0.1"
+  assert TransferConfig().coordinator == "ray"
+  assert TransferConfig(mode="checkpoint", folder="/tmp/x").coordinator == "filesystem"
+
+
+def _mesh(shape, names):
+  devices = np.array(jax.devices()[:int(np.prod(shape))]).reshape(shape)
+  return jax.sharding.Mesh(devices, names, axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
+
+
+def test_pieces_reassemble_onto_another_mesh_with_wire_cast():
+  P = jax.sharding.PartitionSpec
+  src = jax.sharding.NamedSharding(_mesh((4,), ("x",)), P("x", None))
+  dst = jax.sharding.NamedSharding(_mesh((2, 2), ("a", "b")), P(None, "b"))
+  x = jax.device_put(jnp.arange(32.0).reshape(8, 4), src)
+  tree = {"w": x, "n": jnp.arange(3)}
+  table, pieces = flatten.to_pieces(tree, wire_dtype="bfloat16")  # one process: one piece per array
+  assert len(pieces) == 2 and table["w"]["wire"] == "bfloat16" and table["n"]["wire"] == "int32"
+  like = {"w": jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=dst), "n": jax.ShapeDtypeStruct((3,), jnp.int32)}
+  asm = flatten.Assembler(table, like)
+  for p in reversed(pieces):  # arrival order does not matter
+    asm.put_bytes(p.meta(), p.data.tobytes())
+  out = asm.finish()
+  assert out["w"].sharding == dst and out["w"].dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(out["w"]), np.arange(32.0).reshape(8, 4))  # exact in bf16
+  np.testing.assert_array_equal(np.asarray(out["n"]), np.arange(3))
+
+
+def test_assembler_refuses_a_different_model_and_missing_bytes():
+  table, pieces = flatten.to_pieces({"w": np.zeros((2, 3), np.float32)})
+  with pytest.raises(ValueError, match="missing on the wire"):
+    flatten.Assembler(table, {"v": jax.ShapeDtypeStruct((2, 3), jnp.float32)})
+  with pytest.raises(ValueError, match="shape"):
+    flatten.Assembler(table, {"w": jax.ShapeDtypeStruct((3, 2), jnp.float32)})
+  asm = flatten.Assembler(table, {"w": jax.ShapeDtypeStruct((2, 3), jnp.float32)})
+  with pytest.raises(RuntimeError, match="0 of 6 elements"):
+    asm.finish()
+
+
+def test_publish_hook_every_n():
+  published = []
+
+  class FakeServer:
+    def publish(self, step, params):
+      published.append(step)
+
+  hook = PublishWeightsHook(FakeServer(), every=3)
+  for step in range(1, 8):
+    hook(step, {})
+  hook(8, {}, force=True)
+  assert published == [3, 6, 8] and hook.last_published == 8
+  with pytest.raises(ValueError, match="every"):
+    PublishWeightsHook(FakeServer(), every=0)
