@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sample": ("jaxpod.cli.sample:main", "generate text from a HF Llama checkpoint on every host"),
     "extract": ("jaxpod.cli.extract:main", "layer activations over a prompt set, per host; info URL"),
     "bench": ("jaxpod.cli.bench:main", "benchmarks: barrier | trm-step | sample | extract | transfer"),
+    "data": ("jaxpod.cli.data:main", "build Sudoku datasets"),
 }
 
 

@@ -10,4 +10,5 @@ from jaxpod.data.sudoku.csv import read_csv, write_csv
 from jaxpod.data.sudoku.fmt import IGNORE, Split, read, read_box, write
 from jaxpod.data.sudoku.generate import Puzzles, generate
 from jaxpod.data.sudoku.grid import Box, agrees, is_solution
+from jaxpod.data.sudoku.loader import SudokuLoader, make_global_batch, validate_batch
 from jaxpod.data.sudoku.solver import solve
