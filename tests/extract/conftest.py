@@ -54,3 +54,28 @@ def tiny_ckpt(tmp_path_factory):
   prompts = root / "prompts.txt"
   prompts.write_text("\n".join(PROMPTS) + "\n")
   return str(root / "model"), model, str(prompts)
+
+
+BASELINE_URL = "memory://extract-tests/baseline"
+BASE_OPTIONS = dict(layers=(0, 2), points=("resid", "attn_out", "mlp_out"), max_seq_len=48, progress=False)
+
+
+@pytest.fixture(scope="session")
+def baseline(tiny_ckpt):
+  """The reference dataset: one process, 8 devices (data=8), batch 8, written to memory://."""
+  from jaxpod import extract
+  model, _, prompts = tiny_ckpt
+  cfg = extract.ExtractConfig(model=model, prompts=prompts, out=BASELINE_URL, batch_size=8, **BASE_OPTIONS)
+  stats = extract.run(cfg)
+  assert stats["rows"] == len(PROMPTS)
+  return extract.open(BASELINE_URL)
+
+
+def assert_same_dataset(a, b):
+  """Byte-identical arrays for every key, and the same tokens and mask."""
+  assert a.keys == b.keys and a.num_rows == b.num_rows
+  for k in a.keys:
+    x, y = a[k], b[k]
+    assert x.dtype == y.dtype and x.shape == y.shape, k
+    assert x.tobytes() == y.tobytes(), f"{k}: max abs diff {abs(x.astype('f4') - y.astype('f4')).max()}"
+  assert a.tokens.tobytes() == b.tokens.tobytes() and (a.mask == b.mask).all()
