@@ -1,0 +1,45 @@
+"""Run the RL loop example: a trainer process and a worker process, weights moved by jaxpod.transfer.
+
+    .venv/bin/python examples/rl_loop/run.py [--mode arrow_flight|ray|jax_transfer|checkpoint]
+
+Starts a local Ray cluster for the Ray-coordinated modes (1 CPU, no dashboard), runs both
+processes, prints their logs, and shuts everything down.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def main() -> int:
+  p = argparse.ArgumentParser()
+  p.add_argument("--mode", default="arrow_flight")
+  p.add_argument("--steps", type=int, default=60)
+  p.add_argument("--every", type=int, default=10)
+  args = p.parse_args()
+  flags = ["--mode", args.mode, "--steps", str(args.steps), "--every", str(args.every),
+           "--folder", tempfile.mkdtemp(prefix="rl_loop-")]
+  ray = None
+  if args.mode != "checkpoint":
+    import ray
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    flags += ["--ray_address", ray.get_runtime_context().gcs_address]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  try:
+    trainer = subprocess.Popen([sys.executable, os.path.join(HERE, "trainer.py"), *flags], env=env,
+                               stdin=subprocess.PIPE)
+    worker = subprocess.run([sys.executable, os.path.join(HERE, "worker.py"), *flags], env=env, timeout=300)
+    trainer.stdin.close()
+    return trainer.wait(timeout=60) or worker.returncode
+  finally:
+    if ray is not None:
+      ray.shutdown()
+
+
+if __name__ == "__main__":
+  sys.exit(main())
