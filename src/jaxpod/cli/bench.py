@@ -41,6 +41,7 @@ def barrier(argv: list[str]) -> int:
 # name -> "module:function(argv) -> int"; workloads register their benchmark here.
 BENCHES = {
     "barrier": "jaxpod.cli.bench:barrier",
+    "transfer": "jaxpod.bench.transfer:cli",
 }
 
 
