@@ -56,7 +56,10 @@ def read_csv(path: str, box: "Box | str | None" = None) -> CsvPuzzles:
   rows = rows[1:]
   if not rows:
     raise ValueError(f"{path}:2: no puzzles after the header")
-  cells = len(rows[0][1]) if len(rows[0]) == 4 else 0
+  for i, row in enumerate(rows):
+    if len(row) != 4:
+      raise ValueError(f"{path}:{i + 2}: expected 4 fields ({','.join(HEADER)}), got {len(row)}")
+  cells = len(rows[0][1])
   side = int(round(cells**0.5))
   box = Box.parse(box) if box is not None else (Box.for_side(side) if side * side == cells and side >= 2 else None)
   if box is None or box.cells != cells:
@@ -66,8 +69,6 @@ def read_csv(path: str, box: "Box | str | None" = None) -> CsvPuzzles:
   ratings = np.zeros(len(rows), np.int32)
   for i, row in enumerate(rows):
     line = i + 2
-    if len(row) != 4:
-      raise ValueError(f"{path}:{line}: expected 4 fields ({','.join(HEADER)}), got {len(row)}")
     for what, s in (("question", row[1]), ("answer", row[2])):
       if len(s) != cells:
         raise ValueError(f"{path}:{line}: {what} has {len(s)} characters; expected {cells}")

@@ -62,13 +62,13 @@ class SudokuLoader:
     self.path = path
     self.seed = seed
     self.shard_index, self.shard_count = _shard(shard_index, shard_count)
-    self.train = fmt.read(path, "train")
-    self.test = fmt.read(path, "test")
     self.global_batch_size = global_batch_size
     self.eval_batch_size = eval_batch_size or global_batch_size
     for name, b in (("global_batch_size", global_batch_size), ("eval_batch_size", self.eval_batch_size)):
       if b < 1 or b % self.shard_count:
         raise ValueError(f"{name} {b} must be a positive multiple of the {self.shard_count} hosts")
+    self.train = fmt.read(path, "train")
+    self.test = fmt.read(path, "test")
     self.steps_per_epoch = self.train.num_groups // global_batch_size
     if self.steps_per_epoch < 1:
       raise ValueError(f"global_batch_size {global_batch_size} exceeds the {self.train.num_groups} training groups of "
