@@ -125,3 +125,14 @@ def test_validate_batch_before_init():
     validate_batch(64, hosts=1, data_parallel=1, num_groups=40)
   with pytest.raises(ValueError, match="multiple of the 3 hosts"):
     SudokuLoader("unused", 8, shard_index=0, shard_count=3)
+
+
+def test_concurrent_builders_share_one_folder(tmp_path):
+  """Hosts building the same cache folder at once all end with the same complete dataset."""
+  import concurrent.futures
+
+  cfg = SudokuDataConfig.tiny()
+  with concurrent.futures.ThreadPoolExecutor(3) as pool:
+    paths = list(pool.map(lambda _: ensure_dataset(cfg, str(tmp_path)), range(3)))
+  assert len(set(paths)) == 1 and os.listdir(tmp_path) == [os.path.basename(paths[0])]
+  assert len(fmt.read(paths[0], "train")) == cfg.train * (cfg.aug + 1)

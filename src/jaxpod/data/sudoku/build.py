@@ -50,6 +50,19 @@ class SudokuDataConfig:
         raise ValueError(f"SudokuDataConfig.{name} must be >= 0, got {getattr(self, name)}")
     if self.train < 1:
       raise ValueError(f"SudokuDataConfig.train must be >= 1, got {self.train}")
+    cells = Box.parse(self.box).cells
+    if self.clues is not None and not 0 <= self.clues <= cells:
+      raise ValueError(f"SudokuDataConfig.clues must be in [0, {cells}] for box {self.box}, got {self.clues}")
+
+  @classmethod
+  def paper_like(cls) -> "SudokuDataConfig":
+    """The paper's shape (1000 9x9 boards x 1000 augmentations, 1000 held out), generated puzzles."""
+    return cls(box="3x3", train=1000, test=1000, aug=1000)
+
+  @classmethod
+  def tiny(cls) -> "SudokuDataConfig":
+    """Seconds to build and to learn: 4x4 grids, for smoke tests."""
+    return cls(box="2x2", train=64, test=32, aug=8)
 
   def fingerprint(self) -> str:
     """Short hash of the config and format version: names the cache folder."""
