@@ -32,6 +32,17 @@ class Piece:
     return {"name": self.name, "index": [list(i) for i in self.index], "nbytes": int(self.data.nbytes)}
 
 
+def aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
+  """An uninitialised uint8 buffer whose start is `align`-byte aligned.
+
+  XLA's CPU client adopts an aligned host buffer without copying (measured: ~0.8 GB/s copy
+  for a 16-byte aligned buffer vs instant for a 64-byte aligned one), so placing received
+  bytes costs nothing on CPU. Buffers are never reused after placement."""
+  raw = np.empty(nbytes + align, np.uint8)
+  off = (-raw.ctypes.data) % align
+  return raw[off:off + nbytes]
+
+
 def leaf_names(tree: Any) -> list[tuple[str, Any]]:
   """(name, leaf) pairs in tree order; names are '/'-joined keys ("layers/0/w")."""
   flat, _ = jax.tree_util.tree_flatten_with_path(tree)
@@ -92,7 +103,7 @@ class Assembler:
 
   def empty(self, meta: dict) -> np.ndarray:
     """A writable uint8 buffer for one piece's bytes (filled by the transport, then `put`)."""
-    return np.empty(meta["nbytes"], np.uint8)
+    return aligned_empty(meta["nbytes"])
 
   def put_bytes(self, meta: dict, raw: np.ndarray | memoryview | bytes) -> None:
     """Add a piece given as raw bytes in the wire dtype."""
@@ -110,7 +121,9 @@ class Assembler:
     else:
       buf = self.buffers.get(name)
       if buf is None:
-        buf = self.buffers[name] = np.empty(shape, _dtype(info["wire"]))
+        wire = _dtype(info["wire"])
+        nbytes = int(np.prod(shape, dtype=np.int64)) * wire.itemsize
+        buf = self.buffers[name] = aligned_empty(nbytes).view(wire).reshape(shape)
       buf[tuple(slice(a, b) for a, b in index)] = data
     self.filled[name] += int(np.prod([b - a for a, b in index], dtype=np.int64))
 
