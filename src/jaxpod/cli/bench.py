@@ -42,6 +42,7 @@ def barrier(argv: list[str]) -> int:
 BENCHES = {
     "barrier": "jaxpod.cli.bench:barrier",
     "transfer": "jaxpod.bench.transfer:cli",
+    "extract": "jaxpod.cli.extract:bench",
 }
 
 

@@ -88,5 +88,6 @@ def bench(argv: list[str]) -> int:
   """`jaxpod bench extract [--json PATH]` (registered in jaxpod.cli.bench.BENCHES)."""
   from jaxpod.bench.extract import BenchConfig, run
   cfg = parse(BenchConfig, argv, "jaxpod bench extract")
-  run(**dataclasses.asdict(cfg))
+  options = dataclasses.asdict(cfg)
+  run(json_path=options.pop("json"), **options)
   return 0

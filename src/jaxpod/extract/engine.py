@@ -138,15 +138,51 @@ def _resume(storage: writer.Storage, plan: Plan, num_batches: int) -> int:
 
 
 class _Timer:
-  """Seconds spent per phase (forward, pull, write, barrier, setup)."""
+  """Seconds spent per phase (setup, barrier, forward, pull, write): totals and per batch."""
 
   def __init__(self):
     self.seconds: dict[str, float] = {}
+    self.batches: list[dict[str, float]] = []  # one dict per batch run
 
-  def add(self, name: str, since: float) -> float:
+  def add(self, name: str, since: float, batch: bool = False) -> float:
     now = time.perf_counter()
     self.seconds[name] = self.seconds.get(name, 0.0) + now - since
+    if batch:
+      self.batches[-1][name] = self.batches[-1].get(name, 0.0) + now - since
     return now
+
+
+class _Committer:
+  """Writes one batch at a time (its shard file, then its progress record) in a background
+  thread, so the write of batch b overlaps the forward of b+1. `wait()` returns the batch
+  in flight once committed, or raises its error."""
+
+  def __init__(self, storage: writer.Storage, host: int, run_id: str):
+    from concurrent.futures import ThreadPoolExecutor
+    self.storage, self.host, self.run_id = storage, host, run_id
+    self._pool = ThreadPoolExecutor(1, thread_name_prefix="jaxpod-extract-write")
+    self._pending = None
+    self.busy_s = 0.0  # time the thread spent writing (hidden behind the forward when it overlaps)
+
+  def submit(self, b: int, tensors: dict[str, np.ndarray]) -> None:
+    self._pending = (b, self._pool.submit(self._write, b, tensors))
+
+  def _write(self, b: int, tensors: dict[str, np.ndarray]) -> None:
+    t = time.perf_counter()
+    if len(tensors["row_ids"]):
+      writer.write_shard(self.storage, b, self.host, tensors, {"run": self.run_id})
+    writer.commit(self.storage, self.host, self.run_id, b + 1)
+    self.busy_s += time.perf_counter() - t
+
+  def wait(self) -> int | None:
+    if self._pending is None:
+      return None
+    (b, future), self._pending = self._pending, None
+    future.result()
+    return b
+
+  def close(self) -> None:
+    self._pool.shutdown(wait=True)
 
 
 def run(cfg: ExtractConfig, runtime_cfg: runtime.RuntimeConfig | None = None,
@@ -177,24 +213,12 @@ def _run(cfg: ExtractConfig, hf: dict, host: runtime.HostInfo, on_batch) -> dict
     forward = fwd_lib.Forward(model, mesh, cfg)
     t = timer.add("setup", t0)
     bar = Progress(plan, cfg, enabled=cfg.progress and host.is_leader)
-    for b in range(plan.start_batch, nb):
-      runtime.barrier("extract.batch", BARRIER_TIMEOUT_S)
-      t = timer.add("barrier", t)
-      tokens, mask = plan.batch(b, cfg.batch_size)
-      captures = forward(tokens, mask)
-      jax.block_until_ready(captures)
-      t = timer.add("forward", t)
-      tensors = _host_tensors(captures, plan, b, cfg.batch_size)
-      t = timer.add("pull", t)
-      if len(tensors["row_ids"]):
-        writer.write_shard(storage, b, host.process_index, tensors, {"run": plan.run_id})
-      writer.commit(storage, host.process_index, plan.run_id, b + 1)
-      t = timer.add("write", t)
-      if on_batch is not None:
-        on_batch(b)
-      bar.advance(b)
-      t = time.perf_counter()
-    bar.close()
+    committer = _Committer(storage, host.process_index, plan.run_id)
+    try:
+      t = _loop(plan, cfg, forward, committer, timer, bar, on_batch, t)
+    finally:
+      committer.close()
+      bar.close()
   runtime.barrier("extract.done", BARRIER_TIMEOUT_S)
   t = timer.add("barrier", t)
   if host.is_leader:
@@ -205,7 +229,37 @@ def _run(cfg: ExtractConfig, hf: dict, host: runtime.HostInfo, on_batch) -> dict
   rows = sum(min(cfg.batch_size, plan.num_rows - b * cfg.batch_size) for b in done)
   tokens = int(sum(plan.lengths[b * cfg.batch_size:(b + 1) * cfg.batch_size].sum() for b in done))
   return {"batches": len(done), "start_batch": plan.start_batch, "rows": rows, "tokens": tokens,
-          "seconds": timer.seconds, "run_id": plan.run_id}
+          "seconds": timer.seconds, "batch_seconds": timer.batches, "write_busy_s": committer.busy_s,
+          "run_id": plan.run_id}
+
+
+def _loop(plan: Plan, cfg: ExtractConfig, forward, committer: _Committer, timer: _Timer, bar, on_batch,
+          t: float) -> float:
+  """The batches. Per batch b: barrier, forward b (while batch b-1 is written in the background),
+  wait for b-1's commit, pull b's replica-0 rows, hand them to the writer. A write error
+  surfaces only after this host has finished forward b, so no peer is left in a collective."""
+  import jax
+
+  def committed(b):
+    if b is not None:
+      if on_batch is not None:
+        on_batch(b)
+      bar.advance(b)
+
+  for b in range(plan.start_batch, plan.num_batches(cfg.batch_size)):
+    timer.batches.append({})
+    runtime.barrier("extract.batch", BARRIER_TIMEOUT_S)
+    t = timer.add("barrier", t, batch=True)
+    captures = forward(*plan.batch(b, cfg.batch_size))
+    jax.block_until_ready(captures)
+    t = timer.add("forward", t, batch=True)
+    committed(committer.wait())
+    t = timer.add("write", t, batch=True)
+    tensors = _host_tensors(captures, plan, b, cfg.batch_size)
+    t = timer.add("pull", t, batch=True)
+    committer.submit(b, tensors)
+  committed(committer.wait())
+  return timer.add("write", t, batch=bool(timer.batches))
 
 
 def _host_tensors(captures: dict, plan: Plan, b: int, batch_size: int) -> dict[str, np.ndarray]:

@@ -1,0 +1,128 @@
+"""`jaxpod bench extract`: tokens/s of jaxpod extraction vs the transformers forward with
+`output_hidden_states=True` (torch CPU), same model, prompts and batches, same run.
+
+One process. A random HF Llama checkpoint is written to a temporary folder by transformers,
+random byte-level prompts are padded into the same [B, T] batches for both sides. Both
+rates count real (non-pad) tokens and use the median batch time after a warm-up batch
+(the first jaxpod batch compiles). jaxpod's time covers barrier + forward + pull to host +
+the wait for the previous batch's shard write + progress commit (written in a background
+thread while the next forward runs; its busy time is reported too); HF's covers the forward
+alone. torch is imported only here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import tempfile
+import time
+
+import numpy as np
+
+from jaxpod.bench.common import machine, print_table, write_json
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+  """Options of `jaxpod bench extract`."""
+
+  hidden: int = 256  # model width
+  layers: int = 4  # decoder blocks
+  vocab: int = 1024  # vocabulary (>= 259 for the byte tokenizer)
+  prompts: int = 96  # number of prompts
+  batch_size: int = 8  # prompts per batch (both sides)
+  seq_len: int = 128  # max tokens per prompt
+  capture: tuple[int, ...] = ()  # blocks to capture; () = middle and last
+  points: tuple[str, ...] = ("resid",)  # capture points
+  repeats: int = 2  # jaxpod runs (fresh output folder each); HF passes over the prompts
+  json: str | None = None  # write the results here
+
+
+def _checkpoint(folder: str, cfg: BenchConfig):
+  import torch
+  from transformers import LlamaConfig, LlamaForCausalLM
+  torch.manual_seed(0)
+  hf = LlamaForCausalLM(LlamaConfig(vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.hidden * 11 // 4,
+                                    num_hidden_layers=cfg.layers, num_attention_heads=8, num_key_value_heads=4,
+                                    max_position_embeddings=max(256, cfg.seq_len), bos_token_id=256, eos_token_id=257,
+                                    pad_token_id=258)).eval()
+  hf.save_pretrained(folder)
+  return hf
+
+
+def _prompts(path: str, n: int, seq_len: int) -> None:
+  rng = np.random.default_rng(0)
+  words = ["activation", "layer", "residual", "host", "shard", "mesh", "token", "batch", "the", "of", "a"]
+  with open(path, "w") as f:
+    for _ in range(n):
+      size = int(rng.integers(seq_len // 3, seq_len + 16))  # some prompts get truncated
+      text = " ".join(rng.choice(words, size))[:size]
+      f.write(text + "\n")
+
+
+def _hf_batch_times(hf, plan, cfg: BenchConfig) -> list[tuple[float, int]]:
+  """(seconds, real tokens) per batch of the HF forward with output_hidden_states=True."""
+  import torch
+  torch.set_num_threads(os.cpu_count() or 1)
+  out = []
+  with torch.no_grad():
+    for rep in range(cfg.repeats):
+      for b in range(plan.num_batches(cfg.batch_size)):
+        tokens, mask = plan.batch(b, cfg.batch_size)
+        ids, am = torch.from_numpy(tokens).long(), torch.from_numpy(mask.astype(np.int64))
+        t = time.perf_counter()
+        hf(input_ids=ids, attention_mask=am, output_hidden_states=True)
+        out.append((time.perf_counter() - t, int(mask.sum())))
+  return out[1:]  # first batch warms up
+
+
+def run(json_path: str | None = None, **overrides) -> dict:
+  """Run the comparison; print a rich table; write JSON if asked. Returns the results."""
+  from jaxpod import extract, runtime
+  from jaxpod.extract import engine
+  cfg = BenchConfig(json=json_path, **overrides)
+  runtime.init()
+  layers = cfg.capture or (cfg.layers // 2, cfg.layers - 1)
+  with tempfile.TemporaryDirectory(prefix="jaxpod-bench-extract-") as tmp:
+    hf = _checkpoint(f"{tmp}/model", cfg)
+    _prompts(f"{tmp}/prompts.txt", cfg.prompts, cfg.seq_len)
+    runs = []
+    for rep in range(cfg.repeats):
+      ecfg = extract.ExtractConfig(model=f"{tmp}/model", prompts=f"{tmp}/prompts.txt", layers=tuple(layers),
+                                   out=f"{tmp}/out{rep}", points=cfg.points, batch_size=cfg.batch_size,
+                                   max_seq_len=cfg.seq_len, progress=False)
+      runs.append(extract.run(ecfg))
+    payload = extract.open(f"{tmp}/out0")
+    plan = engine.Plan("", payload.seq_len, payload.mask.sum(1).astype(np.int32), payload.tokens)
+    hf_times = _hf_batch_times(hf, plan, cfg)
+  return _report(cfg, layers, runs, hf_times, plan)
+
+
+def _report(cfg: BenchConfig, layers, runs: list[dict], hf_times, plan) -> dict:
+  tokens_per_batch = [int(plan.lengths[b * cfg.batch_size:(b + 1) * cfg.batch_size].sum())
+                      for b in range(plan.num_batches(cfg.batch_size))]
+  ours = []  # (phase seconds, tokens) per batch, first batch of each run (compile) dropped
+  for r in runs:
+    ours += list(zip(r["batch_seconds"], tokens_per_batch))[1:]
+  total = [sum(s.values()) for s, _ in ours]
+  jax_rate = statistics.median(n / t for (_, n), t in zip(ours, total))
+  hf_rate = statistics.median(n / t for t, n in hf_times)
+  share = {k: sum(s.get(k, 0.0) for s, _ in ours) / sum(total) for k in ("barrier", "forward", "pull", "write")}
+  overhead = share["barrier"] + share["pull"] + share["write"]
+  busy = sum(r["write_busy_s"] for r in runs) / sum(sum(s.values()) for r in runs for s in r["batch_seconds"])
+  results = {
+      "jaxpod_tokens_per_s": jax_rate, "hf_tokens_per_s": hf_rate, "speedup": jax_rate / hf_rate,
+      "median_batch_ms": {"jaxpod": 1e3 * statistics.median(total), "hf": 1e3 * statistics.median(t for t, _ in hf_times)},
+      "time_share": share, "barrier_plus_write_share": overhead, "write_thread_busy_share": busy,
+      "goals": {"speedup_at_least_1.5x": jax_rate / hf_rate >= 1.5, "overhead_below_5pct": overhead < 0.05},
+  }
+  payload = {"benchmark": "extract", "config": dataclasses.asdict(cfg), "captured_layers": list(layers),
+             "batches_timed": {"jaxpod": len(ours), "hf": len(hf_times)}, "results": results, "machine": machine()}
+  rows = [("jaxpod extract (forward+pull+write)", jax_rate, 1e3 * statistics.median(total), jax_rate / hf_rate),
+          ("transformers output_hidden_states", hf_rate, results["median_batch_ms"]["hf"], 1.0)]
+  print_table(f"extraction, {cfg.layers} blocks x hidden {cfg.hidden}, batch {cfg.batch_size} x {plan.seq_len}",
+              ["kind", "tokens/s (median)", "batch ms (median)", "vs HF"], rows)
+  print_table("jaxpod time share per batch", ["phase", "share"], [(k, v) for k, v in share.items()] +
+              [("barrier+pull+write", overhead), ("(write thread busy, overlapped)", busy)])
+  write_json(cfg.json, payload)
+  return payload
