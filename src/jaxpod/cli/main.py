@@ -17,6 +17,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sample": ("jaxpod.cli.sample:main", "generate text from a HF Llama checkpoint on every host"),
     "extract": ("jaxpod.cli.extract:main", "layer activations over a prompt set, per host; info URL"),
     "bench": ("jaxpod.cli.bench:main", "benchmarks: barrier | trm-step | sample | extract | transfer"),
+    "train": ("jaxpod.cli.train:main", "train a model (no arguments: a small TRM on 4x4 Sudoku, minutes on CPU)"),
+    "plot": ("jaxpod.cli.plot:main", "plot a run's loss and accuracy curves to a PNG: jaxpod plot RUN_DIR"),
     "data": ("jaxpod.cli.data:main", "build Sudoku datasets"),
 }
 

@@ -1,0 +1,163 @@
+"""Training configuration: one frozen dataclass per component, validated in `__post_init__`.
+
+`TrainConfig` nests runtime, mesh, data, model, optim, trainer and tracker. Everything that
+can be checked before JAX initialises (invariant 7) is checked by `validate_for_hosts`:
+the global batch against the host count and the data-parallel size of the mesh, the mesh
+against the device count, the model against the grid it must read. Errors name the field,
+the value received and the fix.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+from jaxpod.models.trm import TRMConfig, TRMOptimConfig
+from jaxpod.runtime import HostInfo, MeshConfig, RuntimeConfig
+
+DEFAULT_CACHE = "~/.cache/jaxpod/datasets"
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """The Sudoku dataset: generated into a cache folder (box/num_*) or read from `path`."""
+
+  path: str | None = None  # an existing dataset in the reference on-disk format; None: generate one
+  box: str = "2x2"  # box shape of generated puzzles: 2x2 -> 4x4 grid, 2x3 -> 6x6, 3x3 -> 9x9
+  num_train: int = 1000  # generated training puzzles (before augmentation)
+  num_test: int = 500  # generated held-out test puzzles (never augmented, never seen in training)
+  augmentations: int = 8  # augmented copies per training puzzle (0: originals only)
+  clues: int | None = None  # clue target of the generator (None: its default for the grid)
+  seed: int = 0  # generator seed (puzzles) and loader seed (shuffle order)
+  cache_dir: str = DEFAULT_CACHE  # generated datasets live in <cache_dir>/<name derived from the fields above>
+  global_batch_size: int = 64  # rows per training step over all hosts
+  eval_batch_size: int = 256  # rows per evaluation step over all hosts (last batch padded)
+
+  def __post_init__(self):
+    for name in ("num_train", "num_test", "global_batch_size", "eval_batch_size"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value < 1:
+        raise ValueError(f"data.{name}={value!r}: expected a positive integer")
+    if self.augmentations < 0:
+      raise ValueError(f"data.augmentations={self.augmentations}: expected >= 0")
+    parts = str(self.box).lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+      raise ValueError(f"data.box={self.box!r}: expected 'RxC' such as '2x2', '2x3' or '3x3'")
+
+  @property
+  def side(self) -> int:
+    """Grid side n (4 for box 2x2)."""
+    r, c = (int(p) for p in str(self.box).lower().split("x"))
+    return r * c
+
+  def dataset_dir(self) -> str:
+    """Where the dataset lives: `path`, or a cache folder named by what determines its contents."""
+    if self.path:
+      return self.path
+    clues = "default" if self.clues is None else str(self.clues)
+    name = f"sudoku_{self.box}_train{self.num_train}x{self.augmentations}_test{self.num_test}_clues{clues}_seed{self.seed}"
+    return str(Path(self.cache_dir).expanduser() / name)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+  """The loop: length, hook cadence, checkpoints, EMA, seeds, where the run folder goes."""
+
+  steps: int = 1000  # optimizer steps (one ACT step each)
+  eval_every: int = 0  # evaluate every N steps (0: only at the end)
+  checkpoint_every: int = 0  # checkpoint every N steps (0: only at the end)
+  keep_last: int = 2  # checkpoints kept on disk
+  log_every: int = 10  # metrics to the tracker every N steps
+  ema: float = 0.999  # EMA decay of the parameters evaluated and exported (0: no EMA, use the live weights)
+  seed: int = 0  # model init and halting-exploration randomness
+  runs_dir: str = "runs"  # parent of run folders; the compile cache is its sibling
+  run_name: str | None = None  # run folder name (None: decided by the leader from the time)
+  resume: bool = True  # continue from the run folder's last good checkpoint if there is one
+  async_checkpoints: bool = True  # write checkpoints in the background
+  progress: bool = True  # rich progress bar on the leader
+  plot: bool = True  # write metrics.png into the run folder at the end
+
+  def __post_init__(self):
+    if not isinstance(self.steps, int) or self.steps < 1:
+      raise ValueError(f"trainer.steps={self.steps!r}: expected a positive integer")
+    for name in ("eval_every", "checkpoint_every", "log_every"):
+      if getattr(self, name) < 0:
+        raise ValueError(f"trainer.{name}={getattr(self, name)}: expected >= 0 (0 disables the periodic call)")
+    if self.keep_last < 1:
+      raise ValueError(f"trainer.keep_last={self.keep_last}: keep at least 1 checkpoint")
+    if not 0.0 <= self.ema < 1.0:
+      raise ValueError(f"trainer.ema={self.ema}: expected a decay in [0, 1) (0 disables EMA)")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrackerConfig:
+  """Where metrics go. JSONL in the run folder always; the rest optional. Leader only."""
+
+  tensorboard: bool = True  # TensorBoard events (tensorboardX) in <run>/tb
+  wandb: bool = False  # Weights & Biases (imported only when enabled)
+  wandb_project: str = "jaxpod"  # wandb project
+  wandb_mode: str = "offline"  # "offline" works without network; "online" needs a login
+
+  def __post_init__(self):
+    if self.wandb_mode not in ("offline", "online", "disabled"):
+      raise ValueError(f"tracker.wandb_mode={self.wandb_mode!r}: expected offline, online or disabled")
+
+
+def _default_model() -> TRMConfig:
+  return TRMConfig(seq_len=16, vocab_size=6, hidden_size=64, num_heads=4, puzzle_emb_ndim=64, puzzle_emb_len=1,
+                   h_cycles=2, l_cycles=2, mlp_t=False, pos_encodings="rope", halt_max_steps=4)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """A whole training run."""
+
+  runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
+  mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+  data: DataConfig = dataclasses.field(default_factory=DataConfig)
+  model: TRMConfig = dataclasses.field(default_factory=_default_model)
+  optim: TRMOptimConfig = dataclasses.field(default_factory=TRMOptimConfig)
+  trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
+  tracker: TrackerConfig = dataclasses.field(default_factory=TrackerConfig)
+
+  def __post_init__(self):
+    if self.data.path is None:  # a generated grid: the model must read exactly it
+      n = self.data.side
+      if self.model.seq_len != n * n:
+        raise ValueError(f"model.seq_len={self.model.seq_len} does not match data.box={self.data.box} "
+                         f"({n}x{n} grid); set model.seq_len={n * n}")
+      if self.model.vocab_size != n + 2:
+        raise ValueError(f"model.vocab_size={self.model.vocab_size} does not match data.box={self.data.box}; "
+                         f"set model.vocab_size={n + 2} (pad, blank and {n} digits)")
+    if self.optim.lr_min_ratio < 1.0 and self.optim.total_steps > self.trainer.steps:
+      raise ValueError(f"optim.total_steps={self.optim.total_steps} exceeds trainer.steps={self.trainer.steps}; "
+                       "the cosine would never finish")
+
+
+def validate_for_hosts(cfg: TrainConfig, hosts: HostInfo, num_devices: int | None = None) -> None:
+  """Invariant 7: batch vs hosts and data-parallel size, mesh vs devices; before JAX initialises.
+
+  `num_devices` is the global device count when known (after init, or hosts x devices_per_host
+  in a simulation); without it the mesh checks wait until the devices exist.
+  """
+  if num_devices is None and hosts.devices_per_host is not None:
+    num_devices = hosts.process_count * hosts.devices_per_host
+  for name in ("global_batch_size", "eval_batch_size"):
+    value = getattr(cfg.data, name)
+    if value % hosts.process_count:
+      raise ValueError(f"data.{name}={value} is not divisible by the {hosts.process_count} hosts; "
+                       f"use a multiple of {hosts.process_count} (each host loads an equal share)")
+  if num_devices is None:
+    return
+  if num_devices % hosts.process_count:
+    raise ValueError(f"{num_devices} devices do not split over {hosts.process_count} hosts")
+  try:
+    dp = cfg.mesh.data_parallel_size(num_devices)
+  except ValueError as e:
+    raise ValueError(f"mesh: {e}") from None
+  for name in ("global_batch_size", "eval_batch_size"):
+    value = getattr(cfg.data, name)
+    if value % dp:
+      lcm = math.lcm(dp, hosts.process_count)
+      raise ValueError(f"data.{name}={value} is not divisible by the data-parallel size {dp} "
+                       f"(mesh data*fsdp over {num_devices} devices); use a multiple of {lcm}")

@@ -1,0 +1,58 @@
+"""`jaxpod plot RUN_DIR`: training loss and accuracy curves (plus eval accuracy) to a PNG."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from jaxpod.train.tracker import read_metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class PlotConfig:
+  """What to plot and where."""
+
+  run_dir: str = ""  # the run folder holding metrics.jsonl
+  out: str | None = None  # output PNG (default: <run_dir>/metrics.png)
+
+  def __post_init__(self):
+    if not self.run_dir:
+      raise ValueError("plot.run_dir is required: jaxpod plot RUN_DIR")
+
+
+def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
+  pts = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
+  return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def plot_run(run_dir: str, out: str | None = None) -> str:
+  """Draw loss (left) and accuracy (right) against step; returns the PNG path."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  records = read_metrics(run_dir)
+  out = out or str(Path(run_dir) / "metrics.png")
+  fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+  for key, label in (("loss", "train loss"), ("lm_loss", "train lm loss")):
+    x, y = _series(records, key)
+    if x:
+      ax_loss.plot(x, y, label=label)
+  ax_loss.set_xlabel("step")
+  ax_loss.set_ylabel("loss")
+  ax_loss.set_yscale("log")
+  ax_loss.legend()
+  for key, label, style in (("exact_accuracy", "train exact (halted rows)", "-"), ("accuracy", "train cell", "-"),
+                            ("eval/exact_accuracy", "eval exact (EMA, held out)", "o-"),
+                            ("eval/accuracy", "eval cell", "s--")):
+    x, y = _series(records, key)
+    if x:
+      ax_acc.plot(x, y, style, label=label)
+  ax_acc.set_xlabel("step")
+  ax_acc.set_ylabel("accuracy")
+  ax_acc.set_ylim(0, 1.02)
+  ax_acc.legend(loc="lower right")
+  fig.suptitle(Path(run_dir).name)
+  fig.tight_layout()
+  fig.savefig(out, dpi=100)
+  plt.close(fig)
+  return out

@@ -1,0 +1,82 @@
+"""The train step: a pure `(state, batch) -> (state, metrics)`, jitted once with shardings and donation.
+
+One call is one TRM ACT step and one optimizer update, as in the reference: halted rows of
+the persistent carry take their data from `batch`, running rows keep theirs. The rng of step
+k is `fold_in(state.rng, k)`, so a resumed run draws exactly what an uninterrupted one does.
+
+Metrics come back as raw sums (replicated global scalars). The loop reads step N-1's metrics
+after dispatching step N (`host_metrics`), so the host never waits on the device in between.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jaxpod import runtime
+from jaxpod.models import trm
+from jaxpod.train.state import TrainState, batch_sharding
+
+
+def ema_update(ema, params, decay: float):
+  """ema <- decay * ema + (1 - decay) * params (decay 0: a copy of params)."""
+  return jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, ema, params)
+
+
+def train_step_fn(graphdef, tx: optax.GradientTransformation, ema_decay: float, loss_type: str,
+                  lr_fn: Callable | None = None):
+  """The pure step function (unjitted): one ACT step, one update, EMA, metrics."""
+  grad_fn = jax.value_and_grad(trm.train_loss, argnums=1, has_aux=True)
+
+  def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+    rng = jax.random.fold_in(state.rng, state.step)
+    with jax.named_scope("loss_and_grads"):
+      (_, (carry, _, metrics)), grads = grad_fn(graphdef, state.params, state.buffers, state.carry, batch, rng,
+                                                loss_type)
+    with jax.named_scope("optimizer"):
+      updates, opt_state = tx.update(grads, state.opt_state, state.params)
+      params = optax.apply_updates(state.params, updates)
+      ema = ema_update(state.ema_params, params, ema_decay)
+    if lr_fn is not None:
+      metrics["lr"] = jnp.asarray(lr_fn(state.step), jnp.float32)
+    metrics["grad_norm"] = optax.global_norm(grads)
+    new_state = state.replace(params=params, opt_state=opt_state, ema_params=ema, step=state.step + 1, carry=carry)
+    return new_state, metrics
+
+  return train_step
+
+
+def batch_shardings(mesh, example: dict) -> dict:
+  """Batch arrays split over the data-parallel axes on their leading (row) axis."""
+  return {k: batch_sharding(mesh, np.ndim(v)) for k, v in example.items()}
+
+
+def jit_train_step(step_fn, shardings: TrainState, batch_sh: dict, mesh):
+  """`runtime.jit` with explicit in/out shardings and the state donated."""
+  replicated = NamedSharding(mesh, PartitionSpec())
+  return runtime.jit(step_fn, name="train_step", in_shardings=(shardings, batch_sh),
+                     out_shardings=(shardings, replicated), donate_argnums=(0,))
+
+
+def global_batch(local: dict, shardings: dict) -> dict:
+  """This host's rows (numpy) -> global jax.Arrays; hosts' slices are contiguous along the data axis."""
+  return {k: jax.make_array_from_process_local_data(shardings[k], np.asarray(v, np.int32))
+          for k, v in local.items() if k in shardings}
+
+
+def host_metrics(metrics: dict) -> dict:
+  """Replicated device scalars -> Python numbers (blocks until the step that made them is done)."""
+  return {k: np.asarray(v.addressable_data(0)).item() for k, v in metrics.items()}
+
+
+def normalize(raw: dict, global_batch_size: int) -> dict:
+  """What the reference logs: losses / global batch, halted-row metrics / halted count."""
+  extra = {k: raw[k] for k in ("lr", "grad_norm") if k in raw}
+  out = trm.normalize_metrics({k: v for k, v in raw.items() if k not in extra}, global_batch_size)
+  out["count"] = raw["count"]
+  out.update(extra)
+  return out

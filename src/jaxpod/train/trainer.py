@@ -1,0 +1,229 @@
+"""The training loop: validate, init runtime and mesh, build or resume the state, step, run hooks, summarise.
+
+    from jaxpod.train import TrainConfig, train
+    summary = train(TrainConfig())       # what `jaxpod train` runs
+
+Order of work (each line is the same on every host):
+1. validate the config against the hosts before JAX initialises (invariant 7);
+2. `runtime.init`; the leader picks the run folder and builds the dataset, others receive both;
+3. mesh, optimizer, abstract state and its shardings; restore the agreed checkpoint (invariant 5)
+   or init straight into the shardings;
+4. loop: next global batch, dispatch step N, read step N-1's metrics (waiting in slices that
+   look for failed peers, so a dead host is named instead of hanging), run due hooks;
+5. final hooks (eval, checkpoint), plot, summary.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Sequence
+
+from jaxpod import runtime
+from jaxpod.runtime.log import get_logger
+from jaxpod.train import data as train_data
+from jaxpod.train.config import TrainConfig, validate_for_hosts
+from jaxpod.train.hooks import CheckpointHook, EvalHook, Hook, StepInfo, run_hooks
+
+log = get_logger("train")
+POLL_S = 0.05
+
+
+@dataclasses.dataclass
+class RunSummary:
+  """What a finished run reports (also written to <run_dir>/summary.json by the leader)."""
+
+  run_dir: str
+  start_step: int
+  final_step: int
+  final_metrics: dict
+  eval: dict
+  time_to_first_step_s: float
+  wall_s: float
+  steps_per_s: float
+  compile_cache_hits: int
+  compile_cache_misses: int
+  resumed: bool
+
+
+def _new_run_dir(cfg: TrainConfig) -> str:
+  name = cfg.trainer.run_name or time.strftime("trm-%Y%m%d-%H%M%S")
+  path = Path(cfg.trainer.runs_dir).absolute() / name
+  path.mkdir(parents=True, exist_ok=True)
+  return str(path)
+
+
+def wait_ready(arrays, where: str) -> None:
+  """Block until `arrays` are computed, checking for failed peers in between (never a silent hang)."""
+  import jax
+  leaves = jax.tree.leaves(arrays)
+  while not all(x.is_ready() for x in leaves):
+    runtime.check_peers(where)
+    time.sleep(POLL_S)
+
+
+def _check_dataset(cfg: TrainConfig, meta: dict) -> None:
+  for field, key in (("seq_len", "seq_len"), ("vocab_size", "vocab_size")):
+    if getattr(cfg.model, field) != meta[key]:
+      raise ValueError(f"model.{field}={getattr(cfg.model, field)} but the dataset has {key}={meta[key]}; "
+                       f"set model.{field}={meta[key]}")
+  if cfg.model.num_puzzle_identifiers < meta["num_puzzle_identifiers"]:
+    raise ValueError(f"model.num_puzzle_identifiers={cfg.model.num_puzzle_identifiers} < the dataset's "
+                     f"{meta['num_puzzle_identifiers']}")
+
+
+def _to_dict(cfg) -> dict:
+  return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+
+
+def train(cfg: TrainConfig, extra_hooks: Sequence[Hook] = (), fail_at: tuple[int, int] | None = None) -> RunSummary:
+  """Run training as configured; every host calls this. Returns the run summary."""
+  hosts = cfg.runtime.hosts()
+  validate_for_hosts(cfg, hosts)  # invariant 7: before JAX initialises
+  t_start = time.monotonic()
+  runtime.init(cfg.runtime, runs_dir=cfg.trainer.runs_dir)
+  import jax
+  validate_for_hosts(cfg, hosts, jax.device_count())
+  with runtime.guard():
+    run_dir = runtime.broadcast_call(lambda: _new_run_dir(cfg), "train.run_dir")
+    data_path = runtime.broadcast_call(lambda: train_data.ensure_dataset(cfg.data), "train.dataset", timeout_s=3600)
+    return _run(cfg, run_dir, data_path, extra_hooks, t_start, fail_at)
+
+
+def _run(cfg: TrainConfig, run_dir: str, data_path: str, extra_hooks, t_start: float, fail_at) -> RunSummary:
+  import jax
+  from jaxpod.io import CheckpointConfig, Checkpointer
+  from jaxpod.models import trm
+  from jaxpod.runtime import compile_cache
+  from jaxpod.train import state as st
+  from jaxpod.train import step as sp
+  from jaxpod.train.evaluate import Evaluator
+  from jaxpod.train.progress import ProgressDisplay, print_summary
+  from jaxpod.train.tracker import Tracker
+
+  host = runtime.host_info()
+  tcfg, dcfg = cfg.trainer, cfg.data
+  train_split = train_data.load_split(data_path, "train")
+  test_split = train_data.load_split(data_path, "test")
+  _check_dataset(cfg, train_split["meta"])
+  mesh = runtime.mesh_from_config(cfg.mesh)
+  log.info("run %s: mesh %s, dataset %s", run_dir, runtime.describe_mesh(mesh), data_path)
+  tracker = Tracker(cfg.tracker, run_dir, host.is_leader, _to_dict(cfg))
+  if host.is_leader:
+    Path(run_dir, "config.json").write_text(json.dumps(_to_dict(cfg), indent=1))
+
+  tx = trm.make_optimizer(cfg.optim)
+  lr_fn = trm.warmup_schedule(cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.total_steps, cfg.optim.lr_min_ratio)
+  graphdef, _, _ = st.abstract_model(cfg.model, tcfg.seed)
+  init_fn = st.make_init_fn(cfg.model, tx, tcfg.seed, dcfg.global_batch_size)
+  abstract = st.abstract_state(init_fn)
+  shardings = st.state_shardings(abstract, mesh)
+  example = {k: train_split[k][:1] for k in trm.BATCH_KEYS}
+  batch_sh = sp.batch_shardings(mesh, example)
+
+  ckpt = Checkpointer(CheckpointConfig(dir=str(Path(run_dir) / "checkpoints"), keep_last=tcfg.keep_last,
+                                       async_save=tcfg.async_checkpoints))
+  iterator = train_data.train_iterator(train_split, dcfg.global_batch_size, dcfg.seed, host.process_index,
+                                       host.process_count)
+  restored = ckpt.restore(st.to_nested(st.with_shardings(abstract, shardings))) if tcfg.resume else None
+  if restored is not None:
+    start, tree, data_state = restored
+    state = st.from_nested(tree, abstract)
+    if data_state is not None:
+      iterator.set_state(data_state)
+    log.info("resumed from checkpoint step %d", start)
+  else:
+    start = 0
+    state = st.init_state(init_fn, shardings)
+
+  with jax.set_mesh(mesh):
+    step_fn = sp.jit_train_step(sp.train_step_fn(graphdef, tx, tcfg.ema, cfg.model.loss_type, lr_fn), shardings,
+                                batch_sh, mesh)
+    evaluator = Evaluator(graphdef, cfg.model, mesh, shardings.ema_params, shardings.buffers, batch_sh,
+                          lambda: train_data.eval_batches(test_split, dcfg.eval_batch_size, host.process_index,
+                                                          host.process_count))
+    hooks: list[Hook] = [EvalHook(evaluator, tcfg.eval_every), *extra_hooks,
+                         CheckpointHook(ckpt, tcfg.checkpoint_every, st.to_nested)]
+    progress = ProgressDisplay(tcfg.steps, start, host.is_leader and tcfg.progress)
+    last = _loop(cfg, state, start, step_fn, iterator, batch_sh, hooks, tracker, progress, run_dir, mesh, fail_at)
+    progress.close()
+  for hook in hooks:
+    hook.close()
+  tracker.close()
+  wall = time.monotonic() - t_start
+  steps_done = tcfg.steps - start
+  loop_s = max(wall - (progress.first_step_s or 0.0), 1e-9)
+  eval_hist = hooks[0].history
+  summary = RunSummary(run_dir=run_dir, start_step=start, final_step=tcfg.steps, final_metrics=last,
+                       eval=eval_hist[-1][1] if eval_hist else {},
+                       time_to_first_step_s=progress.first_step_s or 0.0, wall_s=wall,
+                       steps_per_s=max(steps_done - 1, 0) / loop_s, compile_cache_hits=compile_cache.STATS.hits,
+                       compile_cache_misses=compile_cache.STATS.misses, resumed=restored is not None)
+  if host.is_leader:
+    _finish(cfg, summary, progress.console, print_summary)
+  runtime.barrier("train.end", timeout_s=600)
+  return summary
+
+
+def _loop(cfg, state, start, step_fn, iterator, batch_sh, hooks, tracker, progress, run_dir, mesh, fail_at):
+  """Steps start..steps-1; returns the last host-side normalised training metrics."""
+  from jaxpod.train import step as sp
+  tcfg, gb = cfg.trainer, cfg.data.global_batch_size
+  host = runtime.host_info()
+  pending = None  # (step number, device metrics) of the step whose metrics are still on the device
+  latest: dict = {}
+
+  def drain(pending):
+    step, metrics = pending
+    wait_ready(metrics, f"train step {step}")
+    values = sp.normalize(sp.host_metrics(metrics), gb)
+    progress.first_step_done()
+    if step % max(tcfg.log_every, 1) == 0 or step == tcfg.steps:
+      tracker.log(step, values)
+    return values
+
+  for step in range(start + 1, tcfg.steps + 1):
+    if fail_at is not None and fail_at == (host.process_index, step):  # test hook: a host failing mid-run
+      raise RuntimeError(f"injected failure at step {step}")
+    batch = sp.global_batch(next(iterator), batch_sh)
+    state, metrics = step_fn(state, batch)
+    if pending is not None:
+      latest = drain(pending)
+    pending = (step, metrics)
+    progress.update(step - 1 if step > start + 1 else start, latest)
+    final = step == tcfg.steps
+    due = [h for h in hooks if h.due(step, final)]
+    if due:
+      latest = drain(pending)
+      pending = None
+      info = StepInfo(step=step, state=state, final=final, run_dir=run_dir, mesh=mesh, metrics=latest,
+                      extras={"data_state": iterator.get_state})
+      out = run_hooks(due, info)
+      if out:
+        tracker.log(step, out)
+        latest = {**latest, **out}
+  if pending is not None:
+    latest = drain(pending)
+  progress.update(tcfg.steps, latest)
+  return latest
+
+
+def _finish(cfg: TrainConfig, summary: RunSummary, console, print_summary) -> None:
+  run_dir = Path(summary.run_dir)
+  (run_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(summary), indent=1, default=str))
+  if cfg.trainer.plot:
+    from jaxpod.train.plot import plot_run
+    plot_run(str(run_dir))
+  ev = summary.eval
+  rows = [("run folder", str(run_dir)),
+          ("steps", f"{summary.start_step} -> {summary.final_step}" + (" (resumed)" if summary.resumed else "")),
+          ("train loss", f"{summary.final_metrics.get('loss', float('nan')):.4f}"),
+          ("eval exact accuracy", f"{ev.get('exact_accuracy', float('nan')):.4f} on {ev.get('count', 0)} "
+                                  "held-out puzzles (EMA weights)"),
+          ("eval cell accuracy", f"{ev.get('accuracy', float('nan')):.4f}"),
+          ("time to first step", f"{summary.time_to_first_step_s:.1f} s (init, data, compile)"),
+          ("steps/s", f"{summary.steps_per_s:.2f}"),
+          ("wall time", f"{summary.wall_s:.1f} s"),
+          ("compile cache", f"{summary.compile_cache_hits} hits, {summary.compile_cache_misses} misses")]
+  print_summary(console, rows)
