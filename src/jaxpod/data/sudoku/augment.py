@@ -35,30 +35,32 @@ def _line_perm(rng: np.random.Generator, m: int, groups: int, size: int) -> np.n
 
 @dataclasses.dataclass
 class Transforms:
-  """m symmetry transforms of a box shape: new[i] = digit_map[old[source[i]]]."""
+  """m symmetry transforms: new[r, c] = digit_map[T(old)[rows[r], cols[c]]], T = transpose or identity."""
 
   digit_map: np.ndarray  # int [m, n+1], digit_map[:, 0] == 0 (blank stays blank)
-  source: np.ndarray  # int [m, n*n]: flat source cell of each target cell
-  transposed: np.ndarray  # bool [m]
+  rows: np.ndarray  # int [m, n]: source row of each target row (bands, then rows in band)
+  cols: np.ndarray  # int [m, n]: source column of each target column (stacks, then columns in stack)
+  transposed: np.ndarray  # bool [m]: transpose first (square boxes only)
 
   def apply(self, boards: np.ndarray) -> np.ndarray:
     """boards int [m, n*n] (one per transform) -> transformed boards, same dtype."""
-    moved = np.take_along_axis(np.asarray(boards), self.source, axis=1)
-    return np.take_along_axis(self.digit_map, moved.astype(np.intp), axis=1).astype(boards.dtype)
+    m, n = self.rows.shape
+    row = np.arange(m)[:, None]
+    b = np.asarray(boards).reshape(m, n, n)
+    b = np.where(self.transposed[:, None, None], b.transpose(0, 2, 1), b)
+    b = b[row, self.rows]  # [m, n, n] rows moved
+    b = b.transpose(0, 2, 1)[row, self.cols].transpose(0, 2, 1)  # columns moved
+    return self.digit_map.astype(boards.dtype)[row, b.reshape(m, n * n)]
 
 
 def random_transforms(m: int, box: "Box | str", rng: np.random.Generator) -> Transforms:
   """m random transforms drawn as the reference does (transpose only for square boxes)."""
   box = Box.parse(box)
-  n = box.n
-  digit_map = np.concatenate([np.zeros((m, 1), np.intp), _perms(rng, m, n) + 1], axis=1)
+  digit_map = np.concatenate([np.zeros((m, 1), np.intp), _perms(rng, m, box.n) + 1], axis=1)
   transposed = rng.random(m) < 0.5 if box.rows == box.cols else np.zeros(m, bool)
   rows = _line_perm(rng, m, box.cols, box.rows)  # c bands of r rows
   cols = _line_perm(rng, m, box.rows, box.cols)  # r stacks of c columns
-  i = np.arange(n * n)
-  source = rows[:, i // n] * n + cols[:, i % n]  # cell of the (possibly transposed) board
-  source = np.where(transposed[:, None], (source % n) * n + source // n, source)
-  return Transforms(digit_map=digit_map, source=source, transposed=transposed)
+  return Transforms(digit_map=digit_map, rows=rows, cols=cols, transposed=transposed)
 
 
 def augment(inputs: np.ndarray, labels: np.ndarray, box: "Box | str",

@@ -108,8 +108,11 @@ def augmented_split(p: Puzzles, box: Box, aug: int, rng: np.random.Generator) ->
   labels = np.repeat(p.solutions, k, axis=0)
   moved = np.ones(len(inputs), bool)
   moved[::k] = False  # example 0 of each group is the original
-  t = random_transforms(int(moved.sum()), box, rng)
-  inputs[moved], labels[moved] = t.apply(inputs[moved]), t.apply(labels[moved])
+  idx = np.flatnonzero(moved)
+  for start in range(0, idx.size, 1 << 16):  # bounded memory for millions of rows
+    rows = idx[start:start + (1 << 16)]
+    t = random_transforms(rows.size, box, rng)
+    inputs[rows], labels[rows] = t.apply(inputs[rows]), t.apply(labels[rows])
   return fmt.make_split(inputs, labels, np.full(len(p), k), box)
 
 
