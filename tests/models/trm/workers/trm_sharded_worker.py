@@ -37,7 +37,8 @@ def run_steps(mesh, steps: int = 2) -> dict[str, np.ndarray]:
   model = trm.load_reference_state_dict(str(GOLDEN / "weights.safetensors"), cfg)
   graphdef, params, buffers = trm.split_model(model)
   is_var = lambda v: isinstance(v, nnx.Variable)
-  params = jax.tree.map(lambda v, s: v.replace(_place(v[...], s)), params, state_shardings(params, mesh), is_leaf=is_var)
+  param_shardings = state_shardings(params, mesh)
+  params = jax.tree.map(lambda v, s: v.replace(_place(v[...], s)), params, param_shardings, is_leaf=is_var)
   buffers = jax.tree.map(lambda v, s: v.replace(_place(v[...], s)), buffers, state_shardings(buffers, mesh),
                          is_leaf=is_var)
   batch_sharding = lambda nd: DEFAULT_RULES.sharding(mesh, ("batch",) + (None,) * (nd - 1))
@@ -52,6 +53,8 @@ def run_steps(mesh, steps: int = 2) -> dict[str, np.ndarray]:
     (_, (carry, outputs, metrics)), grads = grad_fn(graphdef, params, buffers, carry, batch, None)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = jax.tree.map(lambda p, u: p + u, params, updates)
+    params = jax.tree.map(lambda v, s: v.replace(jax.lax.with_sharding_constraint(v[...], s)), params, param_shardings,
+                          is_leaf=is_var)  # keep the FSDP layout across steps
     report = {"logits": outputs["logits"], "q_halt_logits": outputs["q_halt_logits"], "z_H": carry.z_H,
               "z_L": carry.z_L, "loss": metrics["loss"], "lm_head_grad": grads["lm_head"][...],
               "qkv_grad": grads["layers"][0]["self_attn"]["qkv"][...], "puzzle_emb_grad": grads["puzzle_emb"][...],
@@ -65,6 +68,7 @@ def run_steps(mesh, steps: int = 2) -> dict[str, np.ndarray]:
     for i in range(steps):
       params, opt_state, carry, report = step(params, opt_state, carry, batch)
       out.update({f"{k}/{i}": np.asarray(v) for k, v in report.items()})
+  out["lm_head_shard_rows"] = np.array(params["lm_head"][...].addressable_shards[0].data.shape[0])
   return out
 
 
