@@ -40,6 +40,7 @@ def barrier(argv: list[str]) -> int:
 
 # name -> "module:function(argv) -> int"; workloads register their benchmark here.
 BENCHES = {
+    "sample": "jaxpod.bench.sample:cli",
     "barrier": "jaxpod.cli.bench:barrier",
     "transfer": "jaxpod.bench.transfer:cli",
     "extract": "jaxpod.cli.extract:bench",
