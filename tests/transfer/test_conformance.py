@@ -186,37 +186,59 @@ def _leaves(node):
   return [node]
 
 
-def test_multi_host_trainer_sends_each_array_once(mode, launch_hosts, fresh, tmp_path, ray_namespace, ray_address):
-  """Invariant 4 (replica 0 only): every host of a 2-host trainer calls publish; together they
-  put each element on the wire once, and a client on another mesh gets the whole model."""
+@pytest.mark.slow
+def test_multi_host_trainer_sends_each_array_once(launch_hosts, fresh, tmp_path, ray_namespace, ray_address):
+  """Invariant 4 (replica 0 only), every mode: each host of a 2-host trainer calls publish;
+  together they put each element on the wire once, and a client on another mesh gets the model.
+  (One launch serves every mode in turn, to start the 2-host job once.)"""
   _, client, _ = fresh
-  cfg = config(mode, tmp_path, ray_namespace)
-  done, box = tmp_path / "done", []
+  configs = [config(mode, tmp_path, ray_namespace, name=f"weights_{mode}") for mode in MODES]
+  done, box = str(tmp_path / "done_"), []
   script = os.path.join(os.path.dirname(common.__file__), "multihost_trainer.py")
   launcher = threading.Thread(target=lambda: box.append(launch_hosts(
-      script, hosts=2, devices_per_host=2, args=[json.dumps(cfg), 7, 7, done], timeout_s=150,
+      script, hosts=2, devices_per_host=2, args=[json.dumps(configs), 7, 7, done], timeout_s=240,
       env={"JAXPOD_TEST_RAY": ray_address})))
   launcher.start()
+  replies = {}
   try:
-    client.call("client", config=cfg)
-    reply = client.call("receive", wait=90.0, timeout_s=120)
+    for cfg in configs:
+      client.call("client", config=cfg)
+      replies[cfg["mode"]] = client.call("receive", wait=90.0, timeout_s=120)
+      open(done + cfg["mode"], "w").close()
   finally:
-    done.write_text("done")
+    for mode in MODES:
+      open(done + mode, "w").close()
     launcher.join()
+    _kill_actors(ray_namespace, [cfg["name"] for cfg in configs])
   result = box[0]
   assert result.returncode == 0, result.all_output[-4000:]
-  expect(reply, 7, 7)
-  sent = [int(line.split()[1]) for i in range(2) for line in result.output[i] if line.startswith("BYTES")]
-  assert len(sent) == 2 and sum(sent) == _params_bytes(7), sent
+  for mode in MODES:
+    expect(replies[mode], 7, 7)
+    sent = [int(line.split()[2]) for i in range(2) for line in result.output[i] if line.startswith(f"BYTES {mode} ")]
+    assert len(sent) == 2 and sum(sent) == _params_bytes(7), (mode, sent)
 
 
-@pytest.mark.parametrize("in_job_mode", ["checkpoint", "jax_transfer", "arrow_flight"])
-def test_in_job_kv_coordinator(in_job_mode, launch_hosts, tmp_path):
-  """Trainer and worker in one jax.distributed job, coordinated through the JAX key-value store
-  (mode "ray" needs the Ray actor for its refs and is not offered with coordinator="kv")."""
-  cfg = config(in_job_mode, tmp_path, "unused", coordinator="kv")
+def _kill_actors(namespace: str, names: list[str]) -> None:
+  import ray
+  for name in names:
+    try:
+      ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+    except ValueError:
+      pass
+
+
+IN_JOB_MODES = ("checkpoint", "jax_transfer", "arrow_flight")  # "ray" keeps refs in the Ray actor only
+
+
+@pytest.mark.slow
+def test_in_job_kv_coordinator(launch_hosts, tmp_path):
+  """Trainer (host 0) and worker (host 1) in one jax.distributed job, coordinated through the
+  JAX key-value store, for every mode that can use it (one launch runs them in turn)."""
+  configs = [config(mode, tmp_path, "unused", coordinator="kv", name=f"weights_{mode}",
+                    folder=str(tmp_path / mode)) for mode in IN_JOB_MODES]
   script = os.path.join(os.path.dirname(common.__file__), "in_job.py")
-  result = launch_hosts(script, hosts=2, devices_per_host=2, args=[json.dumps(cfg)], timeout_s=120)
+  result = launch_hosts(script, hosts=2, devices_per_host=2, args=[json.dumps(configs)], timeout_s=180)
   assert result.returncode == 0, result.all_output[-4000:]
   lines = [line for line in result.output[1] if line.startswith(("GOT", "NONE", "UNEXPECTED"))]
-  assert lines == ["GOT 1 True", "GOT 2 True", "NONE"], result.all_output[-4000:]
+  want = [line for m in IN_JOB_MODES for line in (f"GOT {m} 1 True", f"GOT {m} 2 True", f"NONE {m}")]
+  assert lines == want, result.all_output[-4000:]

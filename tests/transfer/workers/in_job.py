@@ -1,7 +1,8 @@
 """One jax.distributed job of 2 hosts with the in-job coordinator (coordinator="kv"):
 host 0 is the trainer, host 1 the inference worker (params reshard onto its own mesh).
 
-argv: config_json. Host 1 prints `GOT weight_id ok` per received version, `NONE` at the end.
+argv: configs_json (one per mode, run in turn). Host 1 prints `GOT mode weight_id ok` per
+received version and `NONE mode` when nothing newer is left.
 """
 from __future__ import annotations
 
@@ -34,27 +35,32 @@ def local_shardings(role: str, tree):
   return jax.tree_util.tree_map(lambda _, s: jax.sharding.NamedSharding(mesh, P(*s)), tree, common.specs(role))
 
 
-def main() -> None:
-  cfg = transfer.TransferConfig(**json.loads(sys.argv[1]))
+def run(cfg) -> None:
   host = common.make_params(0)
   if jax.process_index() == 0:
     with transfer.create_server(cfg) as server:
       for k in (1, 2):
         params = jax.tree_util.tree_map(jax.device_put, common.make_params(k), local_shardings("trainer", host))
         server.publish(k, params)
-        runtime.barrier(f"in_job/published/{k}", timeout_s=60)
-        runtime.barrier(f"in_job/received/{k}", timeout_s=60)
+        runtime.barrier(f"in_job/{cfg.mode}/published/{k}", timeout_s=60)
+        runtime.barrier(f"in_job/{cfg.mode}/received/{k}", timeout_s=60)
   else:
     like = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                   host, local_shardings("worker", host))
     with transfer.create_client(cfg) as client:
       for k in (1, 2):
-        runtime.barrier(f"in_job/published/{k}", timeout_s=60)
+        runtime.barrier(f"in_job/{cfg.mode}/published/{k}", timeout_s=60)
         update = client.receive(like, wait=30)
         got = jax.tree_util.tree_map(np.asarray, update.params)
-        print(f"GOT {update.weight_id} {common.digest(got) == common.digest(common.make_params(k))}", flush=True)
-        runtime.barrier(f"in_job/received/{k}", timeout_s=60)
-      print("NONE" if client.receive(like) is None else "UNEXPECTED", flush=True)
+        ok = common.digest(got) == common.digest(common.make_params(k))
+        print(f"GOT {cfg.mode} {update.weight_id} {ok}", flush=True)
+        runtime.barrier(f"in_job/{cfg.mode}/received/{k}", timeout_s=60)
+      print(f"{'NONE' if client.receive(like) is None else 'UNEXPECTED'} {cfg.mode}", flush=True)
+
+
+def main() -> None:
+  for cfg in json.loads(sys.argv[1]):
+    run(transfer.TransferConfig(**cfg))
   runtime.shutdown()
 
 
