@@ -1,0 +1,79 @@
+"""`SampleHook`: sample from the model being trained, every N steps, without touching training.
+
+A `jaxpod.train.hooks.Hook`: the loop calls it on every host at the same steps. It
+
+  1. tokenizes the prompts once, on the leader, and broadcasts the ids (a tokenizer error
+     raises on every host);
+  2. waits for the training state (`block_until_ready` on the parameters it reads);
+  3. runs the sampler on the training mesh (global mode: the parameters stay where the
+     trainer sharded them, every host runs every chunk) with its own per-request seeds;
+  4. blocks until the samples are on every host, then the leader appends them to
+     `<run_dir>/samples.jsonl` with `weight_version = "step N"`.
+
+It never writes to the state, never reads the data iterator and draws no randomness from
+the trainer, and it has finished with the parameters before the loop dispatches the next
+step (which donates them): the training trajectory is bit-identical with or without it
+(invariant 6, tested in tests/sample/test_sample_hook.py).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import jax
+from flax import nnx
+
+from jaxpod import runtime
+from jaxpod.models.llama.model import Llama
+from jaxpod.models.llama.tokenizer import Tokenizer
+from jaxpod.sample.config import EngineConfig, SamplingParams
+from jaxpod.sample.sampler import Sampler
+
+
+def _hook_base():
+  try:
+    from jaxpod.train.hooks import Hook
+    return Hook
+  except ImportError:  # pragma: no cover - the trainer is optional for sampling
+    return object
+
+
+class SampleHook(_hook_base()):
+  """Every `every` steps (and at the end): completions of `prompts` from the current parameters."""
+
+  def __init__(self, every: int, prompts: Sequence[str], tokenizer: Tokenizer, graphdef,
+               params_of: Callable[[Any], Any] = lambda state: state.params,
+               engine: EngineConfig = EngineConfig(batch_size=8, max_prompt_len=64, max_new_tokens=32),
+               sampling: SamplingParams = SamplingParams(), seed: int = 0, file_name: str = "samples.jsonl"):
+    self.every, self.prompts, self.tokenizer, self.graphdef = every, list(prompts), tokenizer, graphdef
+    self.params_of, self.engine, self.sampling, self.seed, self.file_name = params_of, engine, sampling, seed, file_name
+    self._ids: list[list[int]] | None = None
+    self._sampler: Sampler | None = None
+    self.history: list[tuple[int, list[str]]] = []  # (step, completions), on the leader
+
+  def _prompt_ids(self) -> list[list[int]]:
+    if self._ids is None:
+      self._ids = runtime.broadcast_call(lambda: [self.tokenizer.encode(p) for p in self.prompts],
+                                         "sample_hook.prompts")
+    return self._ids
+
+  def __call__(self, info) -> dict:
+    ids = self._prompt_ids()
+    params = self.params_of(info.state)
+    jax.block_until_ready(params)
+    model: Llama = nnx.merge(self.graphdef, params)
+    if self._sampler is None:
+      self._sampler = Sampler(model, info.mesh, self.engine, self.sampling, self.tokenizer.eos_ids, mode="global")
+    else:
+      self._sampler.params = nnx.split(model)[1]
+    seeds = [self.seed + i for i in range(len(ids))]
+    results = self._sampler.generate(ids, seeds)  # blocks: the tokens are on every host when it returns
+    if runtime.is_leader():
+      texts = [self.tokenizer.decode(new) for new, _ in results]
+      self.history.append((info.step, texts))
+      with open(Path(info.run_dir) / self.file_name, "a") as f:
+        for i, (p, text, (new, reason)) in enumerate(zip(self.prompts, texts, results)):
+          f.write(json.dumps({"step": info.step, "index": i, "prompt": p, "completion": text, "token_ids": new,
+                              "finish_reason": reason, "weight_version": f"step {info.step}"}) + "\n")
+    return {"sample/mean_new_tokens": sum(len(n) for n, _ in results) / max(len(results), 1)}
