@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
 
 from jaxpod.models.trm import TRMConfig, TRMOptimConfig
 from jaxpod.runtime import HostInfo, MeshConfig, RuntimeConfig
-
-DEFAULT_CACHE = "~/.cache/jaxpod/datasets"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +26,7 @@ class DataConfig:
   augmentations: int = 8  # augmented copies per training puzzle (0: originals only)
   clues: int | None = None  # clue target of the generator (None: its default for the grid)
   seed: int = 0  # generator seed (puzzles) and loader seed (shuffle order)
-  cache_dir: str = DEFAULT_CACHE  # generated datasets live in <cache_dir>/<name derived from the fields above>
+  cache_dir: str | None = None  # root of generated datasets (None: $JAXPOD_DATA_CACHE or ~/.cache/jaxpod/data)
   global_batch_size: int = 64  # rows per training step over all hosts
   eval_batch_size: int = 256  # rows per evaluation step over all hosts (last batch padded)
 
@@ -49,14 +46,6 @@ class DataConfig:
     """Grid side n (4 for box 2x2)."""
     r, c = (int(p) for p in str(self.box).lower().split("x"))
     return r * c
-
-  def dataset_dir(self) -> str:
-    """Where the dataset lives: `path`, or a cache folder named by what determines its contents."""
-    if self.path:
-      return self.path
-    clues = "default" if self.clues is None else str(self.clues)
-    name = f"sudoku_{self.box}_train{self.num_train}x{self.augmentations}_test{self.num_test}_clues{clues}_seed{self.seed}"
-    return str(Path(self.cache_dir).expanduser() / name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +118,10 @@ class TrainConfig:
       if self.model.vocab_size != n + 2:
         raise ValueError(f"model.vocab_size={self.model.vocab_size} does not match data.box={self.data.box}; "
                          f"set model.vocab_size={n + 2} (pad, blank and {n} digits)")
+    if self.data.path is None and self.data.global_batch_size > self.data.num_train:
+      raise ValueError(f"data.global_batch_size={self.data.global_batch_size} exceeds data.num_train="
+                       f"{self.data.num_train} (an epoch draws one example per training puzzle); lower the batch "
+                       "or raise num_train")
     if self.optim.lr_min_ratio < 1.0 and self.optim.total_steps > self.trainer.steps:
       raise ValueError(f"optim.total_steps={self.optim.total_steps} exceeds trainer.steps={self.trainer.steps}; "
                        "the cosine would never finish")
@@ -161,3 +154,42 @@ def validate_for_hosts(cfg: TrainConfig, hosts: HostInfo, num_devices: int | Non
       lcm = math.lcm(dp, hosts.process_count)
       raise ValueError(f"data.{name}={value} is not divisible by the data-parallel size {dp} "
                        f"(mesh data*fsdp over {num_devices} devices); use a multiple of {lcm}")
+
+
+def from_trm_yaml(path: str) -> dict | None:
+  """A TRM model file (`model:`, `optim:`, reference-style `train:`) as TrainConfig YAML sections; None otherwise.
+
+  `train.epochs` counts reference epochs of one example per training puzzle, so
+  steps = epochs * data.num_train / global_batch_size (the paper's 50,000 epochs of 1000
+  puzzles at batch 768: 65,104 steps). The grid follows from `model.seq_len`.
+  """
+  import yaml
+  with open(path) as f:
+    raw = yaml.safe_load(f) or {}
+  if not isinstance(raw, dict) or "train" not in raw or "trainer" in raw:
+    return None
+  train = dict(raw.pop("train") or {})
+  model = raw.get("model", {})
+  side = math.isqrt(int(model.get("seq_len", 81)))
+  rows = max(d for d in range(1, math.isqrt(side) + 1) if side % d == 0)
+  data = dict(raw.pop("data", {}) or {})
+  data.setdefault("box", f"{rows}x{side // rows}")
+  if side == 9:  # the paper's shape: 1000 puzzles x 1000 augmentations, 1000 held out
+    for k, v in (("num_train", 1000), ("num_test", 1000), ("augmentations", 1000)):
+      data.setdefault(k, v)
+  batch = int(train.pop("global_batch_size", DataConfig.global_batch_size))
+  data["global_batch_size"] = batch
+  data.setdefault("eval_batch_size", batch)
+  per_epoch = data.get("num_train", DataConfig.num_train) / batch
+  trainer = {}
+  if "epochs" in train:
+    trainer["steps"] = max(1, math.ceil(train.pop("epochs") * per_epoch))
+  if "eval_interval" in train:
+    trainer["eval_every"] = max(1, math.ceil(train.pop("eval_interval") * per_epoch))
+    trainer["checkpoint_every"] = trainer["eval_every"]
+  if "ema" in train:
+    trainer["ema"] = float(train.pop("ema"))
+  if train:
+    raise ValueError(f"{path}: unknown keys {sorted(train)} in `train:`; known: global_batch_size, epochs, "
+                     "eval_interval, ema")
+  return {**raw, "data": data, "trainer": trainer}

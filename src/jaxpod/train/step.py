@@ -50,9 +50,9 @@ def train_step_fn(graphdef, tx: optax.GradientTransformation, ema_decay: float, 
   return train_step
 
 
-def batch_shardings(mesh, example: dict) -> dict:
-  """Batch arrays split over the data-parallel axes on their leading (row) axis."""
-  return {k: batch_sharding(mesh, np.ndim(v)) for k, v in example.items()}
+def batch_shardings(mesh, ndims: dict) -> dict:
+  """Batch arrays ({name: ndim}) split over the data-parallel axes on their leading (row) axis."""
+  return {k: batch_sharding(mesh, ndim) for k, ndim in ndims.items()}
 
 
 def jit_train_step(step_fn, shardings: TrainState, batch_sh: dict, mesh):

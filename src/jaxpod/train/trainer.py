@@ -27,7 +27,8 @@ from jaxpod.train.config import TrainConfig, validate_for_hosts
 from jaxpod.train.hooks import CheckpointHook, EvalHook, Hook, StepInfo, run_hooks
 
 log = get_logger("train")
-POLL_S = 0.05
+POLL_S = 0.02  # longest sleep between readiness polls
+PEER_CHECK_S = 1.0  # look for failed peers this often while waiting on the device
 
 
 @dataclasses.dataclass
@@ -55,12 +56,17 @@ def _new_run_dir(cfg: TrainConfig) -> str:
 
 
 def wait_ready(arrays, where: str) -> None:
-  """Block until `arrays` are computed, checking for failed peers in between (never a silent hang)."""
+  """Block until `arrays` are computed, checking for failed peers about once a second (never a silent hang)."""
   import jax
   leaves = jax.tree.leaves(arrays)
+  sleep, waited, next_check = 1e-4, 0.0, 0.0
   while not all(x.is_ready() for x in leaves):
-    runtime.check_peers(where)
-    time.sleep(POLL_S)
+    if waited >= next_check:
+      runtime.check_peers(where)
+      next_check = waited + PEER_CHECK_S
+    time.sleep(sleep)
+    waited += sleep
+    sleep = min(sleep * 2, POLL_S)
 
 
 def _check_dataset(cfg: TrainConfig, meta: dict) -> None:
@@ -77,7 +83,7 @@ def _to_dict(cfg) -> dict:
   return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
 
 
-def train(cfg: TrainConfig, extra_hooks: Sequence[Hook] = (), fail_at: tuple[int, int] | None = None) -> RunSummary:
+def train(cfg: TrainConfig, extra_hooks: Sequence[Hook] = ()) -> RunSummary:
   """Run training as configured; every host calls this. Returns the run summary."""
   hosts = cfg.runtime.hosts()
   validate_for_hosts(cfg, hosts)  # invariant 7: before JAX initialises
@@ -88,10 +94,10 @@ def train(cfg: TrainConfig, extra_hooks: Sequence[Hook] = (), fail_at: tuple[int
   with runtime.guard():
     run_dir = runtime.broadcast_call(lambda: _new_run_dir(cfg), "train.run_dir")
     data_path = runtime.broadcast_call(lambda: train_data.ensure_dataset(cfg.data), "train.dataset", timeout_s=3600)
-    return _run(cfg, run_dir, data_path, extra_hooks, t_start, fail_at)
+    return _run(cfg, run_dir, data_path, extra_hooks, t_start)
 
 
-def _run(cfg: TrainConfig, run_dir: str, data_path: str, extra_hooks, t_start: float, fail_at) -> RunSummary:
+def _run(cfg: TrainConfig, run_dir: str, data_path: str, extra_hooks, t_start: float) -> RunSummary:
   import jax
   from jaxpod.io import CheckpointConfig, Checkpointer
   from jaxpod.models import trm
@@ -104,9 +110,8 @@ def _run(cfg: TrainConfig, run_dir: str, data_path: str, extra_hooks, t_start: f
 
   host = runtime.host_info()
   tcfg, dcfg = cfg.trainer, cfg.data
-  train_split = train_data.load_split(data_path, "train")
-  test_split = train_data.load_split(data_path, "test")
-  _check_dataset(cfg, train_split["meta"])
+  loader = train_data.make_loader(dcfg, data_path, host.process_index, host.process_count)
+  _check_dataset(cfg, loader.metadata)
   mesh = runtime.mesh_from_config(cfg.mesh)
   log.info("run %s: mesh %s, dataset %s", run_dir, runtime.describe_mesh(mesh), data_path)
   tracker = Tracker(cfg.tracker, run_dir, host.is_leader, _to_dict(cfg))
@@ -119,13 +124,11 @@ def _run(cfg: TrainConfig, run_dir: str, data_path: str, extra_hooks, t_start: f
   init_fn = st.make_init_fn(cfg.model, tx, tcfg.seed, dcfg.global_batch_size)
   abstract = st.abstract_state(init_fn)
   shardings = st.state_shardings(abstract, mesh)
-  example = {k: train_split[k][:1] for k in trm.BATCH_KEYS}
-  batch_sh = sp.batch_shardings(mesh, example)
+  batch_sh = sp.batch_shardings(mesh, {"inputs": 2, "labels": 2, "puzzle_identifiers": 1})
 
   ckpt = Checkpointer(CheckpointConfig(dir=str(Path(run_dir) / "checkpoints"), keep_last=tcfg.keep_last,
                                        async_save=tcfg.async_checkpoints))
-  iterator = train_data.train_iterator(train_split, dcfg.global_batch_size, dcfg.seed, host.process_index,
-                                       host.process_count)
+  iterator = loader.train_iter()
   restored = ckpt.restore(st.to_nested(st.with_shardings(abstract, shardings))) if tcfg.resume else None
   if restored is not None:
     start, tree, data_state = restored
@@ -141,12 +144,11 @@ def _run(cfg: TrainConfig, run_dir: str, data_path: str, extra_hooks, t_start: f
     step_fn = sp.jit_train_step(sp.train_step_fn(graphdef, tx, tcfg.ema, cfg.model.loss_type, lr_fn), shardings,
                                 batch_sh, mesh)
     evaluator = Evaluator(graphdef, cfg.model, mesh, shardings.ema_params, shardings.buffers, batch_sh,
-                          lambda: train_data.eval_batches(test_split, dcfg.eval_batch_size, host.process_index,
-                                                          host.process_count))
+                          loader.eval_iter)
     hooks: list[Hook] = [EvalHook(evaluator, tcfg.eval_every), *extra_hooks,
                          CheckpointHook(ckpt, tcfg.checkpoint_every, st.to_nested)]
     progress = ProgressDisplay(tcfg.steps, start, host.is_leader and tcfg.progress)
-    last = _loop(cfg, state, start, step_fn, iterator, batch_sh, hooks, tracker, progress, run_dir, mesh, fail_at)
+    last = _loop(cfg, state, start, step_fn, iterator, batch_sh, hooks, tracker, progress, run_dir, mesh)
     progress.close()
   for hook in hooks:
     hook.close()
@@ -166,11 +168,10 @@ def _run(cfg: TrainConfig, run_dir: str, data_path: str, extra_hooks, t_start: f
   return summary
 
 
-def _loop(cfg, state, start, step_fn, iterator, batch_sh, hooks, tracker, progress, run_dir, mesh, fail_at):
+def _loop(cfg, state, start, step_fn, iterator, batch_sh, hooks, tracker, progress, run_dir, mesh):
   """Steps start..steps-1; returns the last host-side normalised training metrics."""
   from jaxpod.train import step as sp
   tcfg, gb = cfg.trainer, cfg.data.global_batch_size
-  host = runtime.host_info()
   pending = None  # (step number, device metrics) of the step whose metrics are still on the device
   latest: dict = {}
 
@@ -184,8 +185,6 @@ def _loop(cfg, state, start, step_fn, iterator, batch_sh, hooks, tracker, progre
     return values
 
   for step in range(start + 1, tcfg.steps + 1):
-    if fail_at is not None and fail_at == (host.process_index, step):  # test hook: a host failing mid-run
-      raise RuntimeError(f"injected failure at step {step}")
     batch = sp.global_batch(next(iterator), batch_sh)
     state, metrics = step_fn(state, batch)
     if pending is not None:
