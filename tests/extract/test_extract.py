@@ -162,3 +162,30 @@ def test_failure_on_one_host_is_named_everywhere(tiny_ckpt, launch_hosts, tmp_pa
   partial = extract.open(str(out), strict=False)
   missing = set(partial.completeness.missing.tolist())
   assert not partial.completeness.ok and not {2, 3} & missing  # host 1 committed its rows of batch 0
+
+
+def test_info_cli_reports_completeness(baseline, capsys):
+  """`jaxpod extract info URL`: summary of the dataset; exit 1 when rows are missing."""
+  from jaxpod.cli.main import main
+  assert main(["extract", "info", baseline.url, "--json", "true"]) == 0
+  summary = json.loads(capsys.readouterr().out)
+  assert summary["completeness"] == "complete: all 21 rows exactly once" and summary["rows"] == len(PROMPTS)
+  assert summary["shapes"]["resid.2"] == [len(PROMPTS), baseline.seq_len, 64] and summary["hosts"] == 1
+  fs = baseline.storage.fs
+  fs.copy(baseline.storage.root, "/extract-tests/info", recursive=True)
+  fs.rm("/extract-tests/info/shards/b000000-h0000.safetensors")
+  assert main(["extract", "info", "memory://extract-tests/info"]) == 1
+  assert "rows missing" in capsys.readouterr().out
+
+
+def test_cli_extract_smoke(baseline, tiny_ckpt, capsys):
+  """`jaxpod extract --layers 2 --points resid ...` in one process gives the baseline's bytes."""
+  from jaxpod.cli.main import main
+  model, _, prompts = tiny_ckpt
+  out = "memory://extract-tests/cli"
+  code = main(["extract", "--model", model, "--prompts", prompts, "--layers", "2", "--points", "resid", "--out", out,
+               "--batch-size", "4", "--mesh.data", "4", "--mesh.model", "2", "--max-seq-len", "48",
+               "--progress", "false"])
+  assert code == 0 and f"{len(PROMPTS)} samples" in capsys.readouterr().out
+  ds = extract.open(out)
+  assert ds.keys == ("resid.2",) and ds["resid.2"].tobytes() == baseline["resid.2"].tobytes()

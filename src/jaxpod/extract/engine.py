@@ -115,6 +115,7 @@ def _plan_on_leader(cfg: ExtractConfig, hf: dict, lay: dict, storage: writer.Sto
                      "rerun with the same options and hosts to resume, or use a new --out")
   if old is None:
     storage.write_json(storage.path("run.json"), record)
+  storage.remove_temporaries()  # no host writes before this broadcast returns
   return {**fields, "pad": pad, "lengths": lengths, "flat": flat}
 
 

@@ -82,7 +82,9 @@ class Dataset:
   def _read(self, path: str, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
     if self.storage.local:
       return _read_local(path, names)
-    return writer.decode(self.storage.fs.cat_file(path), names)[0]
+    if names is None:
+      return writer.decode(self.storage.fs.cat_file(path))[0]
+    return writer.read_ranged(self.storage.fs, path, names)
 
   def _index(self) -> dict[int, list[tuple[str, np.ndarray]]]:
     """batch -> [(shard path, its row ids)] for this run's shard files."""

@@ -69,6 +69,13 @@ class Storage:
   def write_json(self, path: str, obj: dict) -> None:
     self.write_atomic(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
 
+  def remove_temporaries(self) -> None:
+    """Delete temporaries left by a killed run (local storage only; call before any host writes)."""
+    if self.local:
+      for folder in ("shards", "progress"):
+        for p in self.fs.glob(self.path(folder, "*.tmp-*")):
+          self.fs.rm_file(p)
+
   def list_shards(self) -> list[str]:
     """Shard file paths (complete files only: temporaries are skipped), sorted by name."""
     folder = self.path("shards")
@@ -135,6 +142,26 @@ def restore_dtype(a: np.ndarray, name: str, meta: dict) -> np.ndarray:
   """The stored array under its recorded dtype (uint16 -> bfloat16)."""
   dt = meta.get("dtypes", {}).get(name, a.dtype.name)
   return a.view(_np_dtype(dt)) if dt != a.dtype.name else a
+
+
+_ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "I64": "int64", "I32": "int32",
+              "I16": "int16", "I8": "int8", "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8",
+              "BOOL": "bool"}
+
+
+def read_ranged(fs, path: str, names) -> dict[str, np.ndarray]:
+  """Only the named tensors of a remote shard file, by ranged reads (header first, then each tensor)."""
+  size = int.from_bytes(fs.cat_file(path, start=0, end=8), "little")
+  header = json.loads(fs.cat_file(path, start=8, end=8 + size))
+  meta = decode_meta(header.get("__metadata__"))
+  out = {}
+  for name in names:
+    info = header[name]
+    lo, hi = info["data_offsets"]
+    raw = fs.cat_file(path, start=8 + size + lo, end=8 + size + hi)
+    a = np.frombuffer(raw, dtype=_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
+    out[name] = restore_dtype(a, name, meta)
+  return out
 
 
 def _metadata(raw: bytes) -> dict:
