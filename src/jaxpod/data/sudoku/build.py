@@ -86,7 +86,8 @@ def _distinct(num: int, cfg: SudokuDataConfig, box: Box, stream: int, exclude: s
   for r in range(64):
     if have >= num:
       break
-    batch = generate(int((num - have) * 1.25) + 8, box, seed=(cfg.seed, stream, r), clues=cfg.clues,
+    ask = num - have if r == 0 else 2 * (num - have) + 8  # repeats are rare except on small grids
+    batch = generate(ask, box, seed=(cfg.seed, stream, r), clues=cfg.clues,
                      min_rating=cfg.min_rating, minimize=cfg.minimize)
     keep = []
     for i, key in enumerate(class_keys(batch.inputs, box)):
