@@ -8,13 +8,14 @@ from jaxpod.models.trm.config import TRMConfig, swiglu_width
 from jaxpod.models.trm.layers import PuzzleEmbedding
 
 
-def count_params(model, include_puzzle_emb: bool = False) -> int:
-  """Trainable parameters; by default without the puzzle-embedding table, as the reference counts them."""
-  params = nnx.state(model, nnx.Param)
-  total = sum(x.size for x in jax.tree.leaves(params))
-  if not include_puzzle_emb:
-    total -= sum(x.size for x in jax.tree.leaves(nnx.state(model, PuzzleEmbedding)))
-  return total
+def count_params(model_or_params, include_puzzle_emb: bool = False) -> int:
+  """Trainable parameters of a TRM (or its params State); by default without the puzzle table, as the reference."""
+  params = model_or_params
+  if isinstance(params, nnx.Module):
+    params = nnx.state(params, nnx.Param)
+  leaves = jax.tree.leaves(params, is_leaf=lambda v: isinstance(v, nnx.Variable))
+  return sum(int(v.size) for v in leaves
+             if isinstance(v, nnx.Param) and (include_puzzle_emb or not isinstance(v, PuzzleEmbedding)))
 
 
 def l_level_flops(cfg: TRMConfig) -> int:

@@ -107,11 +107,12 @@ def split_model(model: TRM):
 def init_carry(cfg: TRMConfig, batch_size: int) -> TRMCarry:
   """A carry whose rows are all halted, so the first step resets every row and takes the batch."""
   shape = (batch_size, cfg.total_seq_len, cfg.hidden_size)
-  zeros = jnp.zeros(shape, cfg.compute_dtype)
   data = {"inputs": jnp.zeros((batch_size, cfg.seq_len), jnp.int32),
           "labels": jnp.zeros((batch_size, cfg.seq_len), jnp.int32),
           "puzzle_identifiers": jnp.zeros((batch_size,), jnp.int32)}
-  return TRMCarry(zeros, zeros, jnp.zeros((batch_size,), jnp.int32), jnp.ones((batch_size,), bool), data)
+  # Distinct buffers (not one zeros array twice), so the carry can be donated to a jitted step.
+  return TRMCarry(jnp.zeros(shape, cfg.compute_dtype), jnp.zeros(shape, cfg.compute_dtype),
+                  jnp.zeros((batch_size,), jnp.int32), jnp.ones((batch_size,), bool), data)
 
 
 def _where_rows(mask_B, a, b):
