@@ -145,6 +145,7 @@ def test_half_written_checkpoint_never_loaded(fresh, tmp_path):
   assert kept == ["v000000000002", "v000000000003", "v000000099999"]
 
 
+@pytest.mark.slow
 def test_coordinator_creation_race(ray_address, tmp_path):
   """Many processes racing to create the named coordinator all get the same live actor; a dead
   actor is replaced and re-resolved."""
