@@ -35,14 +35,14 @@ class SolveResult:
   guesses: np.ndarray  # int32 [B]: branch points visited (0 = solved by singles alone)
 
 
-def _propagate(cand: np.ndarray, box: Box, pop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _propagate(cand: np.ndarray, box: Box) -> tuple[np.ndarray, np.ndarray]:
   """One pass of naked + hidden singles over cand [C, B]; returns (new cand, contradiction [B]).
 
   Cells are the leading axis so that every unit operation is a whole-row array op over B.
   """
   full = (1 << box.n) - 1
   units, cu = box.units, box.cell_units
-  single = pop[cand] == 1
+  single = (cand & (cand - 1)) == 0  # one bit left (an empty cell is caught below)
   fixed = np.where(single, cand, 0)
   u_or = np.zeros((units.shape[0], cand.shape[1]), cand.dtype)  # [3n, B]
   u_sum = np.zeros(u_or.shape, np.int32)
@@ -61,7 +61,7 @@ def _propagate(cand: np.ndarray, box: Box, pop: np.ndarray) -> tuple[np.ndarray,
   missing = (once != full).any(axis=0)  # a digit with no place left in some unit
   only = once & ~twice  # [3n, B] digits with exactly one place in the unit
   hidden = cand & (only[cu[:, 0]] | only[cu[:, 1]] | only[cu[:, 2]])
-  clash = (pop[hidden] > 1).any(axis=0)  # one cell is the only place for two digits
+  clash = ((hidden & (hidden - 1)) != 0).any(axis=0)  # one cell is the only place for two digits
   cand = np.where(hidden != 0, hidden, cand)
   bad = dup | missing | clash | (cand == 0).any(axis=0)
   return cand, bad
@@ -86,8 +86,8 @@ def solve(puzzles: np.ndarray, box: "Box | str", cap: int = 2,
   act = np.arange(b)
   while act.size:
     old = cur[:, act]
-    new, bad = _propagate(old, box, pop)
-    solved = ~bad & (pop[new] == 1).all(axis=0)
+    new, bad = _propagate(old, box)
+    solved = ~bad & ((new & (new - 1)) == 0).all(axis=0)
     if solved.any():  # singles set in this pass may still clash: check every unit is complete
       idx = np.flatnonzero(solved)
       u_or = np.bitwise_or.reduce(new[:, idx][box.units], axis=1)  # [3n, S]
