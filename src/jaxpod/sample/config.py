@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxpod.runtime.distributed import RuntimeConfig
 from jaxpod.runtime.mesh import MeshConfig
 
 MODES = ("global", "replicated")
@@ -69,6 +70,7 @@ class SampleConfig:
   mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)  # over all devices (global) or a host's
   memory_fraction: float = 0.9
   device_memory_bytes: int | None = None  # override the per-device memory the check compares with
+  runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)  # how this process joins the job
 
   def __post_init__(self):
     if self.mode not in MODES:
@@ -77,6 +79,15 @@ class SampleConfig:
       if not getattr(self, name):
         raise ValueError(f"sample.{name} is required (--{name.replace('_', '-')} ...)")
     self.engine(), self.sampling()  # validates those fields with their own messages
+
+  def check_files(self) -> None:
+    """Invariant 7: the checkpoint config and the prompt file exist (before JAX initialises)."""
+    import fsspec
+    for field, path in (("model", f"{self.model.rstrip('/')}/config.json"), ("prompts", self.prompts)):
+      fs, p = fsspec.core.url_to_fs(path)
+      if not fs.exists(p):
+        raise FileNotFoundError(f"sample.{field}: {path} does not exist; point --{field} at "
+                                f"{'a HF checkpoint folder' if field == 'model' else 'a .txt or .jsonl file'}")
 
   def engine(self) -> EngineConfig:
     return EngineConfig(batch_size=self.batch_size, max_prompt_len=self.max_prompt_len,

@@ -20,7 +20,7 @@ import fsspec
 from jaxpod import runtime
 from jaxpod.models.llama import LlamaConfig, hf_io, load_tokenizer
 from jaxpod.sample.config import SampleConfig
-from jaxpod.sample.sampler import Sampler, check_memory, make_sample_mesh
+from jaxpod.sample.sampler import Sampler, check_batch, check_memory, make_sample_mesh
 
 
 def read_prompts(path: str) -> tuple[list[str], list[int | None]]:
@@ -69,8 +69,10 @@ def _progress(total: int):
 
 def run(cfg: SampleConfig) -> list[dict[str, Any]] | None:
   """Sample completions for `cfg.prompts`; returns the written records on the leader, None elsewhere."""
-  runtime.init()
+  cfg.check_files()
+  runtime.init(cfg.runtime)
   mesh = make_sample_mesh(cfg.mode, cfg.mesh)
+  check_batch(cfg.engine(), mesh)  # same mesh shape on every host: the same verdict everywhere
   tok_box: list = []
 
   def plan_fn():

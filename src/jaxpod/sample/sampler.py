@@ -94,6 +94,14 @@ def check_memory(cfg: LlamaConfig, ec: EngineConfig, mesh, available: int | None
                    f"the largest part is {worst}: {knobs[worst]}")
 
 
+def check_batch(ec: EngineConfig, mesh) -> None:
+  """The batch splits evenly over the mesh's data-parallel axes."""
+  dp = mesh.shape["data"] * mesh.shape["fsdp"]
+  if ec.batch_size % dp:
+    raise ValueError(f"sample.batch_size={ec.batch_size} is not divisible by the mesh's data*fsdp={dp}; "
+                     f"use a multiple of {dp} (or set mesh.data/mesh.fsdp)")
+
+
 class Sampler:
   """Generate completions for tokenized prompts; every host calls `generate` with the same inputs."""
 
@@ -101,10 +109,7 @@ class Sampler:
                mode: str = "global"):
     if mode not in MODES:
       raise ValueError(f"sample.mode={mode!r}; use one of {MODES}")
-    dp = mesh.shape["data"] * mesh.shape["fsdp"]
-    if ec.batch_size % dp:
-      raise ValueError(f"sample.batch_size={ec.batch_size} is not divisible by the mesh's data*fsdp={dp}; "
-                       f"use a multiple of {dp}")
+    check_batch(ec, mesh)
     self.mesh, self.ec, self.sp, self.mode = mesh, ec, sp, mode
     self.stop_ids = tuple(sorted(set(int(i) for i in stop_ids)))
     self.graphdef, self.params = nnx.split(model)

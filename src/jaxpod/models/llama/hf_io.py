@@ -125,8 +125,7 @@ def load(url: str, mesh, cfg: LlamaConfig | None = None, rules: ShardingRules = 
         raise ValueError(f"tensor {name} in {wmap[name]}: expected shape {hf_shape(path, shape)} from "
                          f"config.json, found {tuple(w.shape)}")
       w = from_hf(path, w, shape).astype(var.dtype)
-      leaves.append(jax.make_array_from_callback(shape, sharding.get_value() if hasattr(sharding, "get_value")
-                                                 else sharding, lambda idx, w=w: np.ascontiguousarray(w[idx])))
+      leaves.append(jax.make_array_from_callback(shape, sharding, lambda idx, w=w: np.ascontiguousarray(w[idx])))
   state = nnx.from_flat_state([(p, v.replace(a)) for (p, v), a in zip(flat, leaves)])
   return nnx.merge(graphdef, state)
 
