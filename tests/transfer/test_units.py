@@ -77,3 +77,19 @@ def test_publish_hook_every_n():
   assert published == [3, 6, 8] and hook.last_published == 8
   with pytest.raises(ValueError, match="every"):
     PublishWeightsHook(FakeServer(), every=0)
+
+
+def test_checkpoint_mode_over_a_non_local_filesystem():
+  """checkpoint mode through fsspec's memory:// (the path gs:// takes: bytes, not local files)."""
+  from jaxpod.transfer import create_client, create_server
+  cfg = TransferConfig(mode="checkpoint", folder="memory://jaxpod_transfer_units", keep_n=1)
+  params = {"w": jnp.arange(12.0).reshape(3, 4), "b": jnp.ones(4, jnp.bfloat16)}
+  like = flatten.abstract(params)
+  with create_server(cfg) as server, create_client(cfg) as client:
+    assert client.receive(like) is None
+    server.publish(3, params)
+    server.publish(4, jax.tree_util.tree_map(lambda x: x + 1, params))
+    update = client.receive(like)
+    assert update.weight_id == 4 and client.receive(like) is None
+    np.testing.assert_array_equal(np.asarray(update.params["w"]), np.arange(12.0).reshape(3, 4) + 1)
+    assert update.params["b"].dtype == jnp.bfloat16
