@@ -149,3 +149,23 @@ def test_reset_rows_reproduce_their_first_step():
   g1, g2 = load_file(str(GOLDEN / "step1.safetensors")), load_file(str(GOLDEN / "step2.safetensors"))
   reset_rows = np.flatnonzero(g1["halted"])
   np.testing.assert_array_equal(g2["logits"][reset_rows], g1["logits"][reset_rows])
+
+
+def test_cross_entropies_match_numpy_float64():
+  """Stablemax CE (the reference computes it in float64) and softmax CE, ignore label -100."""
+  rng = np.random.default_rng(3)
+  logits = (rng.normal(size=(3, 7, 11)) * 4).astype(np.float32)
+  labels = rng.integers(0, 11, (3, 7)).astype(np.int32)
+  labels[1, 2] = trm.IGNORE_LABEL_ID
+  valid = labels != trm.IGNORE_LABEL_ID
+  x = logits.astype(np.float64)
+  s = np.where(x < 0, 1 / (1 - x + 1e-30), x + 1)
+  logp = np.log(s / s.sum(-1, keepdims=True))
+  safe = np.where(valid, labels, 0)
+  want = -np.where(valid, np.take_along_axis(logp, safe[..., None], -1)[..., 0], 0)
+  got = trm.stablemax_cross_entropy(jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(valid))
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-7)
+  lsm = x - np.log(np.exp(x).sum(-1, keepdims=True))
+  want = -np.where(valid, np.take_along_axis(lsm, safe[..., None], -1)[..., 0], 0)
+  got = trm.softmax_cross_entropy(jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(valid))
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
