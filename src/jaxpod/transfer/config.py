@@ -20,6 +20,7 @@ class TransferConfig:
   keep_n: int = 3  # versions kept alive (files, object-store refs, served tables) for clients mid-pull
   wire_dtype: str | None = None  # cast floating arrays to this dtype on the wire (e.g. "bfloat16")
   bind_address: str = "127.0.0.1"  # interface servers listen on; "0.0.0.0" only on a trusted network
+  advertise_address: str | None = None  # host clients dial; None: bind_address, or this host's name if wildcard
   num_servers: int = 2  # arrow_flight: servers in the trainer process
   streams: int = 4  # arrow_flight: parallel client streams
   chunk_bytes: int = 4 << 20  # arrow_flight: bytes per record batch
@@ -48,6 +49,9 @@ class TransferConfig:
       raise ValueError(f"transfer.keep_n={self.keep_n} must be >= 1 (clients mid-pull need their version)")
     if self.wire_dtype not in WIRE_DTYPES:
       raise ValueError(f"transfer.wire_dtype={self.wire_dtype!r} is unknown; use one of {WIRE_DTYPES}")
+    if self.advertise_address is not None and self.advertise_address in ("0.0.0.0", "::", ""):
+      raise ValueError(f"transfer.advertise_address={self.advertise_address!r} cannot be dialled; give this "
+                       "host's name or IP (or leave it None)")
     for field in ("num_servers", "streams", "chunk_bytes", "stream_bytes"):
       if getattr(self, field) < 1:
         raise ValueError(f"transfer.{field}={getattr(self, field)} must be >= 1")
@@ -56,3 +60,12 @@ class TransferConfig:
     for field in ("publish_timeout_s", "receive_timeout_s", "poll_interval_s", "coordinator_timeout_s"):
       if getattr(self, field) <= 0:
         raise ValueError(f"transfer.{field}={getattr(self, field)} must be > 0 seconds")
+
+  def dial_host(self) -> str:
+    """The host name clients use to reach servers bound to `bind_address`."""
+    if self.advertise_address:
+      return self.advertise_address
+    if self.bind_address in ("0.0.0.0", "::", "[::]"):
+      import socket
+      return socket.getfqdn()
+    return self.bind_address

@@ -56,7 +56,7 @@ class Server(api.ServerBase):
     self.versions: dict[int, list[np.ndarray]] = {}
     self.servers = [_FlightServer(f"grpc://{config.bind_address}:0", self.versions, config.chunk_bytes)
                     for _ in range(config.num_servers)]
-    self.addresses = [f"grpc://{config.bind_address}:{s.port}" for s in self.servers]
+    self.addresses = [f"grpc://{config.dial_host()}:{s.port}" for s in self.servers]
 
   def _stage(self, seq: int, table: dict, pieces: list[flatten.Piece], m: TransferMetrics) -> dict:
     with m.phase("serve"):

@@ -48,7 +48,8 @@ class Server(api.ServerBase):
     with m.phase("device_put"):
       arrays = [jax.device_put(p.data.reshape(-1).view(np.uint8), self.device) for p in pieces]
       self.versions[seq] = jax.block_until_ready(arrays)
-    return {"address": self.ts.address()}
+    port = self.ts.address().rsplit(":", 1)[1]
+    return {"address": f"{self.config.dial_host()}:{port}"}
 
   def _retire(self, seqs: list[int]) -> None:
     for seq in seqs:
