@@ -116,14 +116,18 @@ def generate(num: int, box: "Box | str" = "3x3", *, seed: "int | tuple[int, ...]
   if not 0 <= clues <= box.cells:
     raise ValueError(f"clues must be in [0, {box.cells}] for a {box} box, got {clues}")
   rng = np.random.default_rng(seed)
-  kept: list[Puzzles] = []
+  empty = np.zeros((0, box.cells), np.int8)
+  kept: list[Puzzles] = [Puzzles(empty, empty, np.zeros(0, np.int32))]
   seen: set[bytes] = set()
-  have = 0
+  have, made = 0, 0
   for _ in range(max_rounds):
     if have >= num:
       break
     want = num - have
-    batch = _batch(max(16, int(want * 1.1)), box, clues, minimize, rng)
+    rate = have / made if made else 1.0  # share of generated puzzles kept so far
+    ask = min(20 * want, int(np.ceil(want / max(rate, 0.05) * (1.0 if not made else 1.2))) + 8 * bool(made))
+    batch = _batch(max(ask, 1), box, clues, minimize, rng)
+    made += len(batch)
     idx = []
     for i in np.flatnonzero(batch.ratings >= min_rating):
       key = batch.inputs[i].tobytes()
