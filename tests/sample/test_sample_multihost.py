@@ -1,17 +1,45 @@
-"""Multi-host sampling through jaxpod's launcher (2 simulated hosts x 2 CPU devices)."""
+"""Multi-host sampling through jaxpod's launcher; one launch per host count serves several tests."""
+import io
 import json
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
 from jaxpod.runtime import MeshConfig
+from jaxpod.runtime.launcher import LaunchConfig, launch
 from jaxpod.sample import SampleConfig, run
 
 from conftest import PROMPTS
 
 WORKER = Path(__file__).parent / "workers" / "sample_worker.py"
 pytestmark = [pytest.mark.multihost, pytest.mark.slow]
+SAMPLING = dict(batch_size=4, max_prompt_len=32, max_new_tokens=8, temperature=0.8, top_k=20, top_p=0.9, seed=11)
+
+
+def _launch(folder, hosts, devices_per_host, scenarios, ckpt, timeout_s=300):
+  bad = folder / "bad_ckpt"
+  shutil.copytree(ckpt, bad)
+  (bad / "tokenizer.json").write_text("{broken")
+  prompts = folder / "p.txt"
+  prompts.write_text("\n".join(PROMPTS * 2))  # 14 prompts: 4 chunks of 4, the last one padded
+  env = dict(os.environ)
+  env.pop("JAX_NUM_CPU_DEVICES", None)
+  log = io.StringIO()
+  result = launch([sys.executable, str(WORKER), scenarios, ckpt, str(prompts), str(folder), str(bad)],
+                  LaunchConfig(hosts=hosts, devices_per_host=devices_per_host, log_dir=str(folder / "logs"),
+                               timeout_s=timeout_s), sink=log, summary=log, env=env)
+  result.transcript = log.getvalue()
+  return result, prompts
+
+
+@pytest.fixture(scope="module")
+def two_hosts(tiny_ckpt, tmp_path_factory):
+  folder = tmp_path_factory.mktemp("two_hosts")
+  result, prompts = _launch(folder, 2, 2, "modes,fail,hook", tiny_ckpt)
+  return result, folder, prompts
 
 
 def _lines(result, host, tag):
@@ -23,39 +51,54 @@ def _records(path):
           for r in map(json.loads, Path(path).read_text().splitlines())]
 
 
-def test_two_hosts_both_modes_match_one_host(launch_hosts, tiny_ckpt, tmp_path):
-  """Invariant 1: sizes and prompts come from the leader, so 1 host and 2 hosts (global and
-  replicated) produce identical completions; invariant 4: only the leader writes them."""
-  prompts = tmp_path / "p.txt"
-  prompts.write_text("\n".join(PROMPTS * 2))  # 14 prompts: 4 chunks of 4, the last one padded
-  ref = tmp_path / "ref.jsonl"
-  run(SampleConfig(model=tiny_ckpt, prompts=str(prompts), out=str(ref), batch_size=4, max_prompt_len=32,
-                   max_new_tokens=8, temperature=0.8, top_k=20, top_p=0.9, seed=11, mesh=MeshConfig(data=4, model=2)))
-  r = launch_hosts(WORKER, hosts=2, devices_per_host=2, args=["modes", tiny_ckpt, prompts, tmp_path], timeout_s=240)
+def _reference(ckpt, prompts, folder):
+  ref = folder / "ref.jsonl"
+  run(SampleConfig(model=ckpt, prompts=str(prompts), out=str(ref), mesh=MeshConfig(data=4, model=2), **SAMPLING))
+  return _records(ref)
+
+
+def test_two_hosts_both_modes_match_one_host(two_hosts, tiny_ckpt):
+  """Invariant 1: sizes and prompts come from the leader, so 1 host and 2 hosts (global over a
+  data=2 x model=2 mesh, and replicated) give identical completions; invariant 4: the leader writes."""
+  r, folder, prompts = two_hosts
   assert r.returncode == 0, r.transcript
-  assert all(_lines(r, h, "DONE") for h in range(2))
-  want = _records(ref)
+  assert all(_lines(r, h, "DONE modes") for h in range(2))
+  want = _reference(tiny_ckpt, prompts, folder)
   assert len(want) == 14
   for mode in ("global", "replicated"):
-    assert _records(tmp_path / f"{mode}.jsonl") == want, mode
+    assert _records(folder / f"{mode}.jsonl") == want, mode
 
 
-def test_leader_tokenizer_error_and_oversized_config_fail_on_every_host(launch_hosts, tiny_ckpt, tmp_path):
+def test_leader_tokenizer_error_and_oversized_config_fail_on_every_host(two_hosts):
   """Invariants 3 and 7: the leader's tokenizer error and the memory check reach every host
   (as the error itself on the leader, PeerFailed elsewhere) before anything compiles; no hang."""
-  bad = tmp_path / "bad_ckpt"
-  shutil.copytree(tiny_ckpt, bad)
-  (bad / "tokenizer.json").write_text("{broken")
-  prompts = tmp_path / "p.txt"
-  prompts.write_text("\n".join(PROMPTS))
-  r = launch_hosts(WORKER, hosts=2, devices_per_host=2, args=["fail", tiny_ckpt, prompts, tmp_path, bad],
-                   timeout_s=180)
-  assert r.returncode == 0, r.transcript
+  r, _, _ = two_hosts
   for h in range(2):
     got = {l.split(" ", 1)[0]: json.loads(l.split(" ", 1)[1]) for l in _lines(r, h, "FAIL")}
     assert set(got) == {"tokenizer", "memory"}, r.transcript
     assert got["tokenizer"]["type"] == ("ValueError" if h == 0 else "PeerFailed")
     assert "tokenizer.json cannot be read" in got["tokenizer"]["message"]
     assert got["memory"]["type"] == ("ValueError" if h == 0 else "PeerFailed")
-    assert "sample memory check" in got["memory"]["message"]
     assert "the largest part is kv_cache: lower sample.batch_size=4096" in got["memory"]["message"]
+
+
+def test_sample_hook_leaves_training_bit_identical(two_hosts):
+  """Invariant 6: the loss sequence with SampleHook every 2 steps equals the one without, bit for
+  bit, on 2 hosts; invariant 4: only the leader writes the samples."""
+  r, folder, _ = two_hosts
+  for h in range(2):
+    losses = dict(l.split(" ", 1) for l in _lines(r, h, "LOSSES"))
+    assert set(losses) == {"plain", "hook"}, r.transcript
+    assert losses["plain"] == losses["hook"]
+  rows = [json.loads(l) for l in (folder / "samples.jsonl").read_text().splitlines()]
+  assert [row["step"] for row in rows] == [2, 2, 4, 4, 6, 6]
+  assert rows[-1]["weight_version"] == "step 6"
+
+
+def test_four_hosts_both_modes_match_one_host(tiny_ckpt, tmp_path):
+  """Invariant 1 at 4 hosts x 1 device (global: data=4 mesh; replicated: one device per copy)."""
+  r, prompts = _launch(tmp_path, 4, 1, "modes", tiny_ckpt)
+  assert r.returncode == 0, r.transcript
+  want = _reference(tiny_ckpt, prompts, tmp_path)
+  for mode in ("global", "replicated"):
+    assert _records(tmp_path / f"{mode}.jsonl") == want, mode

@@ -1,23 +1,30 @@
-"""Worker for the multi-host sampling tests: `python sample_worker.py SCENARIO MODEL PROMPTS OUT_DIR [BAD_MODEL]`.
+"""Worker for the multi-host sampling tests: `python sample_worker.py SCENARIOS CKPT PROMPTS OUT_DIR BAD_CKPT`.
 
-modes: runs `jaxpod.sample.run` in global then replicated mode; the leader writes OUT_DIR/<mode>.jsonl.
-fail:  a broken tokenizer on the leader, then an oversized config; prints `FAIL <case> <type> <message>`
-       on every host, which must all get there (no hang) and agree.
+SCENARIOS is a comma list, run in order in the same processes (one launch serves several tests):
+  modes  `jaxpod.sample.run` in global then replicated mode; the leader writes OUT_DIR/<mode>.jsonl
+  fail   a broken tokenizer on the leader, then an oversized config; prints `FAIL <case> <json>` on
+         every host, which must all get there (no hang) and agree
+  hook   trains the tiny Llama 6 steps without, then with, a SampleHook every 2 steps; prints
+         `LOSSES <plain|hook> <hex of the float32 losses>`; samples go to OUT_DIR/samples.jsonl
 """
 import dataclasses
 import json
 import sys
 
+import jax
+import numpy as np
+
 from jaxpod import runtime
 
-scenario, model, prompts, out_dir = sys.argv[1:5]
-runtime.init(runtime.RuntimeConfig(control_timeout_s=90))
+scenarios, ckpt, prompts, out_dir, bad_ckpt = sys.argv[1].split(","), *sys.argv[2:6]
+host = runtime.init(runtime.RuntimeConfig(control_timeout_s=90))
 
-from jaxpod.runtime import MeshConfig  # noqa: E402
-from jaxpod.sample import SampleConfig, run  # noqa: E402
+from jaxpod.runtime import MeshConfig, make_mesh  # noqa: E402
+from jaxpod.sample import EngineConfig, SampleConfig, run  # noqa: E402
 
-BASE = SampleConfig(model=model, prompts=prompts, out=f"{out_dir}/x.jsonl", batch_size=4, max_prompt_len=32,
+BASE = SampleConfig(model=ckpt, prompts=prompts, out=f"{out_dir}/x.jsonl", batch_size=4, max_prompt_len=32,
                     max_new_tokens=8, temperature=0.8, top_k=20, top_p=0.9, seed=11)
+GLOBAL_MESH = MeshConfig(data=2, model=2) if jax.device_count() == 4 else MeshConfig(data=-1)
 
 
 def fail(case, cfg):
@@ -28,13 +35,61 @@ def fail(case, cfg):
     print(f"FAIL {case} {json.dumps({'type': type(e).__name__, 'message': str(e)})}", flush=True)
 
 
-if scenario == "modes":
-  run(dataclasses.replace(BASE, mode="global", out=f"{out_dir}/global.jsonl", mesh=MeshConfig(data=2, model=2)))
-  run(dataclasses.replace(BASE, mode="replicated", out=f"{out_dir}/replicated.jsonl"))
-  print("DONE", flush=True)
-elif scenario == "fail":
-  fail("tokenizer", dataclasses.replace(BASE, model=sys.argv[5]))
-  fail("memory", dataclasses.replace(BASE, batch_size=4096, max_new_tokens=1_000_000))  # TBs of KV cache
-  runtime.barrier("sample_worker.end", 60)
-  print("DONE", flush=True)
+def train_tiny_lm(hooks, steps=6, b=8, t=32):
+  """Adam on byte windows of a text; hooks called as the trainer calls them. Returns float32 losses."""
+  import optax
+  from flax import nnx
+  from jaxpod.models.llama import abstract, init, tiny
+  from jaxpod.models.llama.loss import loss_and_grad
+  from jaxpod.runtime import state_shardings
+  from jaxpod.train.hooks import StepInfo, run_hooks
+  text = ("the quick brown fox jumps over the lazy dog. " * 40).encode()
+  cfg = tiny(bos_token_id=256, eos_token_id=(257,), pad_token_id=258)
+  mesh = make_mesh(data=2, model=-1)
+  graphdef, abs_params = nnx.split(abstract(cfg))
+  params = nnx.split(init(cfg, seed=0, shardings=state_shardings(abs_params, mesh)))[1]
+  tx = optax.adam(3e-3)
+  opt_state, grad_fn = tx.init(params), loss_and_grad(graphdef)
+
+  def step(params, opt_state, tokens):
+    (loss, _), grads = grad_fn(params, tokens)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  class State:  # what the hook reads: state.params
+    def __init__(self, params):
+      self.params = params
+
+  losses = []
+  with jax.set_mesh(mesh):
+    step_fn = jax.jit(step, donate_argnums=(0, 1))
+    for i in range(1, steps + 1):
+      starts = np.random.default_rng(i).integers(0, len(text) - t, b)
+      rows = np.stack([np.frombuffer(text[s:s + t], np.uint8) for s in starts]).astype(np.int32)
+      sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+      params, opt_state, loss = step_fn(params, opt_state, jax.make_array_from_callback(rows.shape, sh,
+                                                                                       lambda idx: rows[idx]))
+      losses.append(loss)
+      run_hooks(hooks, StepInfo(step=i, state=State(params), final=i == steps, run_dir=out_dir, mesh=mesh))
+  return graphdef, np.asarray([np.asarray(x) for x in losses], np.float32)
+
+
+for scenario in scenarios:
+  if scenario == "modes":
+    run(dataclasses.replace(BASE, mode="global", out=f"{out_dir}/global.jsonl", mesh=GLOBAL_MESH))
+    run(dataclasses.replace(BASE, mode="replicated", out=f"{out_dir}/replicated.jsonl"))
+  elif scenario == "fail":
+    fail("tokenizer", dataclasses.replace(BASE, model=bad_ckpt))
+    fail("memory", dataclasses.replace(BASE, batch_size=4096, max_new_tokens=1_000_000))  # TBs of KV cache
+  elif scenario == "hook":
+    from jaxpod.models.llama import ByteTokenizer
+    from jaxpod.sample.hook import SampleHook
+    graphdef, plain = train_tiny_lm([])
+    hook = SampleHook(every=2, prompts=["the quick", "lazy"], tokenizer=ByteTokenizer(), graphdef=graphdef,
+                      engine=EngineConfig(batch_size=2, max_prompt_len=16, max_new_tokens=8))
+    _, with_hook = train_tiny_lm([hook])
+    print("LOSSES plain", plain.tobytes().hex(), flush=True)
+    print("LOSSES hook", with_hook.tobytes().hex(), flush=True)
+  runtime.barrier(f"sample_worker.{scenario}", 60)
+  print(f"DONE {scenario}", flush=True)
 runtime.shutdown()
