@@ -74,7 +74,7 @@ def test_deterministic_and_seeded(dataset):
 
 @pytest.mark.parametrize("hosts", [2, 4])
 def test_sharding_disjoint_and_complete(dataset, hosts):
-  """Host slices of each global batch are disjoint and together equal the 1-host global batch."""
+  """Invariant 1 (same shapes everywhere): host slices are disjoint, equal-sized, and form the 1-host global batch."""
   one = _loader(dataset, 8)
   many = [_loader(dataset, 8, shard=h, shards=hosts) for h in range(hosts)]
   for step in (0, 3, 6):
@@ -89,7 +89,7 @@ def test_sharding_disjoint_and_complete(dataset, hosts):
 
 
 def test_state_round_trip_continues_exactly(dataset):
-  """get_state after k batches, set_state on a fresh iterator: the same batches follow (resume)."""
+  """Invariant 5 (resume is global): state is the global step; a fresh iterator set to it continues exactly."""
   it = _loader(dataset, 8, seed=3).train_iter()
   for _ in range(6):
     next(it)
@@ -115,7 +115,7 @@ def test_eval_in_order_with_padding(dataset):
 
 
 def test_validate_batch_before_init():
-  """Batch/host/device mismatches are caught before JAX starts, naming the field and the fix."""
+  """Invariant 7 (validate before the expensive part): batch/host/device mismatches, with field and fix."""
   assert validate_batch(768, hosts=2, data_parallel=4) == 384
   with pytest.raises(ValueError, match=r"global_batch_size 770 is not divisible by 4 .* e.g. 772"):
     validate_batch(770, hosts=2, data_parallel=4)
@@ -128,7 +128,7 @@ def test_validate_batch_before_init():
 
 
 def test_concurrent_builders_share_one_folder(tmp_path):
-  """Hosts building the same cache folder at once all end with the same complete dataset."""
+  """Invariant 4 (shared things written safely): hosts building one cache folder at once never see a partial one."""
   import concurrent.futures
 
   cfg = SudokuDataConfig.tiny()
