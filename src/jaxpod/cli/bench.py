@@ -38,10 +38,31 @@ def barrier(argv: list[str]) -> int:
   return 0
 
 
+@dataclasses.dataclass(frozen=True)
+class TRMStepBench:
+  """Options of `jaxpod bench trm-step`."""
+
+  config: str | None = None  # TRM model YAML (e.g. configs/trm_sudoku_mlp.yaml); default: the tiny preset
+  batch: int = 64  # global batch of the timed train step
+  steps: int = 5  # train steps per timed run
+  runs: int = 3  # timed runs (the median is reported)
+  compute_dtype: str = "float32"  # forward dtype; bf16 is emulated (slow) on CPU
+  json: str | None = None  # write the results here
+
+
+def trm_step(argv: list[str]) -> int:
+  cfg = parse(TRMStepBench, argv, "jaxpod bench trm-step")
+  from jaxpod.bench.trm_step import run
+  run(config_path=cfg.config, batch=cfg.batch, steps=cfg.steps, json_path=cfg.json, runs=cfg.runs,
+      compute_dtype=cfg.compute_dtype)
+  return 0
+
+
 # name -> "module:function(argv) -> int"; workloads register their benchmark here.
 BENCHES = {
     "sample": "jaxpod.bench.sample:cli",
     "barrier": "jaxpod.cli.bench:barrier",
+    "trm-step": "jaxpod.cli.bench:trm_step",
     "transfer": "jaxpod.bench.transfer:cli",
     "extract": "jaxpod.cli.extract:bench",
 }
