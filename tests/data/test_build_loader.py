@@ -48,9 +48,8 @@ def _loader(path, gb, shard=0, shards=1, seed=0, **kw):
 def test_train_batches_shape_and_epochs(dataset):
   """One epoch visits every group once; shapes and dtypes are what the trainer jits against."""
   lo = _loader(dataset, 8)
-  assert lo.steps_per_epoch == 5
-  it = lo.train_iter(epochs=2)
-  batches = list(it)
+  assert lo.steps_per_epoch == 5 and lo.steps_for_epochs(2) == 10
+  batches = list(lo.train_iter(lo.steps_for_epochs(2)))
   assert len(batches) == 10
   b = batches[0]
   assert b["inputs"].shape == (8, 36) and b["inputs"].dtype == np.int32
@@ -62,6 +61,18 @@ def test_train_batches_shape_and_epochs(dataset):
     groups = [group_of[tuple(x)] for bb in batches[epoch * 5:(epoch + 1) * 5] for x in bb["inputs"]]
     assert sorted(groups) == list(range(40))
   assert all(tuple(y) in solutions for y in b["labels"])
+
+
+@pytest.mark.parametrize("gb", [12, 48])
+def test_epochs_chain_across_batches(dataset, gb):
+  """Batches may straddle epochs (even exceed one): each epoch's 40 positions still hold every group once."""
+  lo = _loader(dataset, gb)
+  train = fmt.read(dataset, "train")
+  group_of = {tuple(x): i // 4 for i, x in enumerate(train.inputs.astype(np.int32))}
+  stream = [group_of[tuple(x)] for b in lo.train_iter(lo.steps_for_epochs(3)) for x in b["inputs"]]
+  assert len(stream) == (120 // gb) * gb
+  for e in range(len(stream) // 40):
+    assert sorted(stream[e * 40:(e + 1) * 40]) == list(range(40))
 
 
 def test_deterministic_and_seeded(dataset):
@@ -121,8 +132,6 @@ def test_validate_batch_before_init():
     validate_batch(770, hosts=2, data_parallel=4)
   with pytest.raises(ValueError, match=r"multiple of hosts"):
     validate_batch(8, hosts=4, data_parallel=2)
-  with pytest.raises(ValueError, match=r"exceeds the 40 training groups"):
-    validate_batch(64, hosts=1, data_parallel=1, num_groups=40)
   with pytest.raises(ValueError, match="multiple of the 3 hosts"):
     SudokuLoader("unused", 8, shard_index=0, shard_count=3)
 

@@ -7,8 +7,10 @@ with the same global batch sees the same global batches. Grain drives the iterat
 `set_state` continues exactly where `get_state` was taken.
 
 Train (as the reference): an epoch visits every group once in a seeded random order, drawing
-one random puzzle (augmentation) per group; batches never straddle epochs and the last
-partial batch of an epoch is dropped. Eval: the whole test split in order; the last batch is
+one random puzzle (augmentation) per group. Epochs follow each other as one stream and batch
+`step` is positions [step*B, (step+1)*B) of it, so nothing is dropped and a batch may straddle
+two epochs (the reference's `epochs_per_iter` concatenation: 50,000 epochs of 1000 groups at
+batch 768 = 65,104 steps). The iterator state's `next_index` is the global step. Eval: the whole test split in order; the last batch is
 padded with rows whose inputs are the pad id (0), labels IGNORE (-100), puzzle identifier the
 blank one (0), and `mask` False.
 
@@ -25,7 +27,7 @@ from jaxpod.data.sudoku import fmt
 KEYS = ("inputs", "labels", "puzzle_identifiers", "mask")
 
 
-def validate_batch(global_batch_size: int, hosts: int, data_parallel: int, num_groups: int | None = None) -> int:
+def validate_batch(global_batch_size: int, hosts: int, data_parallel: int) -> int:
   """Check the global batch against hosts and data-parallel devices (before JAX init); returns the per-host batch."""
   if global_batch_size < 1:
     raise ValueError(f"global_batch_size must be >= 1, got {global_batch_size}")
@@ -38,9 +40,6 @@ def validate_batch(global_batch_size: int, hosts: int, data_parallel: int, num_g
     up = -(-global_batch_size // data_parallel) * data_parallel
     raise ValueError(f"global_batch_size {global_batch_size} is not divisible by {data_parallel} data-parallel devices "
                      f"({hosts} hosts); use a multiple of {data_parallel}, e.g. {up}")
-  if num_groups is not None and global_batch_size > num_groups:
-    raise ValueError(f"global_batch_size {global_batch_size} exceeds the {num_groups} training groups (one epoch "
-                     f"fills no batch); lower global_batch_size or build more training puzzles")
   return global_batch_size // hosts
 
 
@@ -69,13 +68,11 @@ class SudokuLoader:
         raise ValueError(f"{name} {b} must be a positive multiple of the {self.shard_count} hosts")
     self.train = fmt.read(path, "train")
     self.test = fmt.read(path, "test")
-    self.steps_per_epoch = self.train.num_groups // global_batch_size
-    if self.steps_per_epoch < 1:
-      raise ValueError(f"global_batch_size {global_batch_size} exceeds the {self.train.num_groups} training groups of "
-                       f"{path}; lower global_batch_size or build more training puzzles")
+    if self.train.num_groups < 1:
+      raise ValueError(f"{path} has no training groups; rebuild it with --train >= 1")
     self.eval_steps = -(-len(self.test) // self.eval_batch_size)
     self.prefetch = prefetch
-    self._order: tuple[int, np.ndarray | None] = (-1, None)
+    self._orders: dict[int, np.ndarray] = {}
 
   @property
   def metadata(self) -> dict:
@@ -87,9 +84,20 @@ class SudokuLoader:
 
   def _group_order(self, epoch: int) -> np.ndarray:
     """The seeded group permutation of `epoch` (the latest one is cached)."""
-    if self._order[0] != epoch:
-      self._order = (epoch, np.random.default_rng((self.seed, epoch)).permutation(self.train.num_groups))
-    return self._order[1]
+    if epoch not in self._orders:
+      if len(self._orders) >= 4:
+        self._orders.pop(min(self._orders))
+      self._orders[epoch] = np.random.default_rng((self.seed, epoch)).permutation(self.train.num_groups)
+    return self._orders[epoch]
+
+  @property
+  def steps_per_epoch(self) -> float:
+    """Train batches per epoch (groups / global batch; need not be whole)."""
+    return self.train.num_groups / self.global_batch_size
+
+  def steps_for_epochs(self, epochs: float) -> int:
+    """Whole train batches in `epochs` epochs (the last partial batch is dropped)."""
+    return int(epochs * self.train.num_groups // self.global_batch_size)
 
   def _rows(self, split: fmt.Split, examples: np.ndarray, puzzles: np.ndarray, valid: np.ndarray) -> dict:
     """Host-local batch from global example/puzzle indices (invalid rows padded)."""
@@ -107,10 +115,12 @@ class SudokuLoader:
 
   def train_batch(self, step: int) -> dict:
     """The host-local part of global train batch `step` (pure function of seed and step)."""
-    epoch, j = divmod(step, self.steps_per_epoch)
     gb, s = self.global_batch_size, self.train
-    groups = self._group_order(epoch)[j * gb:(j + 1) * gb]
-    u = np.random.default_rng((self.seed, epoch, j, 1)).random((2, gb))
+    epoch, pos = np.divmod(step * gb + np.arange(gb), s.num_groups)
+    groups = np.empty(gb, np.int64)
+    for e in np.unique(epoch):
+      groups[epoch == e] = self._group_order(int(e))[pos[epoch == e]]
+    u = np.random.default_rng((self.seed, step, 1)).random((2, gb))
     lo, hi = s.group_indices[groups], s.group_indices[groups + 1]
     puzzles = lo + (u[0] * (hi - lo)).astype(np.int64)
     first, last = s.puzzle_indices[puzzles], s.puzzle_indices[puzzles + 1]
@@ -126,10 +136,10 @@ class SudokuLoader:
     puzzles = np.searchsorted(s.puzzle_indices, examples, side="right") - 1
     return self._rows(s, examples, np.clip(puzzles, 0, None), valid)
 
-  def train_iter(self, epochs: int | None = None) -> grain.DatasetIterator:
-    """Checkpointable iterator over train batches for `epochs` epochs (None: forever)."""
-    ds = grain.MapDataset.range(self.steps_per_epoch)
-    ds = ds.repeat(epochs).map_with_index(lambda step, _: self.train_batch(step))
+  def train_iter(self, num_steps: int | None = None) -> grain.DatasetIterator:
+    """Checkpointable iterator over train batches 0..num_steps-1 (None: forever); see `steps_for_epochs`."""
+    ds = grain.MapDataset.range(1).repeat(None) if num_steps is None else grain.MapDataset.range(num_steps)
+    ds = ds.map_with_index(lambda step, _: self.train_batch(step))
     return iter(ds.to_iter_dataset(self._read_options()))
 
   def eval_iter(self) -> grain.DatasetIterator:
