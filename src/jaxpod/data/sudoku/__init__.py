@@ -1,8 +1,11 @@
 """Sudoku data for TRM: generator, augmentation, reference on-disk format, CSV import, loader.
 
-Trainer entry points: `ensure_dataset(SudokuDataConfig(...))` -> dataset folder;
-`SudokuLoader(folder, global_batch_size, seed)` -> `.train_iter()` / `.eval_iter()`;
-`validate_batch(...)` before JAX initialises.
+Trainer entry points:
+  validate_batch(global_batch_size, hosts, data_parallel)   before JAX initialises
+  path = ensure_dataset(SudokuDataConfig(box="2x3", ...))    built once into the cache, then reused
+  loader = SudokuLoader(path, global_batch_size, seed=0)     this host's rows (jax.process_index)
+  loader.train_iter(num_steps) / loader.eval_iter()          grain iterators of numpy dicts
+  make_global_batch(batch, sharding)                         host rows -> global jax.Arrays
 """
 from jaxpod.data.sudoku.augment import augment, class_keys, random_transforms
 from jaxpod.data.sudoku.build import SudokuDataConfig, build, cache_path, ensure_dataset, import_csv

@@ -10,9 +10,11 @@ Train (as the reference): an epoch visits every group once in a seeded random or
 one random puzzle (augmentation) per group. Epochs follow each other as one stream and batch
 `step` is positions [step*B, (step+1)*B) of it, so nothing is dropped and a batch may straddle
 two epochs (the reference's `epochs_per_iter` concatenation: 50,000 epochs of 1000 groups at
-batch 768 = 65,104 steps). The iterator state's `next_index` is the global step. Eval: the whole test split in order; the last batch is
-padded with rows whose inputs are the pad id (0), labels IGNORE (-100), puzzle identifier the
-blank one (0), and `mask` False.
+batch 768 = 65,104 steps). The train iterator's `next_index` is the global step, so resuming
+at step k is `set_state({"next_index": k})`.
+
+Eval: the whole test split in order; the last batch is padded with rows whose inputs are the
+pad id (0), labels IGNORE (-100), puzzle identifier the blank one (0), and `mask` False.
 
 Batch (per host, numpy): inputs int32 [b, seq_len], labels int32 [b, seq_len] (IGNORE where
 no loss), puzzle_identifiers int32 [b], mask bool [b] (True = real example); b = global/hosts.
