@@ -80,18 +80,16 @@ def _repair(solutions: np.ndarray, mask: np.ndarray, box: Box, rng: np.random.Ge
 
 def _minimize(solutions: np.ndarray, mask: np.ndarray, box: Box, rng: np.random.Generator) -> np.ndarray:
   """Try removing each clue once (random order per puzzle); keep removals that stay unique."""
-  order = np.argsort(rng.random(mask.shape), axis=1)
-  everyone = np.arange(len(mask))
-  for k in range(mask.shape[1]):
-    cell = order[:, k]
-    rows = everyone[mask[everyone, cell]]
-    if not rows.size:
-      continue
+  order = np.argsort(rng.random(mask.shape) + ~mask, axis=1)  # each puzzle's clues first, shuffled
+  clues = mask.sum(axis=1)
+  for k in range(int(clues.max(initial=0))):
+    rows = np.flatnonzero(clues > k)
+    cell = order[rows, k]
     trial = mask[rows].copy()
-    trial[np.arange(rows.size), cell[rows]] = False
+    trial[np.arange(rows.size), cell] = False
     res = solve(np.where(trial, solutions[rows], 0), box, cap=2)
     keep = res.count == 1
-    mask[rows[keep], cell[rows[keep]]] = False
+    mask[rows[keep], cell[keep]] = False
   return mask
 
 
