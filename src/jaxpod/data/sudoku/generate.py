@@ -47,7 +47,7 @@ class Puzzles:
 
 
 def random_grids(num: int, box: Box, rng: np.random.Generator) -> np.ndarray:
-  """int8 [num, n*n] uniformly-seeded random full grids."""
+  """int8 [num, n*n] random full grids (random diagonal boxes, random completion; not exactly uniform)."""
   box = Box.parse(box)
   seed = np.zeros((num, box.n, box.n), np.int8)
   for i in range(min(box.rows, box.cols)):  # box (band i, stack i): no two share a row or column
