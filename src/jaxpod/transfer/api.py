@@ -81,12 +81,14 @@ class ServerBase:
     self.epoch = self.coord.epoch()
     self.totals = Totals()
     self.closed = False
+    self.staged: list[int] = []  # seqs this host staged and still keeps (the last keep_n)
+    self.leader = True  # this host commits (False on the other hosts of a multi-host trainer)
 
   def _stage(self, seq: int, table: dict, pieces: list[flatten.Piece], m: TransferMetrics) -> dict:
     raise NotImplementedError
 
   def _retire(self, seqs: list[int]) -> None:
-    """Free what the transport holds for versions the coordinator dropped."""
+    """Free what the transport holds for versions older than the last keep_n (every host)."""
 
   def _close(self) -> None:
     """Stop the transport's servers."""
@@ -98,9 +100,9 @@ class ServerBase:
     m = TransferMetrics("server", int(weight_id))
     try:
       multi = self._check_hosts(params)
+      self.leader = not multi or jax.process_index() == 0
       with m.phase("flatten"):
-        leader = not multi or jax.process_index() == 0
-        table, pieces = flatten.to_pieces(params, self.config.wire_dtype, leader=leader)
+        table, pieces = flatten.to_pieces(params, self.config.wire_dtype, leader=self.leader)
       m.nbytes = flatten.total_bytes(pieces)
       m.num_params = len(table)
       m.largest_param_bytes = max((p.data.nbytes for p in pieces), default=0)
@@ -110,8 +112,12 @@ class ServerBase:
       part = {"host": jax.process_index(), "pieces": [p.meta() for p in pieces], **part}
       with m.phase("register"):
         parts = self._gather_parts(seq, part, multi)
-        if parts:  # the leader
-          self._retire(self.coord.commit(seq, weight_id, self.epoch, {"table": table, "parts": parts}))
+        if self.leader:
+          self.coord.commit(seq, weight_id, self.epoch, {"table": table, "parts": parts})
+      self.staged.append(seq)
+      old, self.staged = self.staged[:-self.config.keep_n], self.staged[-self.config.keep_n:]
+      if old:
+        self._retire(old)
     except Exception:
       self.totals.record(m, ok=False)
       raise

@@ -56,6 +56,8 @@ class Server(api.ServerBase):
     return {"file": f"v{seq:012d}/{name}"}
 
   def _retire(self, seqs: list[int]) -> None:
+    if not self.leader:  # one host removes shared folders
+      return
     kept = {int(k.split("/")[-1]) for k, _ in self.coord.store.items("v/")}
     if not kept:
       return
