@@ -54,13 +54,18 @@ class Plan:
     return -(-self.num_rows // batch_size)
 
   def batch(self, b: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens [B, T] int32, mask [B, T] bool) of global batch b; rows past the end are all padding."""
-    tok = np.zeros((batch_size, self.seq_len), np.int32)
+    """Model input of global batch b: (tokens [B, T] int32, mask [B, T] bool).
+
+    Padding (and rows past the end) feed token 0: masked out as keys, and always a valid
+    embedding row even when the tokenizer's pad id is not.
+    """
     lens = np.zeros((batch_size,), np.int32)
     rows = self.tokens[b * batch_size:(b + 1) * batch_size]
-    tok[:len(rows)] = rows
     lens[:len(rows)] = self.lengths[b * batch_size:(b + 1) * batch_size]
-    return tok, np.arange(self.seq_len)[None, :] < lens[:, None]
+    mask = np.arange(self.seq_len)[None, :] < lens[:, None]
+    tok = np.zeros((batch_size, self.seq_len), np.int32)
+    tok[:len(rows)] = rows
+    return np.where(mask, tok, 0), mask
 
 
 def _tokenize(cfg: ExtractConfig) -> tuple[np.ndarray, np.ndarray, int]:
