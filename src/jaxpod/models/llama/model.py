@@ -194,7 +194,8 @@ class Llama(nnx.Module):
     if kv_mask_BxS is None:
       kv_mask_BxS = jnp.ones((b, t if cache is None else cache.k.shape[2]), bool)
     inv_freq = jnp.asarray(cfg.inv_freq(), jnp.float32)
-    x = constrain(jnp.take(self.embed_tokens[...], tokens_BxT, axis=0), _ACT)
+    table = constrain(self.embed_tokens[...], ("vocab", "act_embed"))  # FSDP: gather the embed dim first
+    x = constrain(jnp.take(table, tokens_BxT, axis=0), _ACT)
     captures = {}
     for i, block in enumerate(self.layers):
       with jax.named_scope(f"layer_{i}"):
