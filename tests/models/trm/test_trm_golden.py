@@ -79,10 +79,12 @@ def test_train_steps_match_golden(setup):
   cfg, _, _, params, _, train = setup
   batch = _batch(_golden("batch.safetensors"))
   carry = trm.init_carry(cfg, 4)
+  logits = []
   for k in (1, 2, 3):
     loss_scaled, (carry, outputs, metrics) = train(params, carry, batch)
     g = _golden(f"step{k}.safetensors")
     _check_step(g, carry, outputs, metrics)
+    logits.append(np.asarray(outputs["logits"]))
     np.testing.assert_allclose(float(loss_scaled) * 4, float(g["loss"]), rtol=RTOL_LOSS)
     assert bool(carry.halted.all()) == bool(g["all_finish"])
     normalized = trm.normalize_metrics(jax.device_get(metrics), global_batch_size=4)
@@ -90,6 +92,9 @@ def test_train_steps_match_golden(setup):
     for name, value in expected.items():
       np.testing.assert_allclose(normalized[name.removeprefix("train/")], value, rtol=1e-5, err_msg=name)
   assert train._cache_size() == 1  # one compiled step reused
+  # Rows that halted at step 1 are reset at step 2 and, fed the same data, repeat step 1 bit for bit.
+  reset = np.flatnonzero(_golden("step1.safetensors")["halted"])
+  np.testing.assert_array_equal(logits[1][reset], logits[0][reset])
 
 
 def test_swap_scenario_matches_golden(setup):
