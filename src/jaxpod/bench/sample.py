@@ -8,6 +8,11 @@ stop tokens (every row generates exactly max_new_tokens). Reported per engine, m
   decode_tok_s    batch * (max_new_tokens - 1) / (full generate time - ttft)
 The baseline is HF; `decode_vs_hf` is jaxpod's decode tok/s over HF's.
 torch and transformers are imported inside `run` only.
+
+`--hosts N` (N > 1) instead re-launches itself as N simulated hosts and times jaxpod's two
+modes on `num_prompts` prompts: `global` (model sharded over every host's devices, every host
+runs every chunk) vs `replicated` (a copy per host, chunks split over hosts); throughput is
+new tokens (prefill included) per second of the whole job, baseline `global`.
 """
 from __future__ import annotations
 
@@ -36,6 +41,8 @@ class SampleBench:
   prompt_len: int = 64
   max_new_tokens: int = 64
   repeats: int = 3  # timed runs per engine (after one warm-up); medians reported
+  hosts: int = 1  # > 1: compare the global and replicated modes on this many simulated hosts (no HF)
+  num_prompts: int = 32  # prompts per timed run in the modes comparison
   json: str | None = None  # write the results here
 
 
@@ -96,14 +103,19 @@ def _rates(t: dict[str, float], opts: SampleBench) -> dict[str, float]:
           "generate_s": t["full_s"]}
 
 
+def _model_config(opts: SampleBench):
+  from jaxpod.models.llama import LlamaConfig
+  return LlamaConfig(vocab_size=opts.vocab_size, hidden_size=opts.hidden_size,
+                     intermediate_size=opts.intermediate_size, num_hidden_layers=opts.num_layers,
+                     num_attention_heads=opts.num_heads, num_key_value_heads=opts.num_kv_heads,
+                     rms_norm_eps=1e-5, max_position_embeddings=4096, eos_token_id=())
+
+
 def run(json_path: str | None = None, **overrides) -> dict:
   """Time both engines on one model and one prompt batch; print a rich table, write JSON."""
-  from jaxpod.models.llama import LlamaConfig, hf_io, init
+  from jaxpod.models.llama import hf_io, init
   opts = dataclasses.replace(SampleBench(json=json_path), **overrides)
-  cfg = LlamaConfig(vocab_size=opts.vocab_size, hidden_size=opts.hidden_size,
-                    intermediate_size=opts.intermediate_size, num_hidden_layers=opts.num_layers,
-                    num_attention_heads=opts.num_heads, num_key_value_heads=opts.num_kv_heads,
-                    rms_norm_eps=1e-5, max_position_embeddings=4096, eos_token_id=())
+  cfg = _model_config(opts)
   tokens = np.random.default_rng(0).integers(0, opts.vocab_size, (opts.batch_size, opts.prompt_len)).astype(np.int32)
   with tempfile.TemporaryDirectory(prefix="jaxpod-bench-sample-") as folder:
     hf_io.save(init(cfg, seed=0), folder)
@@ -122,9 +134,63 @@ def run(json_path: str | None = None, **overrides) -> dict:
   return payload
 
 
+def run_modes(json_path: str | None = None, **overrides) -> dict:
+  """On every host of a launch: global vs replicated throughput on the same prompts; leader reports."""
+  import jax
+  from flax import nnx
+  from jaxpod import runtime
+  from jaxpod.models.llama import abstract, init
+  from jaxpod.runtime import MeshConfig, state_shardings
+  from jaxpod.sample import EngineConfig, Sampler, SamplingParams, make_sample_mesh
+  opts = dataclasses.replace(SampleBench(json=json_path), **overrides)
+  host = runtime.init()
+  cfg = _model_config(opts)
+  rng = np.random.default_rng(0)  # fixed by config, so the same prompts on every host
+  ids = rng.integers(0, opts.vocab_size, (opts.num_prompts, opts.prompt_len)).tolist()
+  ec = EngineConfig(batch_size=opts.batch_size, max_prompt_len=opts.prompt_len, max_new_tokens=opts.max_new_tokens)
+  results = {}
+  for mode in ("global", "replicated"):
+    mesh = make_sample_mesh(mode, MeshConfig())
+    model = init(cfg, seed=0, shardings=state_shardings(nnx.split(abstract(cfg))[1], mesh))
+    sampler = Sampler(model, mesh, ec, SamplingParams(), (), mode=mode)
+    seeds = list(range(len(ids)))
+    sampler.generate(ids[:opts.batch_size * host.process_count], seeds)  # compile + warm-up
+    times = []
+    for _ in range(opts.repeats):
+      runtime.barrier("bench.sample.modes", 600)
+      t = time.perf_counter()
+      sampler.generate(ids, seeds)
+      times.append(time.perf_counter() - t)
+    wall = statistics.median(runtime.allgather(statistics.median(times), "bench.sample.times"))
+    results[mode] = {"generate_s": wall, "new_tok_s": opts.num_prompts * opts.max_new_tokens / wall}
+    del model, sampler
+  results["replicated"]["vs_global"] = results["replicated"]["new_tok_s"] / results["global"]["new_tok_s"]
+  payload = {"benchmark": "sample_modes", "baseline": "global", "hosts": host.process_count,
+             "devices": jax.device_count(), "options": dataclasses.asdict(opts), "results": results,
+             "machine": machine()}
+  if host.is_leader:
+    print_table(f"sample modes: {host.process_count} hosts, {jax.device_count()} devices, {opts.num_prompts} "
+                f"prompts x {opts.max_new_tokens} new tokens (medians of {opts.repeats})",
+                ["mode", "new tok/s", "generate s"], [(k, v["new_tok_s"], v["generate_s"]) for k, v in results.items()])
+    write_json(json_path, payload)
+  runtime.barrier("bench.sample.end", 600)
+  return payload
+
+
 def cli(argv: list[str]) -> int:
-  """`jaxpod bench sample [--json PATH] [--batch-size N] ...` (one process)."""
+  """`jaxpod bench sample [--json PATH] [--hosts N] [--batch-size N] ...`."""
+  import os
+  import sys
   from jaxpod.cli.args import parse
+  from jaxpod.runtime import hosts as hosts_lib
   opts = parse(SampleBench, argv, "jaxpod bench sample")
-  run(json_path=opts.json, **{k: v for k, v in dataclasses.asdict(opts).items() if k != "json"})
+  kwargs = {k: v for k, v in dataclasses.asdict(opts).items() if k != "json"}
+  if opts.hosts <= 1:
+    run(json_path=opts.json, **kwargs)
+    return 0
+  if hosts_lib.ENV_PROCESS_ID not in os.environ:
+    from jaxpod.runtime.launcher import LaunchConfig, launch
+    cmd = [sys.executable, "-m", "jaxpod.cli.main", "bench", "sample", *argv]
+    return launch(cmd, LaunchConfig(hosts=opts.hosts), echo_hosts={0}).returncode
+  run_modes(json_path=opts.json, **kwargs)
   return 0
