@@ -23,7 +23,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxpod.models.llama.config import LlamaConfig
-from jaxpod.models.llama.model import CACHE_AXES, KVCache, Llama, abstract
+from jaxpod.models.llama.model import CACHE_AXES, Llama, abstract
 from jaxpod.runtime import mesh as mesh_lib
 from jaxpod.runtime.sharding import DEFAULT as DEFAULT_RULES, _drop_indivisible, state_shardings
 from jaxpod.sample import engine

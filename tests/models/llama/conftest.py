@@ -2,7 +2,6 @@
 import pytest
 
 
-
 def write_hf_checkpoint(folder, seed=0, **overrides):
   """Save a random tiny HF LlamaForCausalLM (fp32) to `folder`; returns the torch model."""
   import torch

@@ -93,8 +93,9 @@ def test_tokenizers(tmp_path):
   tok = Tokenizer(models.BPE())
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = decoders.ByteLevel()
-  tok.train_from_iterator(["hello world"] * 50, trainers.BpeTrainer(vocab_size=280, special_tokens=["<s>", "</s>"],
-                                                                    initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+  trainer = trainers.BpeTrainer(vocab_size=280, special_tokens=["<s>", "</s>"],
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  tok.train_from_iterator(["hello world"] * 50, trainer)
   tok.save(f"{tmp_path}/tokenizer.json")
   (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
   loaded = load_tokenizer(str(tmp_path))
