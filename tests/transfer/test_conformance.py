@@ -127,6 +127,17 @@ def test_client_killed_mid_pull(mode, pool, fresh, tmp_path, ray_namespace):
   expect(client.call("receive", wait=WAIT_S), 2, 2)
 
 
+def test_jax_transfer_unregistered_pull_ends_at_its_deadline(pool, tmp_path, ray_namespace):
+  """jax_transfer: `pull` of an id the server never registered ignores its own timeout (field
+  failure); the client's guard turns it into a TransferError at the deadline instead of a hang."""
+  agent = pool.take()
+  try:
+    reply = agent.call("pull_unregistered", config=config("jax_transfer", tmp_path, ray_namespace), deadline_s=1.0)
+    assert "passed its deadline" in reply["raised"]
+  finally:
+    agent.kill()  # its abandoned pull thread would hold the process until the server exits
+
+
 def test_half_written_checkpoint_never_loaded(fresh, tmp_path):
   """checkpoint mode: a version folder without its marker (trainer died mid-write) is invisible,
   and only the last keep_n version folders remain."""

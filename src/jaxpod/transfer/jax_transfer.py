@@ -9,8 +9,10 @@ Handshake (no step can hang):
    version is no longer kept. Publish never waits for clients; a request a dead client left
    "ready" is forgotten after `receive_timeout_s`.
 4. The client waits for "ready" up to its deadline, then pulls in a helper thread joined
-   with the remaining deadline (a pull of an id the server never registered does not honour
-   its own timeout; the thread is abandoned and the receive returns None), then ends the request.
+   with the remaining deadline (`pull` returns at once with arrays that are still being
+   filled, and for an id the server never registered they never are, whatever the timeout;
+   the thread waits for them, is abandoned at the deadline, and the receive returns None),
+   then ends the request.
 Limitation: arrays registered for a pull that never happens stay referenced by the transfer
 server (there is no public unregister); a dead client costs one version's bytes on the trainer.
 """
@@ -111,7 +113,8 @@ class Client(api.ClientBase):
     def run():
       try:
         conn = self.conns.get(address) or self.conns.setdefault(address, self.ts.connect(address))
-        result["arrays"] = conn.pull(pull_id, specs)
+        # pull returns at once with arrays still being filled: wait for them here, in the guarded thread
+        result["arrays"] = jax.block_until_ready(conn.pull(pull_id, specs))
       except Exception as e:
         result["error"] = e
     t = threading.Thread(target=run, name=f"jax-transfer-pull-{pull_id}", daemon=True)
@@ -135,7 +138,7 @@ class Client(api.ClientBase):
           self._await_ready(pull_id, record["seq"], deadline)
         specs = [jax.ShapeDtypeStruct((p["nbytes"],), np.uint8, sharding=sharding) for p in part["pieces"]]
         with m.phase("fetch"):
-          arrays = jax.block_until_ready(self._pull(part["address"], pull_id, specs, deadline))
+          arrays = self._pull(part["address"], pull_id, specs, deadline)
       finally:
         self.coord.end_pull(pull_id)
       with m.phase("decode"):

@@ -91,6 +91,19 @@ def handle(req: dict) -> dict:
     die_mid_pull(req["mode"])
     STATE["client"].receive(client_like(), wait=req.get("wait"))
     return {"error": "receive finished without the injected death"}
+  if op == "pull_unregistered":  # jax_transfer: a pull nobody registered must end at our deadline
+    import time
+
+    from jaxpod.transfer import api, jax_transfer
+    client = jax_transfer.Client(transfer.TransferConfig(**req["config"]))
+    server = jax_transfer._start("127.0.0.1")
+    spec = jax.ShapeDtypeStruct((16,), np.uint8, sharding=jax.sharding.SingleDeviceSharding(client.device))
+    t0 = time.monotonic()
+    try:
+      client._pull(server.address(), 12345, [spec], deadline=t0 + req["deadline_s"])
+    except api.TransferError as e:
+      return {"raised": str(e), "waited_s": time.monotonic() - t0}
+    return {"error": "an unregistered pull returned"}
   if op == "close":
     for key in ("server", "client"):
       if key in STATE:
