@@ -14,3 +14,4 @@ def test_bench_sample_smoke(tmp_path):
   assert saved["baseline"] == "hf_generate" and set(saved["results"]) == {"jaxpod", "hf_generate"}
   assert {"decode_tok_s", "prefill_tok_s", "ttft_s"} <= set(out["results"]["jaxpod"])
   assert out["results"]["jaxpod"]["decode_vs_hf"] > 0
+  assert out["greedy_tokens_equal_fraction"] == 1.0  # same model, same prompts: same greedy tokens

@@ -2,7 +2,9 @@
 
 Same random model (saved once in HF layout and loaded by both), same prompts, greedy, no
 stop tokens (every row generates exactly max_new_tokens). Reported per engine, medians of
-`repeats` timed runs after one untimed warm-up (which includes jaxpod's compile):
+`repeats` timed runs, interleaved between the engines, after untimed warm-ups (jaxpod's
+compile included); HF runs at the faster of 1 and all-core torch threads. The JSON also
+records the load average and the fraction of greedy tokens on which the two engines agree:
   ttft_s          time to first token of the batch (prefill + first token)
   prefill_tok_s   batch * prompt_len / ttft
   decode_tok_s    batch * (max_new_tokens - 1) / (full generate time - ttft)
@@ -17,6 +19,7 @@ new tokens (prefill included) per second of the whole job, baseline `global`.
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import tempfile
 import time
@@ -46,40 +49,37 @@ class SampleBench:
   json: str | None = None  # write the results here
 
 
-def _median_time(fn, repeats: int) -> float:
-  fn()  # warm-up (compile for jaxpod)
-  times = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t)
-  return statistics.median(times)
+def _timed(fn) -> float:
+  t = time.perf_counter()
+  fn()
+  return time.perf_counter() - t
 
 
-def _jaxpod_times(folder: str, tokens: np.ndarray, opts: SampleBench) -> dict[str, float]:
+def _jaxpod_engine(folder: str, tokens: np.ndarray, opts: SampleBench) -> dict[str, Any]:
+  """Callables: full generate and prefill alone (both compiled here), plus the greedy tokens."""
   import jax
   from flax import nnx
   from jaxpod.models.llama import hf_io
   from jaxpod.runtime import make_mesh
   from jaxpod.sample import EngineConfig, SamplingParams, engine
   mesh = make_mesh(devices=jax.devices()[:1])
-  model = hf_io.load(folder, mesh)
+  graphdef, params = nnx.split(hf_io.load(folder, mesh))
   b, p = tokens.shape
   ec = EngineConfig(batch_size=b, max_prompt_len=p, max_new_tokens=opts.max_new_tokens)
-  graphdef, params = nnx.split(model)
   gen = engine.compiled_generate(ec, SamplingParams(), ())
   pre = jax.jit(lambda params, t, l: engine.prefill_only(graphdef, params, t, l, ec=ec))
-  lengths = np.full((b,), p, np.int32)
-  seeds = np.zeros((b,), np.uint32)
-  full = _median_time(lambda: np.asarray(gen(graphdef, params, tokens, lengths, seeds)), opts.repeats)
-  ttft = _median_time(lambda: np.asarray(pre(params, tokens, lengths).argmax(-1)), opts.repeats)
-  out = np.asarray(gen(graphdef, params, tokens, lengths, seeds))
-  if (out < 0).any():
-    raise RuntimeError("jaxpod stopped early; the benchmark needs every row to run max_new_tokens")
-  return {"full_s": full, "ttft_s": ttft}
+  lengths, seeds = np.full((b,), p, np.int32), np.zeros((b,), np.uint32)
+  full = lambda: np.asarray(gen(graphdef, params, tokens, lengths, seeds))  # noqa: E731
+  first = lambda: np.asarray(pre(params, tokens, lengths).argmax(-1))  # noqa: E731
+  out = full()  # compiles
+  first()
+  return {"full": full, "first": first, "tokens": out}
 
 
-def _hf_times(folder: str, tokens: np.ndarray, opts: SampleBench) -> dict[str, Any]:
+def _hf_engine(folder: str, tokens: np.ndarray, opts: SampleBench) -> dict[str, Any]:
+  """Callables for HF generate, at the faster of 1 and all-core torch threads (oversubscribed
+  machines can make many threads much slower), plus the greedy tokens."""
+  import os
   import torch
   from transformers import LlamaForCausalLM
   model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -90,10 +90,26 @@ def _hf_times(folder: str, tokens: np.ndarray, opts: SampleBench) -> dict[str, A
     with torch.no_grad():
       return model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
                             eos_token_id=None, pad_token_id=0)
-  full = _median_time(lambda: gen(opts.max_new_tokens), opts.repeats)
-  ttft = _median_time(lambda: gen(1), opts.repeats)
-  return {"full_s": full, "ttft_s": ttft, "torch_threads": torch.get_num_threads(),
+  by_threads = {}
+  for n in sorted({1, os.cpu_count() or 1}):
+    torch.set_num_threads(n)
+    gen(2)
+    by_threads[n] = _timed(lambda: gen(8))
+  best = min(by_threads, key=by_threads.get)
+  torch.set_num_threads(best)
+  return {"full": lambda: gen(opts.max_new_tokens), "first": lambda: gen(1), "torch_threads": best,
+          "seconds_for_8_tokens_by_threads": by_threads,
           "tokens": gen(opts.max_new_tokens)[:, tokens.shape[1]:].numpy()}
+
+
+def _interleaved(engines: dict[str, dict], repeats: int) -> dict[str, dict[str, float]]:
+  """Median full / first-token seconds per engine, runs interleaved so load drifts hit all alike."""
+  times = {k: {"full_s": [], "ttft_s": []} for k in engines}
+  for _ in range(repeats):
+    for name, e in engines.items():
+      times[name]["full_s"].append(_timed(e["full"]))
+      times[name]["ttft_s"].append(_timed(e["first"]))
+  return {k: {m: statistics.median(v) for m, v in t.items()} for k, t in times.items()}
 
 
 def _rates(t: dict[str, float], opts: SampleBench) -> dict[str, float]:
@@ -119,13 +135,18 @@ def run(json_path: str | None = None, **overrides) -> dict:
   tokens = np.random.default_rng(0).integers(0, opts.vocab_size, (opts.batch_size, opts.prompt_len)).astype(np.int32)
   with tempfile.TemporaryDirectory(prefix="jaxpod-bench-sample-") as folder:
     hf_io.save(init(cfg, seed=0), folder)
-    hf = _hf_times(folder, tokens, opts)
-    jp = _jaxpod_times(folder, tokens, opts)
-  results = {"jaxpod": _rates(jp, opts), "hf_generate": _rates(hf, opts)}
+    engines = {"jaxpod": _jaxpod_engine(folder, tokens, opts), "hf_generate": _hf_engine(folder, tokens, opts)}
+    load_before = os.getloadavg()[0]
+    timings = _interleaved(engines, opts.repeats)
+  same = float(np.mean(engines["jaxpod"]["tokens"] == engines["hf_generate"]["tokens"]))
+  results = {k: _rates(t, opts) for k, t in timings.items()}
   results["jaxpod"]["decode_vs_hf"] = results["jaxpod"]["decode_tok_s"] / results["hf_generate"]["decode_tok_s"]
+  hf = engines["hf_generate"]
   payload = {"benchmark": "sample", "baseline": "hf_generate", "options": dataclasses.asdict(opts),
-             "params": cfg.num_params(), "torch_threads": hf["torch_threads"], "results": results,
-             "machine": machine()}
+             "params": cfg.num_params(), "torch_threads": hf["torch_threads"],
+             "hf_seconds_for_8_tokens_by_torch_threads": hf["seconds_for_8_tokens_by_threads"],
+             "greedy_tokens_equal_fraction": same, "results": results,
+             "load_average": {"before": load_before, "after": os.getloadavg()[0]}, "machine": machine()}
   rows = [(k, v["decode_tok_s"], v["prefill_tok_s"], v["ttft_s"] * 1e3, v["generate_s"]) for k, v in results.items()]
   print_table(f"sample: {cfg.num_params() / 1e6:.0f}M params, batch {opts.batch_size}, prompt {opts.prompt_len}, "
               f"{opts.max_new_tokens} new tokens (medians of {opts.repeats})",

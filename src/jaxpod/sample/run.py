@@ -82,6 +82,7 @@ def run(cfg: SampleConfig) -> list[dict[str, Any]] | None:
   plan = runtime.broadcast_call(plan_fn, "sample.plan")
   model_cfg = LlamaConfig.from_hf_config(plan["model_cfg"], dtype=plan["model_cfg"]["dtype"])
   model = hf_io.load(cfg.model, mesh, cfg=model_cfg)
+  runtime.barrier("sample.loaded")  # a host whose load failed is named here, before any device collective
   sampler = Sampler(model, mesh, cfg.engine(), cfg.sampling(), plan["stop_ids"], mode=cfg.mode)
   advance, close = _progress(len(plan["ids"]))
   try:
