@@ -127,6 +127,24 @@ def test_client_killed_mid_pull(mode, pool, fresh, tmp_path, ray_namespace):
   expect(client.call("receive", wait=WAIT_S), 2, 2)
 
 
+def test_coordinator_actor_restart(mode, fresh, tmp_path, ray_namespace):
+  """The Ray coordinator actor dies and Ray restarts it empty (a new epoch, seq from 1 again):
+  clients holding a higher seq from the old epoch still take the next publication."""
+  if mode == "checkpoint":
+    pytest.skip("checkpoint mode uses the filesystem coordinator")
+  import ray
+  trainer, client, _ = fresh
+  cfg = config(mode, tmp_path, ray_namespace)
+  trainer.call("server", config=cfg)
+  client.call("client", config=cfg)
+  for k in (1, 2):
+    trainer.call("publish", weight_id=k, seed=k)
+  expect(client.call("receive", wait=WAIT_S), 2, 2)
+  ray.kill(ray.get_actor("weights", namespace=ray_namespace), no_restart=False)
+  trainer.call("publish", weight_id=3, seed=3)
+  expect(client.call("receive", wait=WAIT_S), 3, 3)
+
+
 def test_jax_transfer_unregistered_pull_ends_at_its_deadline(pool, tmp_path, ray_namespace):
   """jax_transfer: `pull` of an id the server never registered ignores its own timeout (field
   failure); the client's guard turns it into a TransferError at the deadline instead of a hang."""

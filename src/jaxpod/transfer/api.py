@@ -112,7 +112,8 @@ class ServerBase:
       part = {"host": jax.process_index(), "pieces": [p.meta() for p in pieces], **part}
       with m.phase("register"):
         parts = self._gather_parts(seq, part, multi)
-        if self.leader:
+        if self.leader:  # re-read the epoch: a restarted coordinator actor starts a new one
+          self.epoch = self.coord.epoch()
           self.coord.commit(seq, weight_id, self.epoch, {"table": table, "parts": parts})
       self.staged.append(seq)
       old, self.staged = self.staged[:-self.config.keep_n], self.staged[-self.config.keep_n:]
