@@ -122,16 +122,24 @@ class Checkpointer:
       self._finish_pending()
 
   def _finish_pending(self) -> None:
+    """Wait for Orbax to commit the pending saves, then (leader) write their manifests."""
     if not self._unmanifested:
       return
     self.manager.wait_until_finished()
+    self._write_manifests()
+
+  def _write_manifests(self) -> None:
     if runtime.is_leader():
       for step in self._unmanifested:
         step_dir = self.dir / str(step)
         if step_dir.is_dir():  # keep_last may already have removed it
           write_manifest(step_dir)
     self._unmanifested = []
-    runtime.barrier("checkpoints.committed", timeout_s=600)
+
+  def poll(self) -> None:
+    """Commit finished background saves without blocking (call every step; no collective inside)."""
+    if self._unmanifested and not self.manager.is_saving_in_progress():
+      self._write_manifests()
 
   def wait(self) -> None:
     """Block until every pending save is committed (manifest written)."""

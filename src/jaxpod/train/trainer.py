@@ -148,7 +148,12 @@ def _run(cfg: TrainConfig, run_dir: str, data_path: str, extra_hooks, t_start: f
     hooks: list[Hook] = [EvalHook(evaluator, tcfg.eval_every), *extra_hooks,
                          CheckpointHook(ckpt, tcfg.checkpoint_every, st.to_nested)]
     progress = ProgressDisplay(tcfg.steps, start, host.is_leader and tcfg.progress)
-    last = _loop(cfg, state, start, step_fn, iterator, batch_sh, hooks, tracker, progress, run_dir, mesh)
+    try:
+      last = _loop(cfg, state, start, step_fn, iterator, batch_sh, hooks, tracker, progress, run_dir, mesh, ckpt.poll)
+    except BaseException as e:
+      progress.close()
+      _on_failure(e, host, ckpt)
+      raise
     progress.close()
   for hook in hooks:
     hook.close()
@@ -168,7 +173,17 @@ def _run(cfg: TrainConfig, run_dir: str, data_path: str, extra_hooks, t_start: f
   return summary
 
 
-def _loop(cfg, state, start, step_fn, iterator, batch_sh, hooks, tracker, progress, run_dir, mesh):
+def _on_failure(e: BaseException, host, ckpt) -> None:
+  """Name the root cause, then (one process only) commit finished checkpoints before going down."""
+  if isinstance(e, runtime.PeerFailed):
+    return
+  if isinstance(e, Exception):
+    runtime.check_peers("train loop")  # a failed peer explains a broken collective better than its error
+  if not host.multi_process:
+    ckpt.wait()  # with several hosts the peers may be gone: nothing collective on the way down
+
+
+def _loop(cfg, state, start, step_fn, iterator, batch_sh, hooks, tracker, progress, run_dir, mesh, poll):
   """Steps start..steps-1; returns the last host-side normalised training metrics."""
   from jaxpod.train import step as sp
   tcfg, gb = cfg.trainer, cfg.data.global_batch_size
@@ -190,6 +205,7 @@ def _loop(cfg, state, start, step_fn, iterator, batch_sh, hooks, tracker, progre
     if pending is not None:
       latest = drain(pending)
     pending = (step, metrics)
+    poll()
     progress.update(step - 1 if step > start + 1 else start, latest)
     final = step == tcfg.steps
     due = [h for h in hooks if h.due(step, final)]
