@@ -23,9 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 from safetensors.numpy import load_file
 
 from jaxpod.models import trm
+from jaxpod.runtime import make_mesh
 
 GOLDEN = Path("/work/shared/golden/trm")
 if not GOLDEN.exists():  # pragma: no cover
@@ -75,13 +77,15 @@ def _check_step(g, carry, outputs, metrics, prefix="", data=None):
 
 
 def test_train_steps_match_golden(setup):
-  """Train-mode ACT steps 1..3 (same batch): outputs, carries, halting, loss and metrics; one compile."""
+  """Train-mode ACT steps 1..3 (same batch) under a 1-device mesh: outputs, carries, halting, loss, metrics."""
   cfg, _, _, params, _, train = setup
   batch = _batch(_golden("batch.safetensors"))
-  carry = trm.init_carry(cfg, 4)
   logits = []
+  mesh = make_mesh(data=1, devices=jax.devices()[:1])
+  carry = jax.device_put(trm.init_carry(cfg, 4), NamedSharding(mesh, PartitionSpec()))  # placed as step outputs are
   for k in (1, 2, 3):
-    loss_scaled, (carry, outputs, metrics) = train(params, carry, batch)
+    with jax.set_mesh(mesh):  # activation sharding constraints are active
+      loss_scaled, (carry, outputs, metrics) = train(params, carry, batch)
     g = _golden(f"step{k}.safetensors")
     _check_step(g, carry, outputs, metrics)
     logits.append(np.asarray(outputs["logits"]))

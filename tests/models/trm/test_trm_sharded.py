@@ -2,8 +2,8 @@
 
 Invariant 1 (same programs everywhere): every host lowers the one jitted train step with the
 same global shapes, and a global-batch gradient already sums over hosts, so a sharded run gives
-the unsharded results. The 1-device reference is the golden PyTorch run (test_trm_golden.py
-shows the unsharded JAX model matches it); here (data=2, fsdp=2) on 4 devices must match the
+the unsharded results. The 1-device reference is the golden PyTorch run (test_trm_golden.py runs
+the JAX model under a 1-device mesh against it); here (data=2, fsdp=2) on 4 devices must match the
 golden step 1 (outputs, carry, loss, gradients) and a NumPy AdamATan2/SignSGD update from the
 golden gradients, and 2 simulated hosts x 2 devices must match the 4-device run on both steps.
 Tolerance: sharded reductions sum in another order (~1 ulp each): fp32 to 2e-5; ints/flags exact.
