@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -35,6 +36,8 @@ class BenchConfig:
   capture: tuple[int, ...] = ()  # blocks to capture; () = middle and last
   points: tuple[str, ...] = ("resid",)  # capture points
   repeats: int = 2  # jaxpod runs (fresh output folder each); HF passes over the prompts
+  hosts: int = 1  # simulated hosts (the CLI relaunches itself under `jaxpod launch`)
+  devices_per_host: int = 1  # fake CPU devices per simulated host
   json: str | None = None  # write the results here
 
 
@@ -75,34 +78,53 @@ def _hf_pass(hf, plan, cfg: BenchConfig) -> list[tuple[float, int]]:
 
 
 def run(json_path: str | None = None, **overrides) -> dict:
-  """Run the comparison (jaxpod and HF passes interleaved, so machine noise hits both); print a
-  rich table; write JSON if asked. Returns the results."""
-  import torch
+  """Run the comparison on every host of the job (jaxpod and HF passes interleaved, so machine
+  noise hits both; HF runs on the leader); the leader prints a rich table and writes JSON."""
   from jaxpod import extract, runtime
-  from jaxpod.extract import engine
   cfg = BenchConfig(json=json_path, **overrides)
-  runtime.init()
-  threads = sorted({1, os.cpu_count() or 1})  # torch's best of these is the baseline (oversubscribed
-  layers = cfg.capture or (cfg.layers // 2, cfg.layers - 1)  # machines make many threads slower)
-  runs, hf_times, plan = [], {n: [] for n in threads}, None
-  with tempfile.TemporaryDirectory(prefix="jaxpod-bench-extract-") as tmp:
-    hf = _checkpoint(f"{tmp}/model", cfg)
+  host = runtime.init()
+  layers = tuple(cfg.capture or (cfg.layers // 2, cfg.layers - 1))
+  tmp = runtime.broadcast(tempfile.mkdtemp(prefix="jaxpod-bench-extract-") if host.is_leader else None,
+                          "bench.extract.folder")
+  hf = _checkpoint(f"{tmp}/model", cfg) if host.is_leader else None
+  if host.is_leader:
     _prompts(f"{tmp}/prompts.txt", cfg.prompts, cfg.seq_len)
+  runtime.barrier("bench.extract.ready", 300)
+  runs, hf_times, plan = [], {}, None
+  try:
     for rep in range(cfg.repeats):
-      ecfg = extract.ExtractConfig(model=f"{tmp}/model", prompts=f"{tmp}/prompts.txt", layers=tuple(layers),
+      ecfg = extract.ExtractConfig(model=f"{tmp}/model", prompts=f"{tmp}/prompts.txt", layers=layers,
                                    out=f"{tmp}/out{rep}", points=cfg.points, batch_size=cfg.batch_size,
                                    max_seq_len=cfg.seq_len, progress=False)
       runs.append(extract.run(ecfg))
-      if plan is None:  # the same padded batches for HF, read back from what jaxpod wrote
-        ds = extract.open(f"{tmp}/out0")
-        plan = engine.Plan("", ds.seq_len, ds.mask.sum(1).astype(np.int32), ds.tokens)
-      for n in threads:
-        torch.set_num_threads(n)
-        hf_times[n] += _hf_pass(hf, plan, cfg)[1 if rep == 0 else 0:]  # the first batch warms up
-  return _report(cfg, layers, runs, hf_times, plan)
+      if host.is_leader:
+        plan = plan or _plan_from(f"{tmp}/out0")
+        _hf_passes(hf, plan, cfg, hf_times, warmup=rep == 0)
+      runtime.barrier("bench.extract.rep", 3600)  # the others wait while the leader times HF
+  finally:
+    runtime.barrier("bench.extract.end", 3600)
+    if host.is_leader:
+      shutil.rmtree(tmp, ignore_errors=True)
+  return _report(cfg, layers, runs, hf_times, plan, host) if host.is_leader else {}
 
 
-def _report(cfg: BenchConfig, layers, runs: list[dict], hf_times, plan) -> dict:
+def _plan_from(url: str):
+  """The padded batches jaxpod ran, read back from its dataset, for HF to run the same."""
+  from jaxpod import extract
+  from jaxpod.extract import engine
+  ds = extract.open(url)
+  return engine.Plan("", ds.seq_len, ds.mask.sum(1).astype(np.int32), ds.tokens)
+
+
+def _hf_passes(hf, plan, cfg: BenchConfig, times: dict, warmup: bool) -> None:
+  """One HF pass per torch thread count (1 and all cores: oversubscribed machines make many threads slower)."""
+  import torch
+  for n in sorted({1, os.cpu_count() or 1}):
+    torch.set_num_threads(n)
+    times.setdefault(n, []).extend(_hf_pass(hf, plan, cfg)[1 if warmup else 0:])
+
+
+def _report(cfg: BenchConfig, layers, runs: list[dict], hf_times, plan, host) -> dict:
   tokens_per_batch = [int(plan.lengths[b * cfg.batch_size:(b + 1) * cfg.batch_size].sum())
                       for b in range(plan.num_batches(cfg.batch_size))]
   ours = []  # (phase seconds, tokens) per batch, first batch of each run (compile) dropped
@@ -113,25 +135,33 @@ def _report(cfg: BenchConfig, layers, runs: list[dict], hf_times, plan) -> dict:
   hf_rates = {th: statistics.median(n / t for t, n in v) for th, v in hf_times.items()}
   best = max(hf_rates, key=hf_rates.get)
   hf_rate, hf_times = hf_rates[best], hf_times[best]
-  share = {k: sum(s.get(k, 0.0) for s, _ in ours) / sum(total) for k in ("barrier", "forward", "pull", "write")}
-  overhead = share["barrier"] + share["pull"] + share["write"]
+  phases = ("barrier", "forward", "pull", "write")
+  # median over batches of each phase's share of its batch (robust to one host's late compile)
+  share = {k: statistics.median(s.get(k, 0.0) / t for (s, _), t in zip(ours, total)) for k in phases}
+  share_of_sum = {k: sum(s.get(k, 0.0) for s, _ in ours) / sum(total) for k in phases}
+  overhead = statistics.median((s.get("barrier", 0) + s.get("pull", 0) + s.get("write", 0)) / t
+                               for (s, _), t in zip(ours, total))
   busy = sum(r["write_busy_s"] for r in runs) / sum(sum(s.values()) for r in runs for s in r["batch_seconds"])
   results = {
       "jaxpod_tokens_per_s": jax_rate, "hf_tokens_per_s": hf_rate, "speedup": jax_rate / hf_rate,
       "hf_tokens_per_s_by_torch_threads": hf_rates, "hf_torch_threads": best,
       "median_batch_ms": {"jaxpod": 1e3 * statistics.median(total), "hf": 1e3 * statistics.median(t for t, _ in hf_times)},
-      "time_share": share, "barrier_plus_write_share": overhead, "write_thread_busy_share": busy,
+      "time_share_median": share, "time_share_of_total": share_of_sum, "barrier_plus_write_share": overhead, "write_thread_busy_share": busy,
       "goals": {"speedup_at_least_1.5x": jax_rate / hf_rate >= 1.5, "overhead_below_5pct": overhead < 0.05},
   }
   payload = {"benchmark": "extract", "config": dataclasses.asdict(cfg), "captured_layers": list(layers),
+             "hosts": host.process_count, "mesh": runs[0]["mesh"],
              "batches_timed": {"jaxpod": len(ours), "hf": len(hf_times)}, "results": results,
              "machine": dict(machine(), load_average=os.getloadavg())}
   rows = [("jaxpod extract (forward+pull+write)", jax_rate, 1e3 * statistics.median(total), jax_rate / hf_rate),
           (f"transformers output_hidden_states ({best} torch thread{'s' * (best > 1)})", hf_rate,
            results["median_batch_ms"]["hf"], 1.0)]
-  print_table(f"extraction, {cfg.layers} blocks x hidden {cfg.hidden}, batch {cfg.batch_size} x {plan.seq_len}",
+  print_table(f"extraction, {cfg.layers} blocks x hidden {cfg.hidden}, batch {cfg.batch_size} x {plan.seq_len}, "
+              f"{host.process_count} host(s) (jaxpod rate: host 0's batches; HF: one process)",
               ["kind", "tokens/s (median)", "batch ms (median)", "vs HF"], rows)
-  print_table("jaxpod time share per batch", ["phase", "share"], [(k, v) for k, v in share.items()] +
-              [("barrier+pull+write", overhead), ("(write thread busy, overlapped)", busy)])
+  print_table("jaxpod time share per batch", ["phase", "median share", "share of total"],
+              [(k, share[k], share_of_sum[k]) for k in phases] +
+              [("barrier+pull+write", overhead, 1 - share_of_sum["forward"]),
+               ("(write thread busy, overlapped)", "", busy)])
   write_json(cfg.json, payload)
   return payload

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 
 from jaxpod.cli.args import parse
@@ -87,7 +88,12 @@ def info(argv: list[str]) -> int:
 def bench(argv: list[str]) -> int:
   """`jaxpod bench extract [--json PATH]` (registered in jaxpod.cli.bench.BENCHES)."""
   from jaxpod.bench.extract import BenchConfig, run
+  from jaxpod.runtime import hosts as hosts_lib
   cfg = parse(BenchConfig, argv, "jaxpod bench extract")
+  if cfg.hosts > 1 and hosts_lib.ENV_PROCESS_ID not in os.environ:
+    from jaxpod.runtime.launcher import LaunchConfig, launch
+    cmd = [sys.executable, "-m", "jaxpod.cli.main", "bench", "extract", *argv]
+    return launch(cmd, LaunchConfig(hosts=cfg.hosts, devices_per_host=cfg.devices_per_host), echo_hosts={0}).returncode
   options = dataclasses.asdict(cfg)
   run(json_path=options.pop("json"), **options)
   return 0

@@ -235,7 +235,8 @@ def _run(cfg: ExtractConfig, hf: dict, host: runtime.HostInfo, on_batch) -> dict
   rows = sum(min(cfg.batch_size, plan.num_rows - b * cfg.batch_size) for b in done)
   tokens = int(sum(plan.lengths[b * cfg.batch_size:(b + 1) * cfg.batch_size].sum() for b in done))
   return {"batches": len(done), "start_batch": plan.start_batch, "rows": rows, "tokens": tokens,
-          "seconds": timer.seconds, "batch_seconds": timer.batches, "write_busy_s": committer.busy_s,
+          "mesh": lay["mesh"], "seconds": timer.seconds, "batch_seconds": timer.batches,
+          "write_busy_s": committer.busy_s,
           "run_id": plan.run_id}
 
 
