@@ -75,6 +75,13 @@ def test_publish_hook_every_n():
     hook(step, {})
   hook(8, {}, force=True)
   assert published == [3, 6, 8] and hook.last_published == 8
+
+  class Info:  # the trainer's StepInfo, duck-typed (jaxpod.train.hooks)
+    def __init__(self, step):
+      self.step, self.state, self.final = step, type("S", (), {"params": {}})(), False
+  assert hook.due(9) and not hook.due(10) and hook.due(10, final=True)
+  hook(Info(9))
+  assert published == [3, 6, 8, 9]
   with pytest.raises(ValueError, match="every"):
     PublishWeightsHook(FakeServer(), every=0)
 
@@ -93,3 +100,19 @@ def test_checkpoint_mode_over_a_non_local_filesystem():
     assert update.weight_id == 4 and client.receive(like) is None
     np.testing.assert_array_equal(np.asarray(update.params["w"]), np.arange(12.0).reshape(3, 4) + 1)
     assert update.params["b"].dtype == jnp.bfloat16
+
+
+def test_publish_hook_runs_under_the_trainers_hook_loop():
+  """PublishWeightsHook satisfies jaxpod.train.hooks' interface (run_hooks + StepInfo)."""
+  hooks = pytest.importorskip("jaxpod.train.hooks")
+  published = []
+
+  class FakeServer:
+    def publish(self, step, params):
+      published.append((step, params))
+
+  hook = PublishWeightsHook(FakeServer(), every=2)
+  state = type("TrainState", (), {"params": {"w": 1}})()
+  for step in (1, 2, 3):
+    hooks.run_hooks([hook], hooks.StepInfo(step=step, state=state, final=step == 3, run_dir="", mesh=None))
+  assert published == [(2, {"w": 1}), (3, {"w": 1})]

@@ -75,6 +75,8 @@ def trainer_processes(params: Any) -> set[int]:
 class ServerBase:
   """Publish = flatten (replica 0) -> reserve seq -> transport stages -> leader commits."""
 
+  keeps_pieces = False  # True: the transport serves the pieces after publish returns (so must own them)
+
   def __init__(self, config: TransferConfig, coordinator: coordinators.Coordinator | None = None):
     self.config = config
     self.coord = coordinator or coordinators.create_coordinator(config)
@@ -102,7 +104,8 @@ class ServerBase:
       multi = self._check_hosts(params)
       self.leader = not multi or jax.process_index() == 0
       with m.phase("flatten"):
-        table, pieces = flatten.to_pieces(params, self.config.wire_dtype, leader=self.leader)
+        table, pieces = flatten.to_pieces(params, self.config.wire_dtype, leader=self.leader,
+                                          own=self.keeps_pieces)
       m.nbytes = flatten.total_bytes(pieces)
       m.num_params = len(table)
       m.largest_param_bytes = max((p.data.nbytes for p in pieces), default=0)

@@ -63,9 +63,21 @@ def _norm_index(index: tuple, shape: tuple[int, ...]) -> Index:
   return tuple((s.start or 0, shape[d] if s.stop is None else s.stop) for d, s in enumerate(index))
 
 
-def to_pieces(params: Any, wire_dtype: str | None = None, leader: bool = True) -> tuple[dict, list[Piece]]:
+def _host(x: Any, wire: np.dtype, own: bool) -> np.ndarray:
+  """C-contiguous host copy in the wire dtype; `own` forces a copy even where numpy could view."""
+  data = np.asarray(x).astype(wire, copy=False)
+  if own and not data.flags.owndata:
+    out = aligned_empty(data.nbytes).view(wire).reshape(data.shape)
+    np.copyto(out, data)
+    return out
+  return np.ascontiguousarray(data)
+
+
+def to_pieces(params: Any, wire_dtype: str | None = None, leader: bool = True,
+              own: bool = False) -> tuple[dict, list[Piece]]:
   """(parameter table, this process's pieces): replica 0 of each addressable shard only; arrays
-  that live on one process (fully addressable) are sent by the `leader` only."""
+  that live on one process (fully addressable) are sent by the `leader` only. With `own`, the
+  pieces never alias the trainer's buffers (which its next step may donate)."""
   table, pieces = {}, []
   for name, leaf in leaf_names(params):
     shape, dtype = tuple(np.shape(leaf)), np.dtype(leaf.dtype) if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
@@ -73,13 +85,11 @@ def to_pieces(params: Any, wire_dtype: str | None = None, leader: bool = True) -
     table[name] = {"shape": list(shape), "dtype": jnp.dtype(dtype).name, "wire": jnp.dtype(wire).name}
     if not isinstance(leaf, jax.Array) or leaf.is_fully_addressable:
       if leader:
-        data = np.ascontiguousarray(np.asarray(leaf).astype(wire, copy=False))
-        pieces.append(Piece(name, tuple((0, n) for n in shape), data))
+        pieces.append(Piece(name, tuple((0, n) for n in shape), _host(leaf, wire, own)))
       continue
     for shard in leaf.addressable_shards:
       if shard.replica_id == 0:
-        data = np.ascontiguousarray(np.asarray(shard.data).astype(wire, copy=False))
-        pieces.append(Piece(name, _norm_index(shard.index, shape), data))
+        pieces.append(Piece(name, _norm_index(shard.index, shape), _host(shard.data, wire, own)))
   return table, pieces
 
 

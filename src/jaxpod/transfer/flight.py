@@ -51,6 +51,8 @@ class _FlightServer(fl.FlightServerBase):
 class Server(api.ServerBase):
   """Keeps the last keep_n versions in memory and serves them from several Flight servers."""
 
+  keeps_pieces = True
+
   def __init__(self, config, coordinator=None):
     super().__init__(config, coordinator)
     self.versions: dict[int, list[np.ndarray]] = {}

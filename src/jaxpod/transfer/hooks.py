@@ -1,36 +1,60 @@
 """`PublishWeightsHook(every=N)`: publish the trainer's params every N steps.
 
-The trainer's hook interface (src/jaxpod/train/) did not exist when this was written, so the
-hook is a small callable `hook(step, params)` that any loop can call after each step; adapt
-it to the trainer's hook protocol once that lands. Every host calls it (publish is collective
-on a multi-host trainer); the weight id is the step.
+It follows the trainer's hook interface (`jaxpod.train.hooks`: attribute `every`,
+`due(step, final)`, `__call__(info: StepInfo)`, `close()`) by duck typing, because train/ and
+transfer/ are sibling workloads and neither imports the other. Outside the trainer it can be
+called directly as `hook(step, params)`. Every host calls it (publish is collective on a
+multi-host trainer); the weight id is the step. The trainer's state is donated to its next
+step: transports that keep serving from memory copy what they publish (see `ServerBase`).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from jaxpod.transfer.config import TransferConfig
 
 
-class PublishWeightsHook:
-  """Calls `server.publish(step, params)` when `step % every == 0` (and on `force`)."""
+def _params_of(state: Any) -> Any:
+  return state.params
 
-  def __init__(self, config_or_server: Any, every: int):
+
+class PublishWeightsHook:
+  """Publishes `select(info.state)` as weight id `info.step` when due (and at the final step)."""
+
+  def __init__(self, config_or_server: Any, every: int, select: Callable[[Any], Any] = _params_of,
+               publish_final: bool = True):
     if every < 1:
       raise ValueError(f"PublishWeightsHook.every={every} must be >= 1")
     if isinstance(config_or_server, TransferConfig):
       from jaxpod.transfer.api import create_server
       config_or_server = create_server(config_or_server)
-    self.server, self.every = config_or_server, every
+    self.server, self.every, self.select, self.publish_final = config_or_server, every, select, publish_final
     self.last_published: int | None = None
+    self.history: list[dict] = []  # per publish: the transfer metrics
 
-  def __call__(self, step: int, params: Any, force: bool = False):
-    """Publish if due; returns the publish metrics or None."""
-    if not force and step % self.every:
+  def due(self, step: int, final: bool = False) -> bool:
+    """Whether the trainer should call the hook at this step."""
+    return (final and self.publish_final) or step % self.every == 0
+
+  def __call__(self, info_or_step: Any, params: Any = None, force: bool = False) -> dict | None:
+    """Trainer: `hook(info)` (already due). Plain loops: `hook(step, params)` (publishes if due).
+
+    Returns `transfer/*` metrics for the trainer's tracker, or None when nothing was published."""
+    if params is None and hasattr(info_or_step, "state"):
+      step, params = int(info_or_step.step), self.select(info_or_step.state)
+    else:
+      step = int(info_or_step)
+      if not (force or self.due(step)):
+        return None
+    if step == self.last_published:
       return None
     metrics = self.server.publish(step, params)
     self.last_published = step
-    return metrics
+    if metrics is None:
+      return None
+    summary = metrics.as_dict()
+    self.history.append(summary)
+    return {"transfer/publish_s": summary["seconds"], "transfer/publish_mb_per_s": summary["mb_per_s"]}
 
   def close(self) -> None:
     """Stop the server the hook owns."""

@@ -37,6 +37,8 @@ def _start(bind_address: str):
 class Server(api.ServerBase):
   """Holds kept versions on device 0 and answers pull requests from a background thread."""
 
+  keeps_pieces = True
+
   def __init__(self, config, coordinator=None):
     super().__init__(config, coordinator)
     self.device = jax.local_devices()[0]
