@@ -12,7 +12,7 @@ import torch
 
 from jaxpod import extract
 from tests.conftest import host_lines
-from tests.extract.conftest import PROMPTS, assert_same_dataset
+from tests.extract.conftest import BASE_OPTIONS, PROMPTS, assert_same_dataset
 
 WORKER = Path(__file__).parent / "workers" / "extract_worker.py"
 TOL = 1e-5  # fp32 vs torch fp32: a few ulps measured (see tests/models/llama/test_llama_parity.py)
@@ -189,3 +189,12 @@ def test_cli_extract_smoke(baseline, tiny_ckpt, capsys):
   assert code == 0 and f"{len(PROMPTS)} samples" in capsys.readouterr().out
   ds = extract.open(out)
   assert ds.keys == ("resid.2",) and ds["resid.2"].tobytes() == baseline["resid.2"].tobytes()
+
+
+def test_rerun_with_other_options_on_the_same_out_is_refused(baseline, tiny_ckpt):
+  """Resume only continues the same extraction: other options on a used --out fail naming the fields."""
+  model, _, prompts = tiny_ckpt
+  options = dict(BASE_OPTIONS, layers=(1, 2))
+  cfg = extract.ExtractConfig(model=model, prompts=prompts, out=baseline.url, batch_size=8, **options)
+  with pytest.raises(ValueError, match=r"holds another extraction \(differs in layers\)"):
+    extract.run(cfg)

@@ -101,6 +101,9 @@ class Dataset:
     return Completeness(self.num_rows, np.flatnonzero(counts == 0), np.flatnonzero(counts > 1))
 
   # ------------------------------------------------------------------ access
+  def __len__(self) -> int:
+    return self.num_rows
+
   @property
   def layers(self) -> list[int]:
     return list(self.info["layers"])
