@@ -1,7 +1,7 @@
 """`jaxpod bench transfer --size 1GiB [--modes ...] [--json PATH]`: weight transfer per mode.
 
 A trainer subprocess publishes a model of `size` bytes (16 fp32 parameters) and this process
-receives it, `rounds` times per mode after one warm-up. Reported per mode (medians): the
+receives it, `rounds` times per mode after WARMUP untimed rounds. Reported per mode (medians): the
 whole transfer (publish + receive, seconds and GB/s) and every phase on both sides, beside
 this machine's memcpy and one-stream loopback TCP throughput measured in the same run.
 """
@@ -24,6 +24,10 @@ import numpy as np
 from jaxpod.bench import common
 
 N_PARAMS = 16
+# Untimed rounds first: connections, compilation, and the first touch of the shared-memory and
+# page-cache pages that later rounds reuse (a fresh 1 GiB buffer costs ~0.5 s of page faults
+# here); the timed rounds are the steady state of a trainer that publishes every few steps.
+WARMUP = 2
 
 
 def parse_size(text: str) -> int:
@@ -128,14 +132,14 @@ def bench_mode(mode: str, size: int, rounds: int, folder: str, ray_address: str 
         jax.devices()[0])) for i, s in enumerate(_shapes(size))}
     servers, clients = [], []
     with transfer.create_client(transfer.TransferConfig(**cfg)) as client:
-      for r in range(rounds + 1):
+      for r in range(rounds + WARMUP):
         proc.stdin.write(f"{r + 1}\n".encode())
         proc.stdin.flush()
         server_m = json.loads(_reply(proc))
         update = client.receive(like, wait=120.0)
         if update is None or update.weight_id != r + 1:
           raise RuntimeError(f"mode {mode}: round {r + 1} not received")
-        if r:  # round 0 warms up connections and compilation
+        if r >= WARMUP:
           servers.append(server_m)
           clients.append(update.metrics.as_dict())
         del update

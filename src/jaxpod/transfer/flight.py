@@ -90,6 +90,13 @@ class Client(api.ClientBase):
     return conns[address]
 
   def _get(self, address: str, ticket: dict, dst: np.ndarray, deadline: float) -> None:
+    try:
+      self._stream(address, ticket, dst, deadline)
+    except Exception:
+      self.local.__dict__.get("conns", {}).pop(address, None)  # a dead trainer's address: reconnect later
+      raise
+
+  def _stream(self, address: str, ticket: dict, dst: np.ndarray, deadline: float) -> None:
     options = fl.FlightCallOptions(timeout=max(0.1, deadline - time.monotonic()))
     reader = self._conn(address).do_get(fl.Ticket(json.dumps(ticket).encode()), options)
     off = ticket["start"]
