@@ -82,3 +82,15 @@ def test_config_fields_validated_on_construction():
     ExtractConfig(model="m", prompts="p", out="o", layers=(1,), batch_size=0)
   cfg = ExtractConfig(model="m", prompts="p", out="o", layers=(8, 4), points=("resid", "mlp_out"))
   assert cfg.keys == ("resid.4", "mlp_out.4", "resid.8", "mlp_out.8")
+
+
+def test_prompt_files_txt_and_jsonl(tmp_path):
+  """.txt: one prompt per non-empty line; .jsonl: "text" or "prompt"; a bad line is named."""
+  from jaxpod.extract.config import read_prompts
+  (tmp_path / "p.txt").write_text("first\n\n second \n")
+  assert read_prompts(str(tmp_path / "p.txt")) == ["first", " second "]
+  (tmp_path / "p.jsonl").write_text('{"text": "a"}\n{"prompt": "b", "id": 2}\n\n')
+  assert read_prompts(str(tmp_path / "p.jsonl")) == ["a", "b"]
+  (tmp_path / "bad.jsonl").write_text('{"text": "a"}\n{"body": "b"}\n')
+  with pytest.raises(ValueError, match="line 2: expected an object with a 'text' or 'prompt' string"):
+    read_prompts(str(tmp_path / "bad.jsonl"))
