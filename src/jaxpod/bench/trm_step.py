@@ -2,8 +2,9 @@
 
 One timed step = one ACT step of the global batch: forward (h_cycles x (l_cycles + 1) calls of
 the shared network), backward through the last cycle, AdamATan2 + SignSGD update, jitted once
-with donated state. The ceiling is a large jitted fp32 matmul timed in the same run. Each figure
-is the median over several timed runs after warm-up. Model FLOPs are analytic (matmuls only).
+with donated state. The ceiling is a large jitted fp32 matmul timed in the same run, right before
+each timed run of TRM steps (so both see the same machine load; the fraction is per run). Each
+figure is the median over the timed runs after warm-up. Model FLOPs are analytic (matmuls only).
 """
 from __future__ import annotations
 
@@ -14,20 +15,23 @@ import time
 from jaxpod.bench.common import machine, print_table, write_json
 
 
-def matmul_ceiling(n: int = 2048, runs: int = 5) -> float:
-  """FLOP/s of a jitted fp32 [n, n] @ [n, n] (median of `runs` after warm-up)."""
+def matmul_ceiling(n: int = 2048, runs: int = 3):
+  """A function measuring FLOP/s of a jitted fp32 [n, n] @ [n, n] (median of `runs`), already warmed up."""
   import jax
   import jax.numpy as jnp
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
   b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
   f = jax.jit(lambda x, y: x @ y)
   f(a, b).block_until_ready()
-  times = []
-  for _ in range(runs):
-    t = time.perf_counter()
-    f(a, b).block_until_ready()
-    times.append(time.perf_counter() - t)
-  return 2 * n ** 3 / statistics.median(times)
+
+  def measure() -> float:
+    times = []
+    for _ in range(runs):
+      t = time.perf_counter()
+      f(a, b).block_until_ready()
+      times.append(time.perf_counter() - t)
+    return 2 * n ** 3 / statistics.median(times)
+  return measure
 
 
 def _batch(cfg, batch: int, seed: int = 0):
@@ -57,11 +61,12 @@ def build_step(cfg, ocfg):
 
 
 def run(config_path: str | None = None, batch: int = 64, steps: int = 5, json_path: str | None = None,
-        runs: int = 3, compute_dtype: str | None = "float32") -> dict:
+        runs: int = 3, compute_dtype: str | None = "float32", matmul_size: int = 2048) -> dict:
   """Benchmark one config (default: configs/trm_tiny.yaml's preset); prints a table, writes JSON, returns it.
 
   `compute_dtype` overrides the config's ("float32" by default, to compare with the fp32 matmul
-  ceiling; bf16 is emulated and slow on CPU); None keeps the config's.
+  ceiling; bf16 is emulated and slow on CPU); None keeps the config's. `matmul_size` is the side
+  of the square ceiling matmul.
   """
   import jax
   from jaxpod.models import trm
@@ -73,7 +78,7 @@ def run(config_path: str | None = None, batch: int = 64, steps: int = 5, json_pa
     cfg, ocfg = trm.TRMConfig.tiny(), trm.TRMOptimConfig()
   if compute_dtype:
     cfg = dataclasses.replace(cfg, compute_dtype=compute_dtype)
-  ceiling = matmul_ceiling()
+  measure_ceiling = matmul_ceiling(matmul_size)
   step, params, opt_state = build_step(cfg, ocfg)
   carry, data = trm.init_carry(cfg, batch), _batch(cfg, batch)
   rng = jax.random.key(0)
@@ -82,21 +87,24 @@ def run(config_path: str | None = None, batch: int = 64, steps: int = 5, json_pa
     params, opt_state, carry, metrics = step(params, opt_state, carry, data, rng)
   jax.block_until_ready(metrics)
   warmup_s = time.perf_counter() - t
-  per_step = []
+  flops = trm.step_flops(cfg, batch, train=True)
+  per_step, ceilings, fractions = [], [], []
   for _ in range(runs):
+    ceilings.append(measure_ceiling())
     t = time.perf_counter()
     for _ in range(steps):
       params, opt_state, carry, metrics = step(params, opt_state, carry, data, rng)
     jax.block_until_ready((params, metrics))
     per_step.append((time.perf_counter() - t) / steps)
-  step_s = statistics.median(per_step)
-  flops = trm.step_flops(cfg, batch, train=True)
+    fractions.append(flops / per_step[-1] / ceilings[-1])
+  step_s, ceiling = statistics.median(per_step), statistics.median(ceilings)
   result = {
       "benchmark": "trm_step", "config": config_path or "TRMConfig.tiny()", "compute_dtype": cfg.compute_dtype,
       "batch": batch, "steps_per_run": steps, "runs": runs, "params": trm.count_params(params),
       "step_s": step_s, "steps_per_s": 1 / step_s, "examples_per_s": batch / step_s,
       "model_flops_per_step": flops, "achieved_flops_per_s": flops / step_s, "matmul_fp32_flops_per_s": ceiling,
-      "fraction_of_matmul": flops / step_s / ceiling, "warmup_s": warmup_s,
+      "fraction_of_matmul": statistics.median(fractions), "fraction_per_run": fractions,
+      "step_s_per_run": per_step, "matmul_flops_per_s_per_run": ceilings, "warmup_s": warmup_s,
       "backend": jax.default_backend(), "devices": len(jax.devices()), "machine": machine(),
   }
   print_table(f"TRM train step ({result['config']}, batch {batch}, {cfg.compute_dtype})",
