@@ -91,6 +91,27 @@ def test_older_id_rolls_clients_back(mode, fresh, tmp_path, ray_namespace):
   assert client.call("receive")["update"] is None
 
 
+def test_bf16_on_the_wire(mode, fresh, tmp_path, ray_namespace):
+  """wire_dtype="bfloat16": floating leaves travel as bf16 and arrive in the client's dtype
+  (fp32 leaves equal to their bf16 rounding); integer leaves are untouched."""
+  import ml_dtypes
+  import numpy as np
+  trainer, client, _ = fresh
+  cfg = config(mode, tmp_path, ray_namespace, wire_dtype="bfloat16")
+  trainer.call("server", config=cfg)
+  client.call("client", config=cfg)
+  metrics = trainer.call("publish", weight_id=1, seed=1)["metrics"]
+  rounded = common.make_params(1)
+  rounded["embed"]["w"] = rounded["embed"]["w"].astype(ml_dtypes.bfloat16).astype(np.float32)
+  rounded["big"] = rounded["big"].astype(ml_dtypes.bfloat16).astype(np.float32)
+  for layer in rounded["layers"]:
+    layer["b"] = layer["b"].astype(ml_dtypes.bfloat16).astype(np.float32)
+  update = client.call("receive", wait=WAIT_S)["update"]
+  assert update["shardings_ok"] and update["digest"] == common.digest(rounded)
+  wire = sum(a.nbytes // 2 if a.dtype == np.float32 else a.nbytes for a in _leaves(common.make_params(1)))
+  assert metrics["bytes"] == wire
+
+
 def test_trainer_killed_and_restarted(mode, pool, fresh, tmp_path, ray_namespace):
   """Fail loudly, never hang: clients outlive a killed trainer and pick up its successor's weights."""
   restarted, client, _ = fresh

@@ -156,7 +156,7 @@ def bench_mode(mode: str, size: int, rounds: int, folder: str, ray_address: str 
           "server_phases_s": sp, "client_phases_s": cp,
           "server_phases_gb_per_s": {k: nbytes / v / 1e9 for k, v in sp.items() if v > 0},
           "client_phases_gb_per_s": {k: nbytes / v / 1e9 for k, v in cp.items() if v > 0},
-          "rounds": len(totals)}
+          "rounds": len(totals), "round_seconds": totals}
 
 
 def run(size_bytes: int, modes: list[str] | tuple[str, ...] | None = None, json_path: str | None = None,
@@ -171,7 +171,7 @@ def run(size_bytes: int, modes: list[str] | tuple[str, ...] | None = None, json_
   needs_ray = any(m != "checkpoint" for m in modes)
   if needs_ray:
     import ray
-    ray.init(num_cpus=1, include_dashboard=False, object_store_memory=max(3 * size_bytes, 1 << 30),
+    ray.init(num_cpus=1, include_dashboard=False, object_store_memory=max(5 * size_bytes, 1 << 30),
              log_to_driver=False)
     ray_address = ray.get_runtime_context().gcs_address
   folder = folder or tempfile.mkdtemp(prefix="jaxpod-bench-transfer-", dir="/dev/shm" if os.path.isdir(
