@@ -6,8 +6,11 @@
       update = client.receive(like, wait=5.0)    # WeightUpdate(params, weight_id) | None
 
 `like` is a pytree of `jax.ShapeDtypeStruct`s carrying the client's own shardings; the
-client may use another mesh than the trainer. `None` means "nothing newer than what you
-hold" (or a newer version could not be fetched before its deadline: the next call retries).
+client may use another mesh than the trainer (and another floating dtype: values are cast).
+`None` means "nothing newer than what you hold", or a newer version could not be fetched
+before `receive_timeout_s` (its trainer died, it was pruned): the failure is counted in
+`client.metrics()` and the next call retries. `wait` bounds the polling for a newer version;
+each fetch attempt is bounded separately by `receive_timeout_s`. Coordinator errors raise.
 
 The older-id rule: the newest *publication* wins, not the largest weight id. Each publish
 gets a sequence number from the coordinator, strictly larger than every earlier one, and a
