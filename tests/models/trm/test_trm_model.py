@@ -42,7 +42,7 @@ def test_shipped_configs_parse(name, preset):
 
 @pytest.mark.parametrize("field,value", [("hidden_size", 0), ("pos_encodings", "alibi"), ("compute_dtype", "fp8"),
                                          ("halt_exploration_prob", 1.5), ("no_act_continue", False),
-                                         ("puzzle_emb_ndim", 10_000)])
+                                         ("puzzle_emb_ndim", 10_000), ("puzzle_emb_ndim", 0)])
 def test_config_validation_names_the_field(field, value):
   with pytest.raises(ValueError, match=field):
     dataclasses.replace(trm.TRMConfig(), **{field: value})
@@ -81,6 +81,20 @@ def test_export_import_round_trip_is_exact(tmp_path):
     trm.load_state_dict_into(_abstract(dataclasses.replace(cfg, mlp_t=True)), ref)
 
 
+@pytest.mark.parametrize("variant", [dict(mlp_t=True, pos_encodings="none"), dict(mlp_t=False, pos_encodings="learned"),
+                                     dict(mlp_t=False, pos_encodings="none", puzzle_emb_ndim=0, puzzle_emb_len=0)])
+def test_round_trip_every_variant(variant):
+  """Export -> import is exact for the MLP, learned-position and no-puzzle-embedding variants."""
+  cfg = _small(**variant)
+  model = _random_model(cfg, seed=4)
+  sd = trm.export_reference_state_dict(model)
+  assert ("inner.embed_pos.embedding_weight" in sd) == (cfg.pos_encodings == "learned")
+  assert any(".mlp_t." in k for k in sd) == cfg.mlp_t
+  again = trm.export_reference_state_dict(trm.load_state_dict_into(_abstract(cfg), sd))
+  for key, value in sd.items():
+    np.testing.assert_array_equal(again[key], value, err_msg=key)
+
+
 def _random_model(cfg, seed=0):
   model = _abstract(cfg)
   rng = np.random.default_rng(seed)
@@ -91,8 +105,8 @@ def _random_model(cfg, seed=0):
 
 
 def _small(**kw):
-  return dataclasses.replace(trm.TRMConfig.tiny(), seq_len=8, vocab_size=5, hidden_size=32, num_heads=2,
-                             puzzle_emb_ndim=32, **kw)
+  kw = {"seq_len": 8, "vocab_size": 5, "hidden_size": 32, "num_heads": 2, "puzzle_emb_ndim": 32, **kw}
+  return dataclasses.replace(trm.TRMConfig.tiny(), **kw)
 
 
 def _batch(cfg, b, seed=0):
@@ -104,7 +118,7 @@ def _batch(cfg, b, seed=0):
 
 def test_exploration_delays_halting_in_train_only():
   """With exploration probability 1 no row halts before step 2 (minimum drawn in [2, max]); max always halts."""
-  cfg = _small(halt_exploration_prob=1.0, mlp_t=True, pos_encodings="none", h_cycles=1, l_cycles=1, l_layers=1)
+  cfg = _small(halt_exploration_prob=1.0, mlp_t=True, pos_encodings="learned", h_cycles=1, l_cycles=1, l_layers=1)
   model = _random_model(cfg)
   model.q_head_bias.set_value(jnp.array([50.0, 0.0]))  # q_halt >> 0: every row wants to halt at once
   graphdef, params, buffers = trm.split_model(model)

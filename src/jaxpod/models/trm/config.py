@@ -73,6 +73,9 @@ class TRMConfig:
                        "pick num_heads dividing hidden_size")
     if self.pos_encodings == "rope" and not self.mlp_t and (self.hidden_size // self.num_heads) % 2:
       raise ValueError(f"TRMConfig: RoPE needs an even head_dim, got {self.hidden_size // self.num_heads}")
+    if self.puzzle_emb_ndim == 0 and self.puzzle_emb_len:
+      raise ValueError(f"TRMConfig.puzzle_emb_len={self.puzzle_emb_len} reserves prefix positions but puzzle_emb_ndim=0 "
+                       "fills none (the reference would mis-slice the logits); set puzzle_emb_len=0")
     if self.puzzle_emb_ndim > self.prefix_len * self.hidden_size:
       raise ValueError(f"TRMConfig.puzzle_emb_ndim={self.puzzle_emb_ndim} does not fit in puzzle_emb_len="
                        f"{self.puzzle_emb_len} positions of hidden_size={self.hidden_size}; raise puzzle_emb_len")
