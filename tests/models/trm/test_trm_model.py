@@ -95,6 +95,17 @@ def test_round_trip_every_variant(variant):
     np.testing.assert_array_equal(again[key], value, err_msg=key)
 
 
+def test_bf16_reference_checkpoint_round_trip(tmp_path):
+  """A bfloat16 reference run stores H_init/L_init as bf16: they load (upcast) and export back as bf16."""
+  cfg = _small(compute_dtype="bfloat16")
+  sd = trm.export_reference_state_dict(_random_model(cfg, seed=5), str(tmp_path / "bf16.safetensors"))
+  assert sd["inner.H_init"].dtype == jnp.bfloat16 and sd["inner.lm_head.weight"].dtype == np.float32
+  again = trm.export_reference_state_dict(trm.load_reference_state_dict(str(tmp_path / "bf16.safetensors"), cfg))
+  for key, value in sd.items():
+    assert again[key].dtype == value.dtype, key
+    np.testing.assert_array_equal(again[key].astype(np.float32), value.astype(np.float32), err_msg=key)
+
+
 def _random_model(cfg, seed=0):
   model = _abstract(cfg)
   rng = np.random.default_rng(seed)

@@ -3,7 +3,9 @@
 The reference stores Linear weights [out, in]; jaxpod stores kernels [in, out] with the fused
 output dims split (qkv [D, 3, H, E], gate/up [in, 2, F], o [H, E, D]). Checkpoints written by
 the reference trainer carry a `model.` (loss head) and possibly `_orig_mod.` (torch.compile)
-prefix; both are accepted on import.
+prefix; both are accepted on import. The reference creates H_init / L_init in its forward dtype,
+so a bfloat16 run stores them as bf16: import upcasts (exact), export writes them in
+`compute_dtype` (the value the forward pass uses); everything else is fp32.
 """
 from __future__ import annotations
 
@@ -115,15 +117,17 @@ def load_reference_state_dict(path: str, cfg: TRMConfig) -> TRM:
 
   The model is created abstractly (no random init); every variable comes from the file.
   """
-  from safetensors.numpy import load_file
+  from safetensors.flax import load_file  # numpy's loader cannot read bf16 tensors
   model = nnx.eval_shape(lambda: TRM(cfg, rngs=nnx.Rngs(0)))
-  return load_state_dict_into(model, load_file(path))
+  return load_state_dict_into(model, {k: np.asarray(v) for k, v in load_file(path).items()})
 
 
 def export_reference_state_dict(model: TRM, path: str | None = None) -> dict[str, np.ndarray]:
   """The model's weights under the reference's key names and layouts; written as safetensors if `path`."""
   sd = {key: to_ref(np.asarray(_variable(model, p)[...], np.float32))
         for key, (p, (_, to_ref)) in key_map(model.cfg).items()}
+  for key in ("inner.H_init", "inner.L_init"):
+    sd[key] = sd[key].astype(jnp.dtype(model.cfg.compute_dtype))
   if path is not None:
     from safetensors.numpy import save_file
     save_file(sd, path)
