@@ -81,3 +81,11 @@ def test_paper_recipe_config_matches_the_paper():
   assert cfg.model == TRMConfig.sudoku_mlp() and cfg.data.box == "3x3"
   assert cfg.data.global_batch_size == 768 and cfg.optim.lr == 1e-4 and cfg.trainer.ema == 0.999
   assert cfg.trainer.steps == 65105 and cfg.trainer.seed == 3  # ceil(50000 * 1000 / 768); overrides still apply
+
+
+def test_python_defaults_are_the_embedded_default():
+  """`TrainConfig()` and `jaxpod train` with no arguments describe the same run."""
+  from jaxpod.cli.train import load_config
+  embedded, default = load_config([]), TrainConfig()
+  assert (embedded.data, embedded.model, embedded.optim) == (default.data, default.model, default.optim)
+  assert embedded.trainer.steps == default.trainer.steps and embedded.trainer.ema == default.trainer.ema

@@ -69,6 +69,6 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, data_dir):
   resumed = train(cfg)
   assert resumed.resumed and resumed.start_step == 5 and not straight.resumed
   _assert_trees_equal(_final_params(straight.run_dir, 10), _final_params(resumed.run_dir, 10))
-  a = {r["step"]: r["loss"] for r in _records(straight.run_dir) if "loss" in r}
-  b = {r["step"]: r["loss"] for r in _records(resumed.run_dir) if "loss" in r}
-  assert all(a[s] == b[s] for s in range(1, 11)), (a, b)
+  a = [(r["step"], r["loss"]) for r in _records(straight.run_dir) if "loss" in r]
+  b = [(r["step"], r["loss"]) for r in _records(resumed.run_dir) if "loss" in r]
+  assert a == b  # steps logged before the interruption and past the checkpoint are not duplicated

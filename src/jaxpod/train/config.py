@@ -21,14 +21,14 @@ class DataConfig:
 
   path: str | None = None  # an existing dataset in the reference on-disk format; None: generate one
   box: str = "2x2"  # box shape of generated puzzles: 2x2 -> 4x4 grid, 2x3 -> 6x6, 3x3 -> 9x9
-  num_train: int = 1000  # generated training puzzles (before augmentation)
-  num_test: int = 500  # generated held-out test puzzles (never augmented, never seen in training)
+  num_train: int = 500  # generated training puzzles (before augmentation)
+  num_test: int = 300  # generated held-out test puzzles (never augmented, never seen in training)
   augmentations: int = 8  # augmented copies per training puzzle (0: originals only)
   clues: int | None = None  # clue target of the generator (None: its default for the grid)
   seed: int = 0  # generator seed (puzzles) and loader seed (shuffle order)
   cache_dir: str | None = None  # root of generated datasets (None: $JAXPOD_DATA_CACHE or ~/.cache/jaxpod/data)
   global_batch_size: int = 64  # rows per training step over all hosts
-  eval_batch_size: int = 256  # rows per evaluation step over all hosts (last batch padded)
+  eval_batch_size: int = 300  # rows per evaluation step over all hosts (last batch padded)
 
   def __post_init__(self):
     for name in ("num_train", "num_test", "global_batch_size", "eval_batch_size"):
@@ -52,12 +52,12 @@ class DataConfig:
 class TrainerConfig:
   """The loop: length, hook cadence, checkpoints, EMA, seeds, where the run folder goes."""
 
-  steps: int = 1000  # optimizer steps (one ACT step each)
+  steps: int = 1600  # optimizer steps (one ACT step each)
   eval_every: int = 0  # evaluate every N steps (0: only at the end)
   checkpoint_every: int = 0  # checkpoint every N steps (0: only at the end)
   keep_last: int = 2  # checkpoints kept on disk
   log_every: int = 10  # metrics to the tracker every N steps
-  ema: float = 0.999  # EMA decay of the parameters evaluated and exported (0: no EMA, use the live weights)
+  ema: float = 0.99  # EMA decay of the parameters evaluated and exported (0: no EMA, use the live weights)
   seed: int = 0  # model init and halting-exploration randomness
   runs_dir: str = "runs"  # parent of run folders; the compile cache is its sibling
   run_name: str | None = None  # run folder name (None: decided by the leader from the time)
@@ -92,6 +92,10 @@ class TrackerConfig:
       raise ValueError(f"tracker.wandb_mode={self.wandb_mode!r}: expected offline, online or disabled")
 
 
+def _default_optim() -> TRMOptimConfig:
+  return TRMOptimConfig(lr=3e-3, puzzle_emb_lr=3e-3, weight_decay=0.03, puzzle_emb_weight_decay=0.1, warmup_steps=100)
+
+
 def _default_model() -> TRMConfig:
   return TRMConfig(seq_len=16, vocab_size=6, hidden_size=64, num_heads=4, puzzle_emb_ndim=64, puzzle_emb_len=1,
                    h_cycles=2, l_cycles=2, mlp_t=False, pos_encodings="rope", halt_max_steps=4)
@@ -99,13 +103,13 @@ def _default_model() -> TRMConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-  """A whole training run."""
+  """A whole training run. The defaults are `jaxpod train`'s embedded config (4x4 Sudoku, small TRM)."""
 
   runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
   mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
   data: DataConfig = dataclasses.field(default_factory=DataConfig)
   model: TRMConfig = dataclasses.field(default_factory=_default_model)
-  optim: TRMOptimConfig = dataclasses.field(default_factory=TRMOptimConfig)
+  optim: TRMOptimConfig = dataclasses.field(default_factory=_default_optim)
   trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
   tracker: TrackerConfig = dataclasses.field(default_factory=TrackerConfig)
 

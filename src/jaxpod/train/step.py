@@ -43,7 +43,7 @@ def train_step_fn(graphdef, tx: optax.GradientTransformation, ema_decay: float, 
       ema = ema_update(state.ema_params, params, ema_decay)
     if lr_fn is not None:
       metrics["lr"] = jnp.asarray(lr_fn(state.step), jnp.float32)
-    metrics["grad_norm"] = optax.global_norm(grads)
+    metrics["grad_norm"] = optax.tree.norm(grads)
     new_state = state.replace(params=params, opt_state=opt_state, ema_params=ema, step=state.step + 1, carry=carry)
     return new_state, metrics
 

@@ -36,6 +36,16 @@ class Tracker:
       self._wandb = wandb.init(project=cfg.wandb_project, mode=cfg.wandb_mode, dir=str(self.run_dir),
                                name=self.run_dir.name, config=config_dict or {})
 
+  def truncate_after(self, step: int) -> None:
+    """Drop records past `step` (a resumed run logs those steps again)."""
+    if not self.enabled:
+      return
+    self._jsonl.close()
+    path = self.run_dir / METRICS_FILE
+    keep = [r for r in read_metrics(str(self.run_dir)) if r.get("step", 0) <= step]
+    path.write_text("".join(json.dumps(r) + "\n" for r in keep))
+    self._jsonl = open(path, "a", buffering=1)
+
   def log(self, step: int, metrics: dict) -> None:
     if not self.enabled or not metrics:
       return

@@ -135,6 +135,7 @@ def _run(cfg: TrainConfig, run_dir: str, data_path: str, extra_hooks, t_start: f
     state = st.from_nested(tree, abstract)
     if data_state is not None:
       iterator.set_state(data_state)
+    tracker.truncate_after(start)
     log.info("resumed from checkpoint step %d", start)
   else:
     start = 0
