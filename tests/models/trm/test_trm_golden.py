@@ -56,6 +56,14 @@ def _batch(d, prefix=""):
   return {k: jnp.asarray(d[prefix + k]) for k in trm.BATCH_KEYS}
 
 
+def _check_json_metrics(metrics, expected: dict):
+  for k, v in expected.items():
+    if k in METRIC_INTS:
+      assert int(metrics[k]) == v, k
+    else:
+      np.testing.assert_allclose(float(metrics[k]), v, rtol=RTOL_LOSS, atol=1e-6, err_msg=k)
+
+
 def _check_step(g, carry, outputs, metrics, prefix="", data=None):
   close = lambda a, b: np.testing.assert_allclose(np.asarray(a), b, atol=ATOL_STATE, rtol=0)
   close(outputs["logits"], g[prefix + "logits"])
@@ -105,10 +113,12 @@ def test_swap_scenario_matches_golden(setup):
   """A different batch each step: only rows that halted take the new batch's rows."""
   cfg, _, _, params, _, train = setup
   g = _golden("swap.safetensors")
+  per_step = json.loads((GOLDEN / "swap.json").read_text())
   carry = trm.init_carry(cfg, 4)
   for k in (1, 2, 3):
     _, (carry, outputs, metrics) = train(params, carry, _batch(g, f"batch{k}/"))
     _check_step(g, carry, outputs, metrics, prefix=f"step{k}/")
+    _check_json_metrics(metrics, per_step[k - 1]["metrics"])
 
 
 def test_eval_matches_golden(setup):
@@ -118,8 +128,10 @@ def test_eval_matches_golden(setup):
   batch = _batch(_golden("batch.safetensors"))
   step = jax.jit(lambda c, b: trm.eval_step(graphdef, params, buffers, c, b))
   carry = trm.init_carry(cfg, 4)
+  ref = json.loads((GOLDEN / "eval.json").read_text())
   for i in range(cfg.halt_max_steps):
     carry, outputs, metrics, all_finish = step(carry, batch)
+    _check_json_metrics(metrics, ref["per_step"][i]["metrics"])
     np.testing.assert_allclose(np.asarray(outputs["logits"]), g["logits_per_step"][i], atol=ATOL_STATE, rtol=0)
     np.testing.assert_allclose(np.asarray(outputs["q_halt_logits"]), g["q_halt_logits_per_step"][i], atol=ATOL_STATE)
     np.testing.assert_allclose(np.asarray(outputs["q_continue_logits"]), g["q_continue_logits_per_step"][i],
@@ -129,9 +141,11 @@ def test_eval_matches_golden(setup):
     np.testing.assert_allclose(float(metrics["loss"]), float(g["loss_per_step"][i]), rtol=RTOL_LOSS)
     assert bool(all_finish) == (i == cfg.halt_max_steps - 1)
   _check_step(g, carry, outputs, metrics, data=batch)  # eval.safetensors has no current_data: it is the batch
-  final = json.loads((GOLDEN / "eval.json").read_text())["final_metrics"]
-  for k in METRIC_INTS:
-    assert int(metrics[k]) == final[k], k
+  _check_json_metrics(metrics, ref["final_metrics"])
+  np.testing.assert_array_equal(np.asarray(outputs["preds"]), np.asarray(ref["preds"]))
+  logged = trm.normalize_eval_metrics(jax.device_get(metrics))
+  for k, v in ref["final_metrics_divided_by_count"].items():
+    np.testing.assert_allclose(logged[k], v, rtol=1e-5, err_msg=k)
 
 
 def _grads_as_reference(model, grads):

@@ -16,7 +16,7 @@ from jaxpod.models.trm.config import TRMConfig, TRMOptimConfig, load_configs, sw
 from jaxpod.models.trm.flops import count_params, step_flops
 from jaxpod.models.trm.interop import export_reference_state_dict, load_reference_state_dict, load_state_dict_into
 from jaxpod.models.trm.layers import Buffer, PuzzleEmbedding
-from jaxpod.models.trm.loss import (IGNORE_LABEL_ID, act_loss, eval_step, normalize_metrics, softmax_cross_entropy,
-                                    stablemax_cross_entropy, train_loss)
+from jaxpod.models.trm.loss import (IGNORE_LABEL_ID, act_loss, eval_step, normalize_eval_metrics, normalize_metrics,
+                                    softmax_cross_entropy, stablemax_cross_entropy, train_loss)
 from jaxpod.models.trm.model import BATCH_KEYS, TRM, TRMCarry, act_step, init_carry, reset_carry, split_model
 from jaxpod.models.trm.optim import adam_atan2, make_optimizer, param_labels, sign_sgd, warmup_schedule

@@ -95,6 +95,12 @@ def eval_step(graphdef, params, buffers, carry: TRMCarry, batch: dict, loss_type
 
 
 def normalize_metrics(metrics: dict, global_batch_size: int) -> dict:
-  """What the reference logs: keys ending in 'loss' / global batch, the rest / max(count, 1) (host side)."""
+  """What the reference logs in training: keys ending in 'loss' / global batch, the rest / max(count, 1)."""
   count = max(int(metrics["count"]), 1)
   return {k: float(v) / (global_batch_size if k.endswith("loss") else count) for k, v in metrics.items()}
+
+
+def normalize_eval_metrics(metrics: dict) -> dict:
+  """What the reference logs in evaluation (summed over batches first): every metric but count / count."""
+  count = max(int(metrics["count"]), 1)
+  return {k: float(v) / count for k, v in metrics.items() if k != "count"}
