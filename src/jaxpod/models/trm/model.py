@@ -164,7 +164,8 @@ def act_step(graphdef, params, buffers, carry: TRMCarry, batch: Batch, rng, trai
   """One ACT step (pure, jit-friendly): reset halted rows, recurse, decide halting.
 
   Returns (new_carry, outputs) with outputs = {logits [B, S, V], q_halt_logits [B], q_continue_logits [B]}.
-  Only `params` receive gradients, and only through the last H cycle.
+  Only `params` receive gradients, and only through the last H cycle. `train` is a Python bool
+  (static under jit); `rng` is a key for halting exploration (None is fine in eval or with p = 0).
   """
   model = nnx.merge(graphdef, params, buffers)
   no_grad_model = nnx.merge(graphdef, jax.lax.stop_gradient(params), buffers)
