@@ -3,11 +3,12 @@
 Same random model (saved once in HF layout and loaded by both), same prompts, greedy, no
 stop tokens (every row generates exactly max_new_tokens). Reported per engine, medians of
 `repeats` timed runs, interleaved between the engines, after untimed warm-ups (jaxpod's
-compile included). Each engine runs at the faster of its threading settings: HF at 1 or all
-torch threads (chosen on a short run), jaxpod with XLA's CPU runtime at its default or one
-thread (a fresh process per setting, each also timing HF beside it; the faster jaxpod
-process is reported). Oversubscribed machines make many threads much slower for both. The
-JSON also records the load average and the fraction of greedy tokens on which they agree:
+compile included). One fresh process per thread setting (`threads`: 0 = XLA's and torch's
+defaults, 1 = both single-threaded) times both engines; each engine is reported at its
+faster setting, and every process's same-run pair is in the table and the JSON
+(oversubscribed machines make many threads much slower, and an idle torch OpenMP pool
+spinning beside XLA halves jaxpod's speed, hence separate processes). The JSON also
+records the load average and the fraction of greedy tokens on which they agree:
   ttft_s          time to first token of the batch (prefill + first token)
   prefill_tok_s   batch * prompt_len / ttft
   decode_tok_s    batch * (max_new_tokens - 1) / (full generate time - ttft)
@@ -49,7 +50,7 @@ class SampleBench:
   repeats: int = 3  # timed runs per engine (after one warm-up); medians reported
   hosts: int = 1  # > 1: compare the global and replicated modes on this many simulated hosts (no HF)
   num_prompts: int = 32  # prompts per timed run in the modes comparison
-  xla_threads: tuple[int, ...] = (0, 1)  # XLA CPU runtimes tried for jaxpod: 0 = default (all cores), 1 = one
+  threads: tuple[int, ...] = (0, 1)  # thread settings tried, one process each: 0 = XLA/torch defaults, 1 = one
   json: str | None = None  # write the results here
 
 
@@ -80,12 +81,12 @@ def _jaxpod_engine(folder: str, tokens: np.ndarray, opts: SampleBench) -> dict[s
   return {"full": full, "first": first, "tokens": out}
 
 
-def _hf_engine(folder: str, tokens: np.ndarray, opts: SampleBench) -> dict[str, Any]:
-  """Callables for HF generate, at the faster of 1 and all-core torch threads (oversubscribed
-  machines can make many threads much slower), plus the greedy tokens."""
-  import os
+def _hf_engine(folder: str, tokens: np.ndarray, opts: SampleBench, threads: int) -> dict[str, Any]:
+  """Callables for HF generate with `threads` torch threads (0: torch's default), plus the greedy tokens."""
   import torch
   from transformers import LlamaForCausalLM
+  if threads:
+    torch.set_num_threads(threads)  # before any torch op: no idle OpenMP pool spinning beside XLA
   model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
   ids = torch.from_numpy(tokens).long()
   mask = torch.ones_like(ids)
@@ -94,15 +95,8 @@ def _hf_engine(folder: str, tokens: np.ndarray, opts: SampleBench) -> dict[str, 
     with torch.no_grad():
       return model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
                             eos_token_id=None, pad_token_id=0)
-  by_threads = {}
-  for n in sorted({1, os.cpu_count() or 1}):
-    torch.set_num_threads(n)
-    gen(2)
-    by_threads[n] = _timed(lambda: gen(8))
-  best = min(by_threads, key=by_threads.get)
-  torch.set_num_threads(best)
-  return {"full": lambda: gen(opts.max_new_tokens), "first": lambda: gen(1), "torch_threads": best,
-          "seconds_for_8_tokens_by_threads": by_threads,
+  gen(2)
+  return {"full": lambda: gen(opts.max_new_tokens), "first": lambda: gen(1), "torch_threads": torch.get_num_threads(),
           "tokens": gen(opts.max_new_tokens)[:, tokens.shape[1]:].numpy()}
 
 
@@ -134,62 +128,70 @@ def _model_config(opts: SampleBench):
 XLA_SINGLE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
 
-def compare(opts: SampleBench) -> dict:
-  """In this process: both engines on one model and one prompt batch, interleaved; rates + checks."""
+def compare(opts: SampleBench, threads: int = 0) -> dict:
+  """In this process: both engines on one model and one prompt batch, interleaved; rates + checks.
+
+  threads: torch threads (0: default); XLA's threads are fixed by XLA_FLAGS when the process starts."""
   from jaxpod.models.llama import hf_io, init
   cfg = _model_config(opts)
   tokens = np.random.default_rng(0).integers(0, opts.vocab_size, (opts.batch_size, opts.prompt_len)).astype(np.int32)
   with tempfile.TemporaryDirectory(prefix="jaxpod-bench-sample-") as folder:
     hf_io.save(init(cfg, seed=0), folder)
-    engines = {"jaxpod": _jaxpod_engine(folder, tokens, opts), "hf_generate": _hf_engine(folder, tokens, opts)}
+    engines = {"jaxpod": _jaxpod_engine(folder, tokens, opts), "hf_generate": _hf_engine(folder, tokens, opts, threads)}
     load_before = os.getloadavg()[0]
     timings = _interleaved(engines, opts.repeats)
   results = {k: _rates(t, opts) for k, t in timings.items()}
   results["jaxpod"]["decode_vs_hf"] = results["jaxpod"]["decode_tok_s"] / results["hf_generate"]["decode_tok_s"]
   hf = engines["hf_generate"]
   return {"results": results, "params": cfg.num_params(), "torch_threads": hf["torch_threads"],
-          "hf_seconds_for_8_tokens_by_torch_threads": hf["seconds_for_8_tokens_by_threads"],
           "greedy_tokens_equal_fraction": float(np.mean(engines["jaxpod"]["tokens"] == hf["tokens"])),
           "load_average": {"before": load_before, "after": os.getloadavg()[0]},
           "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
-def _compare_in_child(opts: SampleBench, xla_threads: int) -> dict:
-  """`compare` in a fresh process whose XLA CPU runtime uses 1 thread (1) or its default (0)."""
+def _compare_in_child(opts: SampleBench, threads: int) -> dict:
+  """`compare` in a fresh process where XLA and torch both use 1 thread (1) or their defaults (0)."""
   import json
   import subprocess
   import sys
   env = dict(os.environ)
   env.pop("JAX_NUM_CPU_DEVICES", None)
-  if xla_threads == 1:
+  if threads == 1:
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + XLA_SINGLE_THREAD).strip()
-  cmd = [sys.executable, "-m", "jaxpod.bench.sample", json.dumps(dataclasses.asdict(opts))]
+  cmd = [sys.executable, "-m", "jaxpod.bench.sample", json.dumps(dataclasses.asdict(opts)), str(threads)]
   proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
   lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
   if proc.returncode or not lines:
-    raise RuntimeError(f"bench child (xla_threads={xla_threads}) failed:\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
+    raise RuntimeError(f"bench child (threads={threads}) failed:\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
   return json.loads(lines[-1][len("RESULT "):])
 
 
 def run(json_path: str | None = None, **overrides) -> dict:
-  """Compare the engines once per XLA thread setting (fresh processes) and report the faster
-  jaxpod setting, with the HF numbers measured beside it in the same process; table + JSON."""
+  """Compare the engines in one fresh process per thread setting; report each engine at its
+  faster setting (and every process's same-run pair in the JSON and table); table + JSON."""
   opts = dataclasses.replace(SampleBench(json=json_path), **overrides)
-  by_threads = {t: _compare_in_child(opts, t) for t in opts.xla_threads}
-  best = max(by_threads, key=lambda t: by_threads[t]["results"]["jaxpod"]["decode_tok_s"])
-  chosen = by_threads[best]
+  by_threads = {t: _compare_in_child(opts, t) for t in opts.threads}
+  best = {e: max(by_threads, key=lambda t: by_threads[t]["results"][e]["decode_tok_s"])
+          for e in ("jaxpod", "hf_generate")}
+  results = {e: dict(by_threads[t]["results"][e], threads=_label(t)) for e, t in best.items()}
+  results["jaxpod"]["decode_vs_hf"] = results["jaxpod"]["decode_tok_s"] / results["hf_generate"]["decode_tok_s"]
+  params = next(iter(by_threads.values()))["params"]
   payload = {"benchmark": "sample", "baseline": "hf_generate", "options": dataclasses.asdict(opts),
-             "xla_threads": best, **chosen, "by_xla_threads": {str(t): r for t, r in by_threads.items()},
+             "params": params, "results": results, "by_threads": {_label(t): r for t, r in by_threads.items()},
              "machine": machine()}
-  results = chosen["results"]
-  rows = [(f"jaxpod (XLA threads: {'1' if best == 1 else 'default'})", *_row(results["jaxpod"])),
-          (f"hf_generate (torch threads: {chosen['torch_threads']})", *_row(results["hf_generate"]))]
-  print_table(f"sample: {chosen['params'] / 1e6:.0f}M params, batch {opts.batch_size}, prompt {opts.prompt_len}, "
+  rows = [(f"{e} best ({results[e]['threads']})", *_row(results[e])) for e in results]
+  rows += [(f"  {e} [{_label(t)} process]", *_row(r["results"][e])) for t, r in by_threads.items()
+           for e in ("jaxpod", "hf_generate")]
+  print_table(f"sample: {params / 1e6:.0f}M params, batch {opts.batch_size}, prompt {opts.prompt_len}, "
               f"{opts.max_new_tokens} new tokens (medians of {opts.repeats}); jaxpod decode = "
               f"{results['jaxpod']['decode_vs_hf']:.2f}x HF",
               ["engine", "decode tok/s", "prefill tok/s", "TTFT ms", "generate s"], rows)
   write_json(json_path, payload)
   return payload
+
+
+def _label(threads: int) -> str:
+  return "1 thread" if threads == 1 else "default threads"
 
 
 def _row(r: dict) -> tuple:
@@ -247,7 +249,7 @@ def cli(argv: list[str]) -> int:
   from jaxpod.runtime import hosts as hosts_lib
   opts = parse(SampleBench, argv, "jaxpod bench sample")
   kwargs = {k: v for k, v in dataclasses.asdict(opts).items() if k != "json"}
-  kwargs["xla_threads"] = tuple(opts.xla_threads)
+  kwargs["threads"] = tuple(opts.threads)
   if opts.hosts <= 1:
     run(json_path=opts.json, **kwargs)
     return 0
@@ -263,5 +265,5 @@ if __name__ == "__main__":  # the child of `run`: python -m jaxpod.bench.sample 
   import json
   import sys
   fields = json.loads(sys.argv[1])
-  fields["xla_threads"] = tuple(fields["xla_threads"])
-  print("RESULT " + json.dumps(compare(SampleBench(**fields))), flush=True)
+  fields["threads"] = tuple(fields["threads"])
+  print("RESULT " + json.dumps(compare(SampleBench(**fields), int(sys.argv[2]))), flush=True)
