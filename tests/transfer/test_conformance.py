@@ -115,7 +115,7 @@ def test_bf16_on_the_wire(mode, fresh, tmp_path, ray_namespace):
 def test_trainer_killed_and_restarted(mode, pool, fresh, tmp_path, ray_namespace):
   """Fail loudly, never hang: clients outlive a killed trainer and pick up its successor's weights."""
   restarted, client, _ = fresh
-  cfg = config(mode, tmp_path, ray_namespace, receive_timeout_s=4.0)
+  cfg = config(mode, tmp_path, ray_namespace, receive_timeout_s=2.0)
   doomed = pool.take()
   doomed.call("server", config=cfg)
   client.call("client", config=cfg)
