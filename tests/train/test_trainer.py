@@ -57,18 +57,18 @@ class _Raise(Hook):
 
 @pytest.mark.slow
 def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, data_dir):
-  """Invariants 5 and 6: stop at step 7 (checkpoint at 5), rerun -> exactly the parameters of one
+  """Invariants 5 and 6: stop at step 5 (checkpoint at 3), rerun -> exactly the parameters of one
   uninterrupted run. The uninterrupted run evaluates every 2 steps, the other only at the end: the
   side job leaves the trajectory bit-identical."""
-  common = dict(trainer__checkpoint_every=5, trainer__keep_last=3)
-  straight = train(tiny_config(tmp_path, data_dir, steps=10, trainer__run_name="straight", trainer__eval_every=2,
+  common = dict(trainer__checkpoint_every=3, trainer__keep_last=3)
+  straight = train(tiny_config(tmp_path, data_dir, steps=6, trainer__run_name="straight", trainer__eval_every=2,
                                **common))
-  cfg = tiny_config(tmp_path, data_dir, steps=10, trainer__run_name="resumed", **common)
+  cfg = tiny_config(tmp_path, data_dir, steps=6, trainer__run_name="resumed", **common)
   with pytest.raises(KeyboardInterrupt):
-    train(cfg, extra_hooks=[_Raise(7)])
+    train(cfg, extra_hooks=[_Raise(5)])
   resumed = train(cfg)
-  assert resumed.resumed and resumed.start_step == 5 and not straight.resumed
-  _assert_trees_equal(_final_params(straight.run_dir, 10), _final_params(resumed.run_dir, 10))
+  assert resumed.resumed and resumed.start_step == 3 and not straight.resumed
+  _assert_trees_equal(_final_params(straight.run_dir, 6), _final_params(resumed.run_dir, 6))
   a = [(r["step"], r["loss"]) for r in _records(straight.run_dir) if "loss" in r]
   b = [(r["step"], r["loss"]) for r in _records(resumed.run_dir) if "loss" in r]
   assert a == b  # steps logged before the interruption and past the checkpoint are not duplicated
