@@ -12,7 +12,7 @@ from jaxpod.models.llama import ByteTokenizer, hf_io
 from jaxpod.runtime import MeshConfig, make_mesh
 from jaxpod.sample import EngineConfig, SampleConfig, Sampler, SamplingParams, check_memory, run, sample_tokens
 
-from conftest import EOS, PROMPTS, STOP
+from sample_fixtures import EOS, PROMPTS, STOP
 
 TOK = ByteTokenizer()
 

@@ -12,7 +12,7 @@ from jaxpod.runtime import MeshConfig
 from jaxpod.runtime.launcher import LaunchConfig, launch
 from jaxpod.sample import SampleConfig, run
 
-from conftest import PROMPTS
+from sample_fixtures import PROMPTS
 
 WORKER = Path(__file__).parent / "workers" / "sample_worker.py"
 pytestmark = [pytest.mark.multihost, pytest.mark.slow]

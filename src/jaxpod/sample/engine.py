@@ -1,6 +1,6 @@
 """The generation program: right-padded batched prefill, then decode in one `lax.while_loop`.
 
-Slots of the static KV cache [L, B, S, K, E], S = max_prompt_len + max_new_tokens:
+Slots of the static KV cache [L, B, K, S, E], S = max_prompt_len + max_new_tokens:
 prompts sit right-padded at slots 0..P-1 (row b valid below `lengths[b]`), decode step s
 writes every row at slot P + s - 1 while RoPE uses the row's true position lengths[b] + s - 1.
 So each write is one dynamic_update_slice at a scalar index, and outputs equal those of an

@@ -59,7 +59,7 @@ def memory_plan(cfg: LlamaConfig, ec: EngineConfig, mesh) -> dict[str, int]:
   shardings = state_shardings(abs_state, mesh)
   weights = sum(_per_device_bytes(v.shape, v.dtype, s) for v, s in zip(
       jax.tree.leaves(abs_state), jax.tree.leaves(shardings)))
-  cache_shape = (cfg.num_hidden_layers, ec.batch_size, ec.cache_len, cfg.num_key_value_heads, cfg.head_dim_)
+  cache_shape = (cfg.num_hidden_layers, ec.batch_size, cfg.num_key_value_heads, ec.cache_len, cfg.head_dim_)
   cache_sh = NamedSharding(mesh, _drop_indivisible(DEFAULT_RULES.spec(CACHE_AXES, mesh), cache_shape, mesh))
   cache = 2 * _per_device_bytes(cache_shape, cfg.dtype, cache_sh)
   dp = mesh.shape["data"] * mesh.shape["fsdp"]

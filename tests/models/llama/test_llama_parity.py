@@ -16,7 +16,7 @@ from flax import nnx
 from jaxpod.models.llama import forward, hf_io
 from jaxpod.runtime import make_mesh
 
-from conftest import write_hf_checkpoint
+from hf_checkpoints import write_hf_checkpoint
 
 TOL = 1e-5
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,

@@ -7,7 +7,7 @@ E=head_dim, I=mlp width, V=vocab, L=layers.
 
 One attention rule serves training, prefill and decode. Tokens occupy *slots*; a query in
 slot q sees key slot s iff `s <= q and kv_mask[b, s]`. Without a cache the slots are
-`0..T-1`. With a static cache [L, B, S, K, E] the T new tokens are written at slots
+`0..T-1`. With a static cache [L, B, K, S, E] the T new tokens are written at slots
 `cache_index .. cache_index+T-1` (one scalar index for the whole batch), and `kv_mask`
 says which slots of each row hold real keys. RoPE uses `positions`, which need not equal
 slots: the sampler puts ragged prompts right-padded at slots 0.. and every decode step at
@@ -34,19 +34,19 @@ from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.runtime.sharding import constrain
 
 CAPTURE_POINTS = ("resid", "attn_out", "mlp_out")
-CACHE_AXES = ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
+CACHE_AXES = ("layers", "batch", "kv_heads", "cache_seq", "head_dim")
 _ACT = ("batch", "seq", "act_embed")
 
 
 class KVCache(NamedTuple):
-  """Static key/value cache, each [L, B, S, K, E]."""
+  """Static key/value cache, each [L, B, K, S, E] (the layout attention reads without a transpose)."""
 
   k: jax.Array
   v: jax.Array
 
   @classmethod
   def zeros(cls, cfg: LlamaConfig, batch: int, length: int) -> "KVCache":
-    shape = (cfg.num_hidden_layers, batch, length, cfg.num_key_value_heads, cfg.head_dim_)
+    shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, length, cfg.head_dim_)
     z = jnp.zeros(shape, cfg.jnp_dtype)
     return cls(constrain(z, CACHE_AXES), constrain(z, CACHE_AXES))
 
@@ -105,25 +105,28 @@ class Attention(nnx.Module):
     k = constrain(jnp.einsum("btd,dke->btke", x_BxTxD, self.k_proj[...]), ("batch", "seq", "kv_heads", "head_dim"))
     v = constrain(jnp.einsum("btd,dke->btke", x_BxTxD, self.v_proj[...]), ("batch", "seq", "kv_heads", "head_dim"))
     q, k = rope(q, positions_BxT, inv_freq), rope(k, positions_BxT, inv_freq)
+    k_BxKxTxE, v_BxKxTxE = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
     if cache is None:
-      keys_BxSxKxE, values_BxSxKxE, q_slots = k, v, jnp.arange(t)
+      keys_BxKxSxE, values_BxKxSxE, q_slots = k_BxKxTxE, v_BxKxTxE, jnp.arange(t)
     else:
-      start = (layer, 0, cache_index, 0, 0)
-      cache = KVCache(jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), start),
-                      jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), start))
-      keys_BxSxKxE, values_BxSxKxE = cache.k[layer, :, :kv_len], cache.v[layer, :, :kv_len]
+      start = (layer, 0, 0, cache_index, 0)
+      cache = KVCache(jax.lax.dynamic_update_slice(cache.k, k_BxKxTxE[None].astype(cache.k.dtype), start),
+                      jax.lax.dynamic_update_slice(cache.v, v_BxKxTxE[None].astype(cache.v.dtype), start))
+      keys_BxKxSxE, values_BxKxSxE = cache.k[layer, :, :, :kv_len], cache.v[layer, :, :, :kv_len]
       kv_mask_BxS = kv_mask_BxS[:, :kv_len]
       q_slots = cache_index + jnp.arange(t)
-    s = keys_BxSxKxE.shape[1]
+    s = keys_BxKxSxE.shape[2]
     mask_BxTxS = (jnp.arange(s)[None, :] <= q_slots[:, None])[None] & kv_mask_BxS[:, None, :]
     q_BxTxKxGxE = q.reshape(b, t, kvh, cfg.num_attention_heads // kvh, e)
-    scores = jnp.einsum("btkge,bske->bkgts", q_BxTxKxGxE, keys_BxSxKxE,
+    scores = jnp.einsum("btkge,bkse->bkgts", q_BxTxKxGxE, keys_BxKxSxE,
                         preferred_element_type=jnp.float32) * (1.0 / math.sqrt(e))
     scores = jnp.where(mask_BxTxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(values_BxSxKxE.dtype)
-    ctx = jnp.einsum("bkgts,bske->btkge", probs, values_BxSxKxE).reshape(b, t, cfg.num_attention_heads, e)
+    probs = jax.nn.softmax(scores, axis=-1).astype(values_BxKxSxE.dtype)
+    ctx = jnp.einsum("bkgts,bkse->btkge", probs, values_BxKxSxE).reshape(b, t, cfg.num_attention_heads, e)
     ctx = constrain(ctx, ("batch", "seq", "heads", "head_dim"))
-    return constrain(jnp.einsum("bthe,hed->btd", ctx, self.o_proj[...]), _ACT), cache
+    # one flat contraction over H*E: with two contracting dims XLA CPU transposed all of o_proj every step
+    o_FxD = self.o_proj[...].reshape(cfg.num_attention_heads * e, -1)
+    return constrain(ctx.reshape(b, t, -1) @ o_FxD, _ACT), cache
 
 
 class MLP(nnx.Module):
@@ -192,7 +195,7 @@ class Llama(nnx.Module):
     if positions_BxT is None:
       positions_BxT = jnp.broadcast_to(cache_index + jnp.arange(t), (b, t))
     if kv_mask_BxS is None:
-      kv_mask_BxS = jnp.ones((b, t if cache is None else cache.k.shape[2]), bool)
+      kv_mask_BxS = jnp.ones((b, t if cache is None else cache.k.shape[3]), bool)
     inv_freq = jnp.asarray(cfg.inv_freq(), jnp.float32)
     table = constrain(self.embed_tokens[...], ("vocab", "act_embed"))  # FSDP: gather the embed dim first
     x = constrain(jnp.take(table, tokens_BxT, axis=0), _ACT)
