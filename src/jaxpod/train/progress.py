@@ -16,10 +16,11 @@ from rich.table import Table
 class ProgressDisplay:
   """A rich progress bar (leader only, `enabled=False` elsewhere)."""
 
-  def __init__(self, total: int, start: int, enabled: bool, console: Console | None = None):
+  def __init__(self, total: int, start: int, enabled: bool, console: Console | None = None,
+               start_time: float | None = None):
     self.enabled = enabled
     self.console = console or Console(stderr=True)
-    self.start_time = time.monotonic()
+    self.start_time = time.monotonic() if start_time is None else start_time  # time to first step counts from here
     self.first_step_s: float | None = None
     self._start_step = start
     self._progress = None

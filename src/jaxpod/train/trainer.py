@@ -148,7 +148,7 @@ def _run(cfg: TrainConfig, run_dir: str, data_path: str, extra_hooks, t_start: f
                           loader.eval_iter)
     hooks: list[Hook] = [EvalHook(evaluator, tcfg.eval_every), *extra_hooks,
                          CheckpointHook(ckpt, tcfg.checkpoint_every, st.to_nested)]
-    progress = ProgressDisplay(tcfg.steps, start, host.is_leader and tcfg.progress)
+    progress = ProgressDisplay(tcfg.steps, start, host.is_leader and tcfg.progress, start_time=t_start)
     try:
       last = _loop(cfg, state, start, step_fn, iterator, batch_sh, hooks, tracker, progress, run_dir, mesh, ckpt.poll)
     except BaseException as e:
