@@ -180,7 +180,7 @@ def run(json_path: str | None = None, **overrides) -> dict:
              "params": params, "results": results, "by_threads": {_label(t): r for t, r in by_threads.items()},
              "machine": machine()}
   rows = [(f"{e} best ({results[e]['threads']})", *_row(results[e])) for e in results]
-  rows += [(f"  {e} [{_label(t)} process]", *_row(r["results"][e])) for t, r in by_threads.items()
+  rows += [(f"  {e} ({_label(t)} process)", *_row(r["results"][e])) for t, r in by_threads.items()
            for e in ("jaxpod", "hf_generate")]
   print_table(f"sample: {params / 1e6:.0f}M params, batch {opts.batch_size}, prompt {opts.prompt_len}, "
               f"{opts.max_new_tokens} new tokens (medians of {opts.repeats}); jaxpod decode = "
