@@ -90,3 +90,18 @@ def test_captures_match_hidden_states(hf_gqa):
   np.testing.assert_allclose(np.asarray(out.captures["resid.0"]), total, atol=1e-5)
   with pytest.raises(ValueError, match="capture_layers"):
     model(jnp.asarray(tokens), capture_layers=(5,), capture_points=("resid",))
+
+
+def test_padding_and_causality_properties():
+  """Right padding with kv_mask leaves real positions unchanged; later tokens never change earlier logits."""
+  from jaxpod.models.llama import init, tiny
+  model = init(tiny(), seed=5)
+  g, p = nnx.split(model)
+  fwd = jax.jit(lambda p, t, m: forward(g, p, t, kv_mask_BxS=m, capture_layers=(1,), capture_points=("resid",)))
+  tokens = _tokens(300, b=1, t=12, seed=3)
+  full = fwd(p, tokens, np.ones((1, 12), bool))
+  padded = np.concatenate([tokens[:, :7], np.zeros((1, 5), np.int32)], axis=1)
+  part = fwd(p, padded, np.arange(12)[None] < 7)
+  np.testing.assert_allclose(np.asarray(part.logits[:, :7]), np.asarray(full.logits[:, :7]), atol=1e-6)
+  np.testing.assert_allclose(np.asarray(part.captures["resid.1"][:, :7]), np.asarray(full.captures["resid.1"][:, :7]),
+                             atol=1e-6)
