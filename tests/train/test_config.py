@@ -60,7 +60,7 @@ def test_validation_runs_before_jax_initialises(tmp_path):
   cfg = TrainConfig(runtime=RuntimeConfig(num_processes=3, process_id=0, coordinator="127.0.0.1:9"),
                     trainer=TrainerConfig(runs_dir=str(tmp_path)))
   was = runtime.is_initialized()
-  with pytest.raises(ValueError, match="data.global_batch_size=64 is not divisible by the 3 hosts"):
+  with pytest.raises(ValueError, match=r"data.global_batch_size=32 is not divisible by the 3 hosts"):
     train(cfg)
   assert runtime.is_initialized() == was
 

@@ -27,7 +27,7 @@ class DataConfig:
   clues: int | None = None  # clue target of the generator (None: its default for the grid)
   seed: int = 0  # generator seed (puzzles) and loader seed (shuffle order)
   cache_dir: str | None = None  # root of generated datasets (None: $JAXPOD_DATA_CACHE or ~/.cache/jaxpod/data)
-  global_batch_size: int = 64  # rows per training step over all hosts
+  global_batch_size: int = 32  # rows per training step over all hosts
   eval_batch_size: int = 300  # rows per evaluation step over all hosts (last batch padded)
 
   def __post_init__(self):
@@ -52,7 +52,7 @@ class DataConfig:
 class TrainerConfig:
   """The loop: length, hook cadence, checkpoints, EMA, seeds, where the run folder goes."""
 
-  steps: int = 1600  # optimizer steps (one ACT step each)
+  steps: int = 3000  # optimizer steps (one ACT step each)
   eval_every: int = 0  # evaluate every N steps (0: only at the end)
   checkpoint_every: int = 0  # checkpoint every N steps (0: only at the end)
   keep_last: int = 2  # checkpoints kept on disk
@@ -98,7 +98,8 @@ def _default_optim() -> TRMOptimConfig:
 
 def _default_model() -> TRMConfig:
   return TRMConfig(seq_len=16, vocab_size=6, hidden_size=64, num_heads=4, puzzle_emb_ndim=64, puzzle_emb_len=1,
-                   h_cycles=2, l_cycles=2, mlp_t=False, pos_encodings="rope", halt_max_steps=4)
+                   h_cycles=2, l_cycles=2, mlp_t=False, pos_encodings="rope", halt_max_steps=4,
+                   loss_type="softmax_cross_entropy")
 
 
 @dataclasses.dataclass(frozen=True)
