@@ -89,3 +89,14 @@ def test_python_defaults_are_the_embedded_default():
   embedded, default = load_config([]), TrainConfig()
   assert (embedded.data, embedded.model, embedded.optim) == (default.data, default.model, default.optim)
   assert embedded.trainer.steps == default.trainer.steps and embedded.trainer.ema == default.trainer.ema
+
+
+def test_cli_reports_host_errors_in_one_line(capsys):
+  """`jaxpod train` with a batch that does not split over the hosts: exit 2, one line, no JAX init."""
+  from jaxpod import runtime
+  from jaxpod.cli.main import main
+  was = runtime.is_initialized()
+  code = main(["train", "--runtime.num_processes=3", "--runtime.process_id=0", "--runtime.coordinator=127.0.0.1:9"])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert code == 2 and len(err) == 1 and "data.global_batch_size=32 is not divisible by the 3 hosts" in err[0]
+  assert runtime.is_initialized() == was

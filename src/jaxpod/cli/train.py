@@ -31,7 +31,14 @@ def load_config(argv: list[str]):
 
 
 def main(argv: list[str]) -> int:
+  import sys
+  from jaxpod.train.config import validate_for_hosts
   cfg = load_config(argv)
+  try:
+    validate_for_hosts(cfg, cfg.runtime.hosts())  # invariant 7: one line, before JAX initialises
+  except ValueError as e:
+    print(f"jaxpod train: error: {e}", file=sys.stderr)
+    return 2
   from jaxpod.train.trainer import train
   train(cfg)
   return 0
