@@ -44,9 +44,10 @@ class ProgressDisplay:
     if self._progress is None:
       return
     fields = {}
-    if metrics:
-      fields["loss"] = f"{metrics.get('loss', float('nan')):.4f}"
-      fields["acc"] = f"{metrics.get('exact_accuracy', float('nan')):.3f}"
+    if metrics and "loss" in metrics:
+      fields["loss"] = f"{metrics['loss']:.4f}"
+    if metrics and "exact_accuracy" in metrics:  # absent on steps where no row halted
+      fields["acc"] = f"{metrics['exact_accuracy']:.3f}"
     if self.first_step_s is not None:
       if self._rate_step0 is None:
         self._rate_t0, self._rate_step0 = time.monotonic(), step

@@ -73,10 +73,16 @@ def host_metrics(metrics: dict) -> dict:
   return {k: np.asarray(v.addressable_data(0)).item() for k, v in metrics.items()}
 
 
+HALTED_ROW_METRICS = ("accuracy", "exact_accuracy", "q_halt_accuracy", "steps")
+
+
 def normalize(raw: dict, global_batch_size: int) -> dict:
   """What the reference logs: losses / global batch, halted-row metrics / halted count."""
   extra = {k: raw[k] for k in ("lr", "grad_norm") if k in raw}
   out = trm.normalize_metrics({k: v for k, v in raw.items() if k not in extra}, global_batch_size)
   out["count"] = raw["count"]
+  if not raw["count"]:  # no row halted this step: halted-row metrics are undefined, not zero
+    for k in HALTED_ROW_METRICS:
+      out.pop(k, None)
   out.update(extra)
   return out
