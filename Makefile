@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 train: $(STAMP)
-	$(VENV)/bin/jaxpod launch --hosts 4 -- $(VENV)/bin/jaxpod doctor
+	$(VENV)/bin/jaxpod train
 
 doctor: $(STAMP)
 	$(VENV)/bin/jaxpod launch --hosts 4 -- $(VENV)/bin/jaxpod doctor

@@ -26,7 +26,9 @@ from jaxpod.data.sudoku.csv import read_csv
 from jaxpod.data.sudoku.generate import Puzzles, generate
 from jaxpod.data.sudoku.grid import Box
 
-FORMAT_VERSION = 1
+# Bump whenever the generator, augmentation or on-disk layout changes what a config produces:
+# the cache folder is named by (config, FORMAT_VERSION), so a stale build is never reused.
+FORMAT_VERSION = 2
 ENV_CACHE = "JAXPOD_DATA_CACHE"
 
 
