@@ -75,7 +75,31 @@ def trainer_processes(params: Any) -> set[int]:
   return procs or {jax.process_index()}
 
 
-class ServerBase:
+class _Endpoint:
+  """What servers and clients share: metrics totals, an idempotent close, a context manager.
+
+  Servers stop serving on close (versions already committed stay readable only where the
+  transport allows); clients drop their connections (a later receive raises).
+  """
+
+  def metrics(self) -> dict:
+    """Totals and the last transfer's per-phase figures."""
+    return self.totals.as_dict()
+
+  def close(self) -> None:
+    if not self.closed:
+      self.closed = True
+      self._close()
+      self.coord.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+class ServerBase(_Endpoint):
   """Publish = flatten (replica 0) -> reserve seq -> transport stages -> leader commits."""
 
   keeps_pieces = False  # True: the transport serves the pieces after publish returns (so must own them)
@@ -164,25 +188,7 @@ class ServerBase:
       self.coord.store.delete(key)
     return [v for _, v in found]
 
-  def metrics(self) -> dict:
-    """Totals and the last publish's per-phase figures."""
-    return self.totals.as_dict()
-
-  def close(self) -> None:
-    """Stop serving; versions already committed stay readable only where the transport allows."""
-    if not self.closed:
-      self.closed = True
-      self._close()
-      self.coord.close()
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    self.close()
-
-
-class ClientBase:
+class ClientBase(_Endpoint):
   """Receive = look up the newest version -> fetch its pieces -> place them on `like`'s shardings."""
 
   def __init__(self, config: TransferConfig, coordinator: coordinators.Coordinator | None = None):
@@ -240,22 +246,6 @@ class ClientBase:
     self.totals.record(m, ok=True)
     return WeightUpdate(params, int(record["weight_id"]), int(record["seq"]), m)
 
-  def metrics(self) -> dict:
-    """Totals and the last receive's per-phase figures."""
-    return self.totals.as_dict()
-
-  def close(self) -> None:
-    """Drop connections; a later receive raises."""
-    if not self.closed:
-      self.closed = True
-      self._close()
-      self.coord.close()
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    self.close()
 
 
 _MODULES = {"checkpoint": "checkpoint", "ray": "ray_store", "jax_transfer": "jax_transfer",
