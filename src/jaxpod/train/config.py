@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.models.trm import TRMConfig, TRMOptimConfig
 from jaxpod.runtime import HostInfo, MeshConfig, RuntimeConfig
 
@@ -92,6 +93,55 @@ class TrackerConfig:
       raise ValueError(f"tracker.wandb_mode={self.wandb_mode!r}: expected offline, online or disabled")
 
 
+def _default_lm_model() -> LlamaConfig:
+  return LlamaConfig(vocab_size=259, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+                     num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+                     tie_word_embeddings=True, bos_token_id=256, eos_token_id=(257,), pad_token_id=258)
+
+
+@dataclasses.dataclass(frozen=True)
+class LMConfig:
+  """The causal-LM task: a Llama on a text file, next-token loss, samples during training.
+
+  Uses `data.global_batch_size`, `data.eval_batch_size` and `data.seed` (shuffle order) from `data:`.
+  """
+
+  text_path: str | None = None  # a UTF-8 text file (one document per line); None: the built-in toy-grammar text
+  text_chars: int = 300_000  # size of the built-in text (ignored with text_path)
+  tokenizer: str = "byte"  # "byte" (ids 0..255, BOS 256, EOS 257, PAD 258) or a folder with tokenizer.json
+  seq_len: int = 128  # tokens per training row
+  eval_fraction: float = 0.05  # share of the rows held out for eval loss / perplexity
+  model: LlamaConfig = dataclasses.field(default_factory=_default_lm_model)
+  lr: float = 3e-3  # AdamW peak learning rate
+  warmup_steps: int = 50  # linear warmup from 0
+  lr_min_ratio: float = 0.1  # cosine decay to lr * lr_min_ratio at trainer.steps
+  weight_decay: float = 0.01  # AdamW decoupled weight decay
+  grad_clip: float = 1.0  # global-norm clip (0: none)
+  sample_every: int = 0  # SampleHook cadence in steps (0: only at the end; no prompts: no sampling)
+  prompts: tuple[str, ...] = ()  # prompts completed by SampleHook into <run>/samples.jsonl
+  sample_max_new_tokens: int = 64  # tokens generated per prompt
+  sample_temperature: float = 0.0  # 0: greedy
+
+  def __post_init__(self):
+    for name in ("seq_len", "text_chars", "sample_max_new_tokens"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"lm.{name}={getattr(self, name)}: expected a positive integer")
+    if self.seq_len > self.model.max_position_embeddings:
+      raise ValueError(f"lm.seq_len={self.seq_len} exceeds lm.model.max_position_embeddings="
+                       f"{self.model.max_position_embeddings}; lower seq_len or raise max_position_embeddings")
+    if not 0.0 < self.eval_fraction < 1.0:
+      raise ValueError(f"lm.eval_fraction={self.eval_fraction}: expected a value in (0, 1)")
+    if self.lr <= 0 or self.warmup_steps < 0 or self.weight_decay < 0 or self.grad_clip < 0:
+      raise ValueError("lm.lr must be > 0 and lm.warmup_steps, lm.weight_decay, lm.grad_clip >= 0")
+    if not 0.0 <= self.lr_min_ratio <= 1.0:
+      raise ValueError(f"lm.lr_min_ratio={self.lr_min_ratio}: expected a value in [0, 1]")
+    if self.sample_every < 0:
+      raise ValueError(f"lm.sample_every={self.sample_every}: expected >= 0 (0: only at the end)")
+    if self.tokenizer == "byte" and self.model.vocab_size < 259:
+      raise ValueError(f"lm.model.vocab_size={self.model.vocab_size} is too small for the byte tokenizer; "
+                       "set it to at least 259")
+
+
 def _default_optim() -> TRMOptimConfig:
   return TRMOptimConfig(lr=3e-3, puzzle_emb_lr=3e-3, weight_decay=0.03, puzzle_emb_weight_decay=0.1, warmup_steps=100)
 
@@ -104,7 +154,10 @@ def _default_model() -> TRMConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-  """A whole training run. The defaults are `jaxpod train`'s embedded config (4x4 Sudoku, small TRM)."""
+  """A whole training run. The defaults are `jaxpod train`'s embedded config (4x4 Sudoku, small TRM).
+
+  With `lm:` set the run is the causal-LM task instead (`jaxpod.train.lm_task`).
+  """
 
   runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
   mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
@@ -113,8 +166,13 @@ class TrainConfig:
   optim: TRMOptimConfig = dataclasses.field(default_factory=_default_optim)
   trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
   tracker: TrackerConfig = dataclasses.field(default_factory=TrackerConfig)
+  lm: LMConfig | None = None  # set: the causal-LM task (model/optim/Sudoku data fields unused); None: TRM Sudoku
 
   def __post_init__(self):
+    if self.lm is not None:
+      if self.lm.warmup_steps >= self.trainer.steps:
+        raise ValueError(f"lm.warmup_steps={self.lm.warmup_steps} must be below trainer.steps={self.trainer.steps}")
+      return
     if self.data.path is None:  # a generated grid: the model must read exactly it
       n = self.data.side
       if self.model.seq_len != n * n:

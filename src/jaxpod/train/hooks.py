@@ -60,7 +60,7 @@ class Hook:
 
 
 class EvalHook(Hook):
-  """Full test-set evaluation with the EMA weights; returns `eval/*` metrics."""
+  """Full test-set evaluation (the task's evaluator) with the EMA weights; returns `eval/*` metrics."""
 
   def __init__(self, evaluator: Callable[[Any, Any], dict], every: int):
     self.evaluator, self.every = evaluator, every
@@ -69,8 +69,11 @@ class EvalHook(Hook):
   def __call__(self, info: StepInfo) -> dict:
     results = self.evaluator(info.state.ema_params, info.state.buffers)
     self.history.append((info.step, results))
-    log.info("eval at step %d: exact accuracy %.4f over %d puzzles", info.step, results["exact_accuracy"],
-             results["count"])
+    if "exact_accuracy" in results:
+      log.info("eval at step %d: exact accuracy %.4f over %d puzzles", info.step, results["exact_accuracy"],
+               results["count"])
+    else:
+      log.info("eval at step %d: %s", info.step, {k: round(v, 4) for k, v in results.items()})
     return {f"eval/{k}": v for k, v in results.items()}
 
 

@@ -33,10 +33,11 @@ def plot_run(run_dir: str, out: str | None = None) -> str:
   records = read_metrics(run_dir)
   out = out or str(Path(run_dir) / "metrics.png")
   fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
-  for key, label in (("loss", "train loss"), ("lm_loss", "train lm loss")):
+  for key, label, style in (("loss", "train loss", "-"), ("lm_loss", "train lm loss", "-"),
+                            ("eval/loss", "eval loss (held out)", "o-")):  # eval/loss: the LM task
     x, y = _series(records, key)
     if x:
-      ax_loss.plot(x, y, label=label)
+      ax_loss.plot(x, y, style, label=label)
   ax_loss.set_xlabel("step")
   ax_loss.set_ylabel("loss")
   ax_loss.set_yscale("log")
@@ -50,7 +51,8 @@ def plot_run(run_dir: str, out: str | None = None) -> str:
   ax_acc.set_xlabel("step")
   ax_acc.set_ylabel("accuracy")
   ax_acc.set_ylim(0, 1.02)
-  ax_acc.legend(loc="lower right")
+  if ax_acc.get_legend_handles_labels()[0]:  # the LM task logs no accuracy
+    ax_acc.legend(loc="lower right")
   fig.suptitle(Path(run_dir).name)
   fig.tight_layout()
   fig.savefig(out, dpi=100)

@@ -6,7 +6,7 @@
     ema_params  EMA of `params` (evaluated, checkpointed, exported)
     step        int32 [] optimizer steps taken
     rng         uint32 [2] base key; step k uses fold_in(rng, k), so resuming needs no key history
-    carry       the TRM ACT carry, persistent across steps as the reference keeps it
+    carry       the task's state carried across steps (TRM: the ACT carry, as the reference keeps it; LM: ())
 
 The state is built from abstract shapes: `abstract_state` traces init without allocating,
 `state_shardings` derives a NamedSharding per leaf from the parameters' logical axes (optimizer
@@ -24,13 +24,12 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxpod.models import trm
 from jaxpod.runtime import DEFAULT_RULES, ShardingRules, state_shardings as param_shardings
 
 
 @flax.struct.dataclass
 class TrainState:
-  """One pytree for params, buffers, optimizer state, EMA, step, rng and the ACT carry."""
+  """One pytree for params, buffers, optimizer state, EMA, step, rng and the task's carry."""
 
   params: Any
   buffers: Any
@@ -38,22 +37,21 @@ class TrainState:
   ema_params: Any
   step: jax.Array
   rng: jax.Array
-  carry: trm.TRMCarry
+  carry: Any
 
 
-def abstract_model(cfg: trm.TRMConfig, seed: int):
-  """(graphdef, abstract params, abstract buffers) without allocating anything."""
-  model = nnx.eval_shape(lambda: trm.TRM(cfg, rngs=nnx.Rngs(seed)))
-  return trm.split_model(model)
+def abstract_model(task, seed: int):
+  """(graphdef, abstract params, abstract buffers) of the task's model without allocating anything."""
+  return task.abstract_model(seed)
 
 
-def make_init_fn(cfg: trm.TRMConfig, tx: optax.GradientTransformation, seed: int, global_batch: int):
+def make_init_fn(task, tx: optax.GradientTransformation, seed: int, global_batch: int):
   """A function of no arguments that builds a fresh TrainState (jit it with out_shardings)."""
   def init() -> TrainState:
-    _, params, buffers = trm.split_model(trm.TRM(cfg, rngs=nnx.Rngs(seed)))
+    params, buffers = task.init_model(seed)
     return TrainState(params=params, buffers=buffers, opt_state=tx.init(params),
                       ema_params=jax.tree.map(jnp.copy, params), step=jnp.zeros([], jnp.int32),
-                      rng=jax.random.PRNGKey(seed), carry=trm.init_carry(cfg, global_batch))
+                      rng=jax.random.PRNGKey(seed), carry=task.init_carry(global_batch))
   return init
 
 

@@ -1,7 +1,8 @@
 """The train step: a pure `(state, batch) -> (state, metrics)`, jitted once with shardings and donation.
 
-One call is one TRM ACT step and one optimizer update, as in the reference: halted rows of
-the persistent carry take their data from `batch`, running rows keep theirs. The rng of step
+One call is one loss evaluation of the task and one optimizer update (TRM: one ACT step, as in
+the reference: halted rows of the persistent carry take their data from `batch`, running rows
+keep theirs). The rng of step
 k is `fold_in(state.rng, k)`, so a resumed run draws exactly what an uninterrupted one does.
 
 Metrics come back as raw sums (replicated global scalars). The loop reads step N-1's metrics
@@ -27,16 +28,18 @@ def ema_update(ema, params, decay: float):
   return jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, ema, params)
 
 
-def train_step_fn(graphdef, tx: optax.GradientTransformation, ema_decay: float, loss_type: str,
+def train_step_fn(loss_fn: Callable, tx: optax.GradientTransformation, ema_decay: float,
                   lr_fn: Callable | None = None):
-  """The pure step function (unjitted): one ACT step, one update, EMA, metrics."""
-  grad_fn = jax.value_and_grad(trm.train_loss, argnums=1, has_aux=True)
+  """The pure step function (unjitted): the task's loss and grads, one update, EMA, metrics.
+
+  loss_fn: `(params, buffers, batch, rng, carry) -> (loss, (carry, metric sums))` (`Task.loss_fn`).
+  """
+  grad_fn = jax.value_and_grad(loss_fn, argnums=0, has_aux=True)
 
   def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     rng = jax.random.fold_in(state.rng, state.step)
     with jax.named_scope("loss_and_grads"):
-      (_, (carry, _, metrics)), grads = grad_fn(graphdef, state.params, state.buffers, state.carry, batch, rng,
-                                                loss_type)
+      (_, (carry, metrics)), grads = grad_fn(state.params, state.buffers, batch, rng, state.carry)
     with jax.named_scope("optimizer"):
       updates, opt_state = tx.update(grads, state.opt_state, state.params)
       params = optax.apply_updates(state.params, updates)

@@ -5,7 +5,8 @@
 
 Order of work (each line is the same on every host):
 1. validate the config against the hosts before JAX initialises (invariant 7);
-2. `runtime.init`; the leader picks the run folder and builds the dataset, others receive both;
+2. `runtime.init`; the leader picks the run folder and prepares the task's data (`Task.prepare`:
+   Sudoku dataset folder, LM token stream), others receive both;
 3. mesh, optimizer, abstract state and its shardings; restore the agreed checkpoint (invariant 5)
    or init straight into the shardings;
 4. loop: next global batch, dispatch step N, read step N-1's metrics (waiting in slices that
@@ -22,7 +23,6 @@ from typing import Sequence
 
 from jaxpod import runtime
 from jaxpod.runtime.log import get_logger
-from jaxpod.train import data as train_data
 from jaxpod.train.config import TrainConfig, validate_for_hosts
 from jaxpod.train.hooks import CheckpointHook, EvalHook, Hook, StepInfo, run_hooks
 
@@ -48,8 +48,8 @@ class RunSummary:
   resumed: bool
 
 
-def _new_run_dir(cfg: TrainConfig) -> str:
-  name = cfg.trainer.run_name or time.strftime("trm-%Y%m%d-%H%M%S")
+def _new_run_dir(cfg: TrainConfig, prefix: str) -> str:
+  name = cfg.trainer.run_name or time.strftime(f"{prefix}-%Y%m%d-%H%M%S")
   path = Path(cfg.trainer.runs_dir).absolute() / name
   path.mkdir(parents=True, exist_ok=True)
   return str(path)
@@ -69,16 +69,6 @@ def wait_ready(arrays, where: str) -> None:
     sleep = min(sleep * 2, POLL_S)
 
 
-def _check_dataset(cfg: TrainConfig, meta: dict) -> None:
-  for field, key in (("seq_len", "seq_len"), ("vocab_size", "vocab_size")):
-    if getattr(cfg.model, field) != meta[key]:
-      raise ValueError(f"model.{field}={getattr(cfg.model, field)} but the dataset has {key}={meta[key]}; "
-                       f"set model.{field}={meta[key]}")
-  if cfg.model.num_puzzle_identifiers < meta["num_puzzle_identifiers"]:
-    raise ValueError(f"model.num_puzzle_identifiers={cfg.model.num_puzzle_identifiers} < the dataset's "
-                     f"{meta['num_puzzle_identifiers']}")
-
-
 def _to_dict(cfg) -> dict:
   return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
 
@@ -91,44 +81,42 @@ def train(cfg: TrainConfig, extra_hooks: Sequence[Hook] = ()) -> RunSummary:
   runtime.init(cfg.runtime, runs_dir=cfg.trainer.runs_dir)
   import jax
   validate_for_hosts(cfg, hosts, jax.device_count())
+  from jaxpod.train.task import make_task
   with runtime.guard():
-    run_dir = runtime.broadcast_call(lambda: _new_run_dir(cfg), "train.run_dir")
-    data_path = runtime.broadcast_call(lambda: train_data.ensure_dataset(cfg.data), "train.dataset", timeout_s=3600)
-    return _run(cfg, run_dir, data_path, extra_hooks, t_start)
+    task = make_task(cfg)
+    run_dir = runtime.broadcast_call(lambda: _new_run_dir(cfg, task.name), "train.run_dir")
+    prepared = runtime.broadcast_call(task.prepare, "train.dataset", timeout_s=3600)
+    return _run(cfg, task, run_dir, prepared, extra_hooks, t_start)
 
 
-def _run(cfg: TrainConfig, run_dir: str, data_path: str, extra_hooks, t_start: float) -> RunSummary:
+def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: float) -> RunSummary:
   import jax
   from jaxpod.io import CheckpointConfig, Checkpointer
-  from jaxpod.models import trm
   from jaxpod.runtime import compile_cache
   from jaxpod.train import state as st
   from jaxpod.train import step as sp
-  from jaxpod.train.evaluate import Evaluator
   from jaxpod.train.progress import ProgressDisplay, print_summary
   from jaxpod.train.tracker import Tracker
 
   host = runtime.host_info()
   tcfg, dcfg = cfg.trainer, cfg.data
-  loader = train_data.make_loader(dcfg, data_path, host.process_index, host.process_count)
-  _check_dataset(cfg, loader.metadata)
+  task.setup(prepared, host.process_index, host.process_count)
   mesh = runtime.mesh_from_config(cfg.mesh)
-  log.info("run %s: mesh %s, dataset %s", run_dir, runtime.describe_mesh(mesh), data_path)
+  log.info("run %s: task %s, mesh %s", run_dir, task.name, runtime.describe_mesh(mesh))
   tracker = Tracker(cfg.tracker, run_dir, host.is_leader, _to_dict(cfg))
   if host.is_leader:
     Path(run_dir, "config.json").write_text(json.dumps(_to_dict(cfg), indent=1))
 
-  tx = trm.make_optimizer(cfg.optim)
-  lr_fn = trm.warmup_schedule(cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.total_steps, cfg.optim.lr_min_ratio)
-  graphdef, _, _ = st.abstract_model(cfg.model, tcfg.seed)
-  init_fn = st.make_init_fn(cfg.model, tx, tcfg.seed, dcfg.global_batch_size)
+  tx, lr_fn = task.optimizer()
+  graphdef, _, _ = st.abstract_model(task, tcfg.seed)
+  init_fn = st.make_init_fn(task, tx, tcfg.seed, dcfg.global_batch_size)
   abstract = st.abstract_state(init_fn)
   shardings = st.state_shardings(abstract, mesh)
-  batch_sh = sp.batch_shardings(mesh, {"inputs": 2, "labels": 2, "puzzle_identifiers": 1})
+  batch_sh = sp.batch_shardings(mesh, task.batch_ndims)
 
   ckpt = Checkpointer(CheckpointConfig(dir=str(Path(run_dir) / "checkpoints"), keep_last=tcfg.keep_last,
                                        async_save=tcfg.async_checkpoints))
-  iterator = loader.train_iter()
+  iterator = task.train_iter()
   restored = ckpt.restore(st.to_nested(st.with_shardings(abstract, shardings))) if tcfg.resume else None
   if restored is not None:
     start, tree, data_state = restored
@@ -142,15 +130,15 @@ def _run(cfg: TrainConfig, run_dir: str, data_path: str, extra_hooks, t_start: f
     state = st.init_state(init_fn, shardings)
 
   with jax.set_mesh(mesh):
-    step_fn = sp.jit_train_step(sp.train_step_fn(graphdef, tx, tcfg.ema, cfg.model.loss_type, lr_fn), shardings,
+    step_fn = sp.jit_train_step(sp.train_step_fn(task.loss_fn(graphdef), tx, tcfg.ema, lr_fn), shardings,
                                 batch_sh, mesh)
-    evaluator = Evaluator(graphdef, cfg.model, mesh, shardings.ema_params, shardings.buffers, batch_sh,
-                          loader.eval_iter)
-    hooks: list[Hook] = [EvalHook(evaluator, tcfg.eval_every), *extra_hooks,
+    evaluator = task.evaluator(graphdef, mesh, shardings.ema_params, shardings.buffers, batch_sh)
+    hooks: list[Hook] = [EvalHook(evaluator, tcfg.eval_every), *task.hooks(graphdef, mesh, tcfg), *extra_hooks,
                          CheckpointHook(ckpt, tcfg.checkpoint_every, st.to_nested)]
     progress = ProgressDisplay(tcfg.steps, start, host.is_leader and tcfg.progress, start_time=t_start)
     try:
-      last = _loop(cfg, state, start, step_fn, iterator, batch_sh, hooks, tracker, progress, run_dir, mesh, ckpt.poll)
+      last = _loop(cfg, task, state, start, step_fn, iterator, batch_sh, hooks, tracker, progress, run_dir, mesh,
+                   ckpt.poll)
     except BaseException as e:
       progress.close()
       _on_failure(e, host, ckpt)
@@ -169,7 +157,7 @@ def _run(cfg: TrainConfig, run_dir: str, data_path: str, extra_hooks, t_start: f
                        steps_per_s=max(steps_done - 1, 0) / loop_s, compile_cache_hits=compile_cache.STATS.hits,
                        compile_cache_misses=compile_cache.STATS.misses, resumed=restored is not None)
   if host.is_leader:
-    _finish(cfg, summary, progress.console, print_summary)
+    _finish(cfg, task, summary, progress.console, print_summary)
   runtime.barrier("train.end", timeout_s=600)
   return summary
 
@@ -184,7 +172,7 @@ def _on_failure(e: BaseException, host, ckpt) -> None:
     ckpt.wait()  # with several hosts the peers may be gone: nothing collective on the way down
 
 
-def _loop(cfg, state, start, step_fn, iterator, batch_sh, hooks, tracker, progress, run_dir, mesh, poll):
+def _loop(cfg, task, state, start, step_fn, iterator, batch_sh, hooks, tracker, progress, run_dir, mesh, poll):
   """Steps start..steps-1; returns the last host-side normalised training metrics."""
   from jaxpod.train import step as sp
   tcfg, gb = cfg.trainer, cfg.data.global_batch_size
@@ -194,7 +182,7 @@ def _loop(cfg, state, start, step_fn, iterator, batch_sh, hooks, tracker, progre
   def drain(pending):
     step, metrics = pending
     wait_ready(metrics, f"train step {step}")
-    values = sp.normalize(sp.host_metrics(metrics), gb)
+    values = task.normalize(sp.host_metrics(metrics), gb)
     progress.first_step_done()
     if step % max(tcfg.log_every, 1) == 0 or step == tcfg.steps:
       tracker.log(step, values)
@@ -225,7 +213,7 @@ def _loop(cfg, state, start, step_fn, iterator, batch_sh, hooks, tracker, progre
   return latest
 
 
-def _finish(cfg: TrainConfig, summary: RunSummary, console, print_summary) -> None:
+def _finish(cfg: TrainConfig, task, summary: RunSummary, console, print_summary) -> None:
   run_dir = Path(summary.run_dir)
   (run_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(summary), indent=1, default=str))
   if cfg.trainer.plot:
@@ -235,9 +223,7 @@ def _finish(cfg: TrainConfig, summary: RunSummary, console, print_summary) -> No
   rows = [("run folder", str(run_dir)),
           ("steps", f"{summary.start_step} -> {summary.final_step}" + (" (resumed)" if summary.resumed else "")),
           ("train loss", f"{summary.final_metrics.get('loss', float('nan')):.4f}"),
-          ("eval exact accuracy", f"{ev.get('exact_accuracy', float('nan')):.4f} on {ev.get('count', 0)} "
-                                  "held-out puzzles (EMA weights)"),
-          ("eval cell accuracy", f"{ev.get('accuracy', float('nan')):.4f}"),
+          *task.eval_summary(ev),
           ("time to first step", f"{summary.time_to_first_step_s:.1f} s (init, data, compile)"),
           ("steps/s", f"{summary.steps_per_s:.2f}"),
           ("wall time", f"{summary.wall_s:.1f} s"),

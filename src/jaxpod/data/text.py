@@ -1,0 +1,140 @@
+"""Text for causal-LM training: a deterministic built-in corpus, token packing, per-host batches.
+
+    text = grammar_text(seed=0, num_chars=300_000)   # the same string on every machine, no network
+    loader = TextLoader(token_docs, seq_len=128, global_batch_size=32, eval_batch_size=32,
+                        shard_index=host, shard_count=hosts, pad_id=258)
+    it = loader.train_iter(); batch = next(it)       # {"tokens", "mask"}: [per_host, seq_len] each
+    it.get_state() / it.set_state(state)             # {"step": n}: the checkpoint stores it
+
+The token stream (documents concatenated) is cut into fixed-length rows; a held-out tail
+of rows is the eval split. Train batch k is a slice of an epoch-wise permutation drawn from
+(seed, epoch), so it depends only on k: any host count sees the same global batches, and
+resuming needs only the step.
+"""
+from __future__ import annotations
+
+import random
+from typing import Iterator, Sequence
+
+import numpy as np
+
+_NAMES = ("the old king", "the young queen", "a tired farmer", "the small girl", "a quiet monk", "the brave knight",
+          "an old sailor", "the clever fox", "a grey wolf", "the little boy", "a kind baker", "the wise woman")
+_VERBS = ("walked to", "looked at", "ran past", "sang near", "waited by", "slept under", "painted", "remembered",
+          "found", "carried water to", "built a fire near", "told a story about")
+_PLACES = ("the river", "the tall tower", "the green hill", "the dark forest", "the village well", "the old bridge",
+           "the stone wall", "the market", "the cold sea", "the garden", "the mill", "the castle gate")
+_TIMES = ("at dawn", "in the evening", "after the rain", "before the winter", "at noon", "under the moon",
+          "on a windy day", "in the spring")
+_FEELINGS = ("was happy", "felt calm", "was very hungry", "felt afraid", "smiled", "laughed softly", "was tired",
+             "felt brave")
+
+
+def _cap(s: str) -> str:
+  return s[0].upper() + s[1:]
+
+
+def _sentence(r: random.Random) -> str:
+  who = r.choice(_NAMES)
+  form = r.randrange(4)
+  if form == 0:
+    return f"{_cap(who)} {r.choice(_VERBS)} {r.choice(_PLACES)} {r.choice(_TIMES)}."
+  if form == 1:
+    return f"{_cap(r.choice(_TIMES))}, {who} {r.choice(_VERBS)} {r.choice(_PLACES)}."
+  if form == 2:
+    return f"{_cap(who)} {r.choice(_FEELINGS)}, because {r.choice(_NAMES)} {r.choice(_VERBS)} {r.choice(_PLACES)}."
+  return f"{_cap(who)} {r.choice(_VERBS)} {r.choice(_PLACES)} and {r.choice(_FEELINGS)}."
+
+
+def grammar_text(seed: int = 0, num_chars: int = 300_000) -> str:
+  """Short paragraphs (one per line) from a fixed toy grammar; identical for the same (seed, num_chars)."""
+  r = random.Random(seed)
+  lines, total = [], 0
+  while total < num_chars:
+    line = " ".join(_sentence(r) for _ in range(r.randint(2, 4)))
+    lines.append(line)
+    total += len(line) + 1
+  return "\n".join(lines) + "\n"
+
+
+def tokenize_documents(text: str, encode, eos_id: int | None) -> np.ndarray:
+  """One int32 stream: each non-empty line encoded (the tokenizer adds BOS if it does), then EOS."""
+  out: list[int] = []
+  for line in text.splitlines():
+    if line.strip():
+      out.extend(encode(line))
+      if eos_id is not None:
+        out.append(eos_id)
+  return np.asarray(out, np.int32)
+
+
+class _TrainIterator:
+  """Checkpointable train iterator: state is the number of batches already drawn."""
+
+  def __init__(self, loader: "TextLoader"):
+    self.loader, self.step = loader, 0
+
+  def __iter__(self) -> Iterator[dict]:
+    return self
+
+  def __next__(self) -> dict:
+    batch = self.loader.train_batch(self.step)
+    self.step += 1
+    return batch
+
+  def get_state(self) -> dict:
+    return {"step": self.step}
+
+  def set_state(self, state: dict) -> None:
+    self.step = int(state["step"])
+
+
+class TextLoader:
+  """This host's rows of every global batch over a packed token stream."""
+
+  def __init__(self, tokens: np.ndarray, seq_len: int, global_batch_size: int, eval_batch_size: int, *,
+               eval_fraction: float = 0.05, seed: int = 0, shard_index: int = 0, shard_count: int = 1,
+               pad_id: int = 0):
+    rows = len(tokens) // seq_len
+    num_eval = max(1, int(round(rows * eval_fraction)))
+    if rows - num_eval < global_batch_size:
+      raise ValueError(f"the text gives {rows} rows of {seq_len} tokens ({num_eval} held out): fewer than "
+                       f"data.global_batch_size={global_batch_size}; use a longer text or lower the batch")
+    packed = np.asarray(tokens[:rows * seq_len], np.int32).reshape(rows, seq_len)
+    self.train_rows, self.eval_rows = packed[:rows - num_eval], packed[rows - num_eval:]
+    self.seq_len, self.gb, self.eb, self.seed, self.pad_id = seq_len, global_batch_size, eval_batch_size, seed, pad_id
+    self.index, self.count = shard_index, shard_count
+    self.steps_per_epoch = len(self.train_rows) // global_batch_size
+    self._perm: tuple[int, np.ndarray] | None = None
+
+  @property
+  def metadata(self) -> dict:
+    return {"train_rows": len(self.train_rows), "eval_rows": len(self.eval_rows), "seq_len": self.seq_len}
+
+  def _host_slice(self, rows: np.ndarray, batch: int) -> np.ndarray:
+    per = batch // self.count
+    return rows[self.index * per:(self.index + 1) * per]
+
+  def train_batch(self, step: int) -> dict:
+    """Global batch `step` (this host's rows): a slice of epoch step // steps_per_epoch's permutation."""
+    epoch, j = divmod(step, self.steps_per_epoch)
+    if self._perm is None or self._perm[0] != epoch:
+      self._perm = (epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self.train_rows)))
+    ids = self._perm[1][j * self.gb:(j + 1) * self.gb]
+    tokens = self.train_rows[self._host_slice(ids, self.gb)]
+    return {"tokens": tokens, "mask": np.ones(tokens.shape, bool)}
+
+  def train_iter(self) -> _TrainIterator:
+    return _TrainIterator(self)
+
+  def eval_iter(self) -> Iterator[dict]:
+    """The whole held-out split in order; the last batch padded with masked rows."""
+    for start in range(0, len(self.eval_rows), self.eb):
+      rows = self.eval_rows[start:start + self.eb]
+      mask = np.ones(rows.shape, bool)
+      if len(rows) < self.eb:
+        fill = self.eb - len(rows)
+        rows = np.concatenate([rows, np.full((fill, self.seq_len), self.pad_id, np.int32)])
+        mask = np.concatenate([mask, np.zeros((fill, self.seq_len), bool)])
+      yield {"tokens": self._host_slice(rows, self.eb), "mask": self._host_slice(mask, self.eb)}
+
