@@ -10,10 +10,8 @@ from jaxpod.train import train
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _lm_config(runs_dir, name: str, steps: int = 30, **overrides):
-  """A TrainConfig for a tiny byte-level Llama on a short built-in text, parsed as `jaxpod train` parses."""
-  from jaxpod.cli.args import parse
-  from jaxpod.train import TrainConfig
+def _lm_args(runs_dir, name: str, steps: int = 30, **overrides) -> list[str]:
+  """`jaxpod train` arguments for a tiny byte-level Llama on a short built-in text."""
   values = {
       "data.global_batch_size": 16, "data.eval_batch_size": 16, "lm.text_chars": 40000, "lm.seq_len": 32,
       "lm.model.hidden_size": 32, "lm.model.intermediate_size": 64, "lm.model.num_hidden_layers": 2,
@@ -24,8 +22,14 @@ def _lm_config(runs_dir, name: str, steps: int = 30, **overrides):
       "tracker.tensorboard": "false",
   }
   values.update({k.replace("__", "."): v for k, v in overrides.items()})
-  args = ["--config_path", str(REPO / "configs" / "lm_tiny.yaml")] + [f"--{k}={v}" for k, v in values.items()]
-  return parse(TrainConfig, args, "test")
+  return ["--config_path", str(REPO / "configs" / "lm_tiny.yaml")] + [f"--{k}={v}" for k, v in values.items()]
+
+
+def _lm_config(runs_dir, name: str, steps: int = 30, **overrides):
+  """The TrainConfig of `_lm_args`, parsed as `jaxpod train` parses it."""
+  from jaxpod.cli.args import parse
+  from jaxpod.train import TrainConfig
+  return parse(TrainConfig, _lm_args(runs_dir, name, steps, **overrides), "test")
 
 
 def _losses(run_dir) -> list[tuple[int, float, float]]:
@@ -103,3 +107,44 @@ def test_text_loader_batches_do_not_depend_on_host_count():
   np.testing.assert_array_equal(next(resumed)["tokens"], next(it)["tokens"])
   evals = list(one.eval_iter())
   assert sum(int(b["mask"][:, 0].sum()) for b in evals) == len(one.eval_rows)
+
+
+@pytest.mark.slow
+@pytest.mark.multihost
+def test_lm_task_on_two_hosts_matches_one_host(launch_hosts, tmp_path):
+  """Invariants 1 and 6 for the LM task: the leader's token stream reaches every host, 1 host x 1 device and
+  2 hosts x 2 devices train on the same global batches (same losses up to reduction order), and the
+  SampleHook runs on every host while only the leader writes samples.jsonl, once per sampling step."""
+  from tests.conftest import host_lines
+  worker = Path(__file__).parent / "workers" / "train_worker.py"
+  runs = {}
+  for hosts, dph in ((1, 1), (2, 2)):
+    args = _lm_args(tmp_path, f"h{hosts}", steps=4, lm__sample_every=2, lm__prompts='["The old king", "A kind"]')
+    r = launch_hosts(worker, hosts=hosts, devices_per_host=dph, args=["run", *args])
+    assert r.returncode == 0, r.transcript
+    runs[hosts] = json.loads(host_lines(r, 0, "SUMMARY")[0])
+  one, two = (_losses(runs[h]["run_dir"]) for h in (1, 2))
+  assert [s for s, _, _ in one] == [s for s, _, _ in two] == [1, 2, 3, 4]
+  np.testing.assert_allclose([l for _, l, _ in two], [l for _, l, _ in one], rtol=2e-4)
+  assert runs[1]["eval"]["count"] == runs[2]["eval"]["count"] > 0
+  rows = [json.loads(l) for l in Path(runs[2]["run_dir"], "samples.jsonl").read_text().splitlines()]
+  assert [(r["step"], r["index"]) for r in rows] == [(2, 0), (2, 1), (4, 0), (4, 1)]
+
+
+@pytest.mark.slow
+def test_lm_task_with_a_bpe_tokenizer_trained_offline(tmp_path):
+  """`lm.tokenizer: FOLDER` (a tokenizer.json trained offline with `tokenizers`): ids within the model's vocab,
+  BOS/EOS per line, training runs and SampleHook decodes its completions with that tokenizer."""
+  from jaxpod.data.text import grammar_text, train_bpe_tokenizer
+  from jaxpod.train.lm_task import LMTask
+  folder = train_bpe_tokenizer(grammar_text(0, 40000), 384, str(tmp_path / "tok"))
+  overrides = dict(lm__tokenizer=folder, lm__model__vocab_size=384, lm__model__bos_token_id=1,
+                   lm__model__eos_token_id="[2]", lm__model__pad_token_id=0)
+  cfg = _lm_config(tmp_path, "bpe", steps=4, lm__sample_every=2, lm__prompts='["The old king"]', **overrides)
+  tokens = LMTask(cfg).prepare()
+  assert tokens.max() < 384 and tokens[0] == 1 and (tokens == 2).sum() == (tokens == 1).sum() > 10
+  summary = train(cfg)
+  assert len(_losses(summary.run_dir)) == 4 and np.isfinite(summary.eval["loss"])
+  rows = [json.loads(l) for l in Path(summary.run_dir, "samples.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows] == [2, 4] and all(isinstance(r["completion"], str) for r in rows)
+  assert all(0 <= i < 384 for r in rows for i in r["token_ids"])

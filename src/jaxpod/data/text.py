@@ -1,6 +1,7 @@
 """Text for causal-LM training: a deterministic built-in corpus, token packing, per-host batches.
 
     text = grammar_text(seed=0, num_chars=300_000)   # the same string on every machine, no network
+    train_bpe_tokenizer(text, 512, "tok/")           # optional: a BPE trained offline (lm.tokenizer: tok/)
     loader = TextLoader(token_docs, seq_len=128, global_batch_size=32, eval_batch_size=32,
                         shard_index=host, shard_count=hosts, pad_id=258)
     it = loader.train_iter(); batch = next(it)       # {"tokens", "mask"}: [per_host, seq_len] each
@@ -66,6 +67,29 @@ def tokenize_documents(text: str, encode, eos_id: int | None) -> np.ndarray:
       if eos_id is not None:
         out.append(eos_id)
   return np.asarray(out, np.int32)
+
+
+def train_bpe_tokenizer(text: str, vocab_size: int, folder: str) -> str:
+  """Train a byte-level BPE on `text` offline (`tokenizers`) and save it as `folder`/tokenizer.json.
+
+  Ids 0, 1, 2 are <pad>, <s> (BOS, prepended by the post-processor) and </s> (EOS);
+  tokenizer_config.json names them, so `jaxpod.models.llama.load_tokenizer(folder)` reads them.
+  """
+  import json
+  from pathlib import Path
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<s>", "</s>"],
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+  tok.train_from_iterator(text.splitlines(), trainer)
+  tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+  Path(folder).mkdir(parents=True, exist_ok=True)
+  tok.save(str(Path(folder) / "tokenizer.json"))
+  config = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
+  (Path(folder) / "tokenizer_config.json").write_text(json.dumps(config))
+  return folder
 
 
 class _TrainIterator:
