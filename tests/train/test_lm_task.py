@@ -148,3 +148,24 @@ def test_lm_task_with_a_bpe_tokenizer_trained_offline(tmp_path):
   rows = [json.loads(l) for l in Path(summary.run_dir, "samples.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows] == [2, 4] and all(isinstance(r["completion"], str) for r in rows)
   assert all(0 <= i < 384 for r in rows for i in r["token_ids"])
+
+
+@pytest.mark.slow
+def test_lm_run_interrupted_and_resumed_equals_uninterrupted(tmp_path):
+  """Invariant 5 for the LM task: stop at step 5 (checkpoint at 3), rerun -> the checkpointed data position
+  resumes the same batches, so the loss sequence equals the uninterrupted run's exactly."""
+  from jaxpod.train import Hook
+
+  class Stop(Hook):
+    every = 1
+
+    def __call__(self, info):
+      if info.step == 5:
+        raise KeyboardInterrupt("stop")
+
+  full = train(_lm_config(tmp_path, "full", steps=8, trainer__checkpoint_every=3, lm__prompts="[]"))
+  with pytest.raises(KeyboardInterrupt):
+    train(_lm_config(tmp_path, "cut", steps=8, trainer__checkpoint_every=3, lm__prompts="[]"), extra_hooks=[Stop()])
+  again = train(_lm_config(tmp_path, "cut", steps=8, trainer__checkpoint_every=3, lm__prompts="[]"))
+  assert again.resumed and again.start_step == 3
+  assert _losses(again.run_dir) == _losses(full.run_dir)

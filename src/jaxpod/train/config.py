@@ -120,15 +120,20 @@ class LMConfig:
   sample_every: int = 0  # SampleHook cadence in steps (0: only at the end; no prompts: no sampling)
   prompts: tuple[str, ...] = ()  # prompts completed by SampleHook into <run>/samples.jsonl
   sample_max_new_tokens: int = 64  # tokens generated per prompt
+  sample_max_prompt_len: int = 64  # longest prompt in tokens (static shape of the sampler)
   sample_temperature: float = 0.0  # 0: greedy
 
   def __post_init__(self):
-    for name in ("seq_len", "text_chars", "sample_max_new_tokens"):
+    for name in ("seq_len", "text_chars", "sample_max_new_tokens", "sample_max_prompt_len"):
       if getattr(self, name) < 1:
         raise ValueError(f"lm.{name}={getattr(self, name)}: expected a positive integer")
     if self.seq_len > self.model.max_position_embeddings:
       raise ValueError(f"lm.seq_len={self.seq_len} exceeds lm.model.max_position_embeddings="
                        f"{self.model.max_position_embeddings}; lower seq_len or raise max_position_embeddings")
+    if self.sample_max_prompt_len + self.sample_max_new_tokens > self.model.max_position_embeddings:
+      raise ValueError(f"lm.sample_max_prompt_len + lm.sample_max_new_tokens = "
+                       f"{self.sample_max_prompt_len + self.sample_max_new_tokens} exceeds "
+                       f"lm.model.max_position_embeddings={self.model.max_position_embeddings}; lower one of them")
     if not 0.0 < self.eval_fraction < 1.0:
       raise ValueError(f"lm.eval_fraction={self.eval_fraction}: expected a value in (0, 1)")
     if self.lr <= 0 or self.warmup_steps < 0 or self.weight_decay < 0 or self.grad_clip < 0:

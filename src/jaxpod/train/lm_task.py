@@ -146,10 +146,15 @@ class LMTask:
     from jaxpod.sample.hook import SampleHook
     dp = math.prod(mesh.shape[a] for a in mesh.axis_names if a in ("data", "fsdp"))
     rows = -(-len(self.lm.prompts) // dp) * dp
-    engine = EngineConfig(batch_size=rows, max_prompt_len=self.lm.seq_len // 2,
+    engine = EngineConfig(batch_size=rows, max_prompt_len=self.lm.sample_max_prompt_len,
                           max_new_tokens=self.lm.sample_max_new_tokens)
-    return [SampleHook(self.lm.sample_every, self.lm.prompts, self.tokenizer, graphdef, engine=engine,
-                       sampling=SamplingParams(temperature=self.lm.sample_temperature), seed=tcfg.seed)]
+    hook = SampleHook(self.lm.sample_every, self.lm.prompts, self.tokenizer, graphdef, engine=engine,
+                      sampling=SamplingParams(temperature=self.lm.sample_temperature), seed=tcfg.seed)
+    longest = max(len(ids) for ids in hook._prompt_ids())  # leader tokenizes, every host gets the ids: now
+    if longest > self.lm.sample_max_prompt_len:          # (before training), not at the first sampling step
+      raise ValueError(f"lm.prompts: a prompt has {longest} tokens but lm.sample_max_prompt_len="
+                       f"{self.lm.sample_max_prompt_len}; raise it or shorten the prompt")
+    return [hook]
 
   def eval_summary(self, ev: dict) -> list[tuple[str, str]]:
     return [("eval loss", f"{ev.get('loss', float('nan')):.4f} on {ev.get('count', 0)} held-out tokens"),
