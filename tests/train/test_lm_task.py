@@ -169,3 +169,21 @@ def test_lm_run_interrupted_and_resumed_equals_uninterrupted(tmp_path):
   again = train(_lm_config(tmp_path, "cut", steps=8, trainer__checkpoint_every=3, lm__prompts="[]"))
   assert again.resumed and again.start_step == 3
   assert _losses(again.run_dir) == _losses(full.run_dir)
+
+
+def test_lm_task_reads_a_text_file_and_rejects_ids_beyond_the_vocab(tmp_path):
+  """`lm.text_path`: every non-empty line is one document (BOS ... EOS); an id the model cannot embed is an
+  error naming lm.model.vocab_size, raised on the leader before any training."""
+  from jaxpod.train.lm_task import LMTask
+  path = tmp_path / "t.txt"
+  path.write_text("ab\n\nc\n", encoding="utf-8")
+  tokens = LMTask(_lm_config(tmp_path, "f", lm__text_path=str(path))).prepare()
+  assert tokens.tolist() == [256, 97, 98, 257, 256, 99, 257]
+  with pytest.raises(ValueError, match="lm.model.vocab_size"):
+    LMTask(_lm_config(tmp_path, "f", lm__text_path=str(path), lm__tokenizer=str(_bpe(tmp_path)),
+                      lm__model__vocab_size=3)).prepare()  # BPE ids run to 299: a 3-row embedding cannot hold them
+
+
+def _bpe(tmp_path):
+  from jaxpod.data.text import grammar_text, train_bpe_tokenizer
+  return train_bpe_tokenizer(grammar_text(0, 5000), 300, str(tmp_path / "tok_small"))
