@@ -73,10 +73,6 @@ def decode(text: str) -> Any:
 
 
 # ---------------------------------------------------------------------------- helpers
-def _multi() -> bool:
-  return distributed.is_initialized() and distributed.host_info().multi_process
-
-
 def _key(name: str) -> str:
   return re.sub(r"[^A-Za-z0-9_.:\-]", "_", name)
 
@@ -93,7 +89,7 @@ def _next_gen(kind: str, name: str) -> tuple[str, int]:
 
 def check_peers(where: str = "") -> None:
   """Raise PeerFailed if any other host has published a failure."""
-  if not _multi():
+  if not distributed.in_multi_process_job():
     return
   me = distributed.host_info().process_index
   for key, value in kv.dir_get(_FAILED):
@@ -121,7 +117,7 @@ def _wait(key: str, deadline: float, what: str) -> str:
 # ---------------------------------------------------------------------------- public API
 def barrier(name: str, timeout_s: float | None = None) -> None:
   """Wait until every host reaches the barrier `name` (named by call site)."""
-  if not _multi():
+  if not distributed.in_multi_process_job():
     return
   timeout = _timeout(timeout_s)
   base, gen = _next_gen("b", name)
@@ -192,7 +188,7 @@ def _native_barrier(barrier_id: str, timeout: float, what: str) -> None:
 
 def allgather(obj: Any, name: str, timeout_s: float | None = None) -> list[Any]:
   """Every host's `obj`, as a list indexed by host."""
-  if not _multi():
+  if not distributed.in_multi_process_job():
     return [obj]
   host = distributed.host_info()
   check_peers(f"allgather {name!r}")
@@ -216,7 +212,7 @@ def broadcast_call(fn: Callable[[], Any], name: str, timeout_s: float | None = N
   If `fn` raises on the leader, the leader re-raises and every other host raises
   `PeerFailed` naming host 0, instead of waiting for a value that never comes.
   """
-  if not _multi():
+  if not distributed.in_multi_process_job():
     return fn()
   host = distributed.host_info()
   deadline = time.monotonic() + _timeout(timeout_s)
@@ -242,7 +238,7 @@ def broadcast_call(fn: Callable[[], Any], name: str, timeout_s: float | None = N
 
 def abort(exc: BaseException) -> None:
   """Publish this host's failure so every other host raises PeerFailed naming it."""
-  if not _multi() or isinstance(exc, PeerFailed):
+  if not distributed.in_multi_process_job() or isinstance(exc, PeerFailed):
     return  # a PeerFailed is a consequence; the root cause is already published
   host = distributed.host_info()
   notice = {"host": host.process_index, "type": type(exc).__name__, "message": str(exc)[:2000]}

@@ -67,6 +67,11 @@ def host_info() -> HostInfo:
   return _STATE.host if _STATE.host is not None else detect_hosts()
 
 
+def in_multi_process_job() -> bool:
+  """True once init() has joined a job of several processes (the control plane is live)."""
+  return _STATE.host is not None and _STATE.host.multi_process
+
+
 def is_leader() -> bool:
   return host_info().is_leader
 

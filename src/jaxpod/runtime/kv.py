@@ -88,10 +88,3 @@ def raw_barrier(barrier_id: str, timeout_s: float) -> None:
       raise KVTimeout(f"barrier {barrier_id!r} not reached within {timeout_s:.3g}s") from None
     raise
 
-
-def live_hosts(n: int) -> list[int] | None:
-  """Host indices the coordination service believes alive, or None if it cannot say."""
-  try:
-    return sorted(int(i) for i in client().get_live_nodes(list(range(n))))
-  except Exception:
-    return None

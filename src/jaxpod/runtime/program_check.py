@@ -58,7 +58,7 @@ def _unpack(blob: str) -> str:
 
 def verify(name: str, program_text: str, timeout_s: float | None = None) -> None:
   """Compare (name, hash of program_text) across hosts; raise ProgramMismatch on every host if any differ."""
-  if not (distributed.is_initialized() and distributed.host_info().multi_process):
+  if not distributed.in_multi_process_job():
     return
   digest = hashlib.sha256(program_text.encode()).hexdigest()
   seen = control.allgather([name, digest], _CHANNEL, timeout_s)
@@ -104,7 +104,7 @@ def jit(fn: Callable[..., Any] | None = None, *, name: str | None = None, **jit_
 
   @functools.wraps(fn)
   def wrapper(*args, **kwargs):
-    if _ENABLED and distributed.is_initialized() and distributed.host_info().multi_process:
+    if _ENABLED and distributed.in_multi_process_job():
       sig = _signature(args, kwargs)
       seen = control.allgather([label, sig], _CHANNEL + ".signature")
       same = all(s == seen[0] for s in seen)
