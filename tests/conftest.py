@@ -25,17 +25,44 @@ def _isolated_compile_cache(tmp_path_factory):
   os.environ["JAXPOD_COMPILE_CACHE"] = str(tmp_path_factory.mktemp("compile_cache"))
 
 
+@pytest.fixture(scope="session")
+def gcs():
+  """A real GCS-API server (fake-gcs-server) on 127.0.0.1 for the session; every GCS client in this
+  process and in launched hosts talks to it (gcsfs, TensorStore under Orbax, JAX's compile cache)."""
+  from tests.gcs_server import GCSServer
+  with GCSServer() as server:
+    saved = {k: os.environ.get(k) for k in server.env()}
+    os.environ.update(server.env())
+    yield server
+    for k, v in saved.items():
+      if v is None:
+        os.environ.pop(k, None)
+      else:
+        os.environ[k] = v
+
+
+@pytest.fixture
+def bucket(gcs) -> str:
+  """A fresh, empty bucket on the test GCS server: `gs://test-<suffix>`."""
+  return gcs.new_bucket("test")
+
+
 @pytest.fixture
 def launch_hosts(tmp_path):
-  """Run a Python script as N simulated hosts: launch_hosts(script, hosts=2, devices_per_host=2, args=[...])."""
+  """Run a Python script as N simulated hosts: launch_hosts(script, hosts=2, devices_per_host=2, args=[...]).
+
+  Hosts are isolated (each its own HOME, TMPDIR, working directory under `<log_dir>/hosts/host_<i>`),
+  as on a pod: anything shared between them must go through a bucket (the `bucket` fixture).
+  """
 
   def run(script, hosts: int = 2, devices_per_host: int = 2, args=(), timeout_s: float = 180,
-          env: dict | None = None, grace_s: float = 5.0) -> LaunchResult:
-    log_dir = tmp_path / f"launch_{next(_counter)}"
+          env: dict | None = None, grace_s: float = 5.0, log_dir=None) -> LaunchResult:
+    log_dir = log_dir or tmp_path / f"launch_{next(_counter)}"
     cfg = LaunchConfig(hosts=hosts, devices_per_host=devices_per_host, log_dir=str(log_dir), grace_s=grace_s,
-                       timeout_s=timeout_s)
+                       timeout_s=timeout_s, hosts_root=str(Path(log_dir) / "hosts"))
     full_env = dict(os.environ, **(env or {}))
     full_env.pop("JAX_NUM_CPU_DEVICES", None)
+    full_env.pop("JAXPOD_COMPILE_CACHE", None)  # a local folder shared by every host is what a pod lacks
     transcript = io.StringIO()
     result = launch([sys.executable, str(script), *map(str, args)], cfg, sink=transcript, summary=transcript,
                     env=full_env)

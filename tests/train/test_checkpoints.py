@@ -1,7 +1,6 @@
-"""Checkpoints: a corrupt or half-written step is never loaded, the previous good one is (invariant 5)."""
-import json
+"""Checkpoints on Orbax's commit protocol, local and on a bucket: a half-written step is never loaded, a
+step damaged after its commit makes every host fall back to the previous good one (invariant 5)."""
 import shutil
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -10,14 +9,22 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxpod import runtime
-from jaxpod.io import CheckpointConfig, Checkpointer
-from jaxpod.io.checkpoints import MANIFEST
+from jaxpod.io import CheckpointConfig, Checkpointer, verify
+from jaxpod.runtime import storage
 
 
 @pytest.fixture(scope="module")
 def mesh():
   runtime.init()
   return runtime.make_mesh()
+
+
+@pytest.fixture(params=["local", "gcs"])
+def ckpt_url(request, tmp_path):
+  """The checkpoint folder: a local path, or a gs:// URL on the test GCS server."""
+  if request.param == "local":
+    return str(tmp_path / "ck")
+  return storage.join(request.getfixturevalue("bucket"), "run", "ck")
 
 
 def _tree(mesh, value: float):
@@ -30,59 +37,89 @@ def _target(tree):
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
-def _save_steps(path, mesh, steps):
-  ckpt = Checkpointer(CheckpointConfig(dir=str(path), keep_last=5))
+def _save_steps(url, mesh, steps):
+  ckpt = Checkpointer(CheckpointConfig(dir=url, keep_last=5))
   for s in steps:
     ckpt.save(s, _tree(mesh, float(s)), {"next_index": s})
   ckpt.close()
 
 
-def _restore(path, mesh):
-  ckpt = Checkpointer(CheckpointConfig(dir=str(path), keep_last=5))
+def _restore(url, mesh):
+  ckpt = Checkpointer(CheckpointConfig(dir=url, keep_last=5))
   out = ckpt.restore(_target(_tree(mesh, 0.0)))
   ckpt.close()
   return out
 
 
-def _biggest_file(step_dir: Path) -> Path:
-  return max((p for p in step_dir.rglob("*") if p.is_file() and p.name != MANIFEST), key=lambda p: p.stat().st_size)
+def _array_files(step_url: str) -> list[str]:
+  """The files holding the state's array bytes (OCDBT data files), largest first."""
+  fs, path = storage.filesystem(step_url)
+  files = [f for f in fs.find(path, detail=True).values() if "/state/" in f["name"] and "/d/" in f["name"]]
+  return [f["name"] for f in sorted(files, key=lambda f: -f["size"])]
 
 
-def test_round_trip_restores_sharded_arrays_and_data_state(tmp_path, mesh):
-  _save_steps(tmp_path / "ck", mesh, [1, 2])
-  step, tree, data_state = _restore(tmp_path / "ck", mesh)
+def test_round_trip_restores_sharded_arrays_and_data_state(ckpt_url, mesh):
+  _save_steps(ckpt_url, mesh, [1, 2])
+  step, tree, data_state = _restore(ckpt_url, mesh)
   assert step == 2 and data_state == {"next_index": 2}
   np.testing.assert_array_equal(np.asarray(tree["w"]), np.full((8, 4), 2.0))
   assert tree["w"].sharding.spec == PartitionSpec("data")
 
 
-def test_corrupt_latest_checkpoint_falls_back_to_previous(tmp_path, mesh):
-  """A damaged file (same size, different bytes) in the newest step: the previous step is loaded."""
-  _save_steps(tmp_path / "ck", mesh, [1, 2, 3])
-  victim = _biggest_file(tmp_path / "ck" / "3")
-  data = bytearray(victim.read_bytes())
-  data[len(data) // 2] ^= 0xFF
-  victim.write_bytes(bytes(data))
-  step, tree, _ = _restore(tmp_path / "ck", mesh)
+def test_truncated_file_in_newest_step_falls_back_to_previous(ckpt_url, mesh):
+  _save_steps(ckpt_url, mesh, [1, 2, 3])
+  fs, _ = storage.filesystem(ckpt_url)
+  for victim in _array_files(storage.join(ckpt_url, "3")):
+    fs.pipe_file(victim, fs.cat_file(victim)[:7])
+  step, tree, _ = _restore(ckpt_url, mesh)
   assert step == 2
   np.testing.assert_array_equal(np.asarray(tree["w"]), np.full((8, 4), 2.0))
-  assert not (tmp_path / "ck" / "3").exists(), "the bad step must be moved aside so it is never listed again"
-  assert list((tmp_path / "ck.invalid").iterdir())
+  assert "3" not in storage.listdir(ckpt_url), "the bad step must be moved aside so it is never listed again"
+  assert storage.listdir(ckpt_url.rstrip("/") + ".invalid")
 
 
-def test_half_written_checkpoints_are_never_loaded(tmp_path, mesh):
-  """Truncated file, missing manifest (crash before commit), Orbax temp folder: all skipped."""
-  _save_steps(tmp_path / "ck", mesh, [1, 2, 3, 4])
-  victim = _biggest_file(tmp_path / "ck" / "4")
-  victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])  # truncated
-  (tmp_path / "ck" / "3" / MANIFEST).unlink()  # saved but never committed
-  shutil.copytree(tmp_path / "ck" / "2", tmp_path / "ck" / "5.orbax-checkpoint-tmp-1")  # a save in flight
-  step, tree, data_state = _restore(tmp_path / "ck", mesh)
-  assert step == 2 and data_state == {"next_index": 2}
-  np.testing.assert_array_equal(np.asarray(tree["w"]), np.full((8, 4), 2.0))
+def test_deleted_file_in_newest_step_falls_back_to_previous(ckpt_url, mesh):
+  _save_steps(ckpt_url, mesh, [1, 2])
+  for victim in _array_files(storage.join(ckpt_url, "2")):
+    storage.remove(victim if "://" not in ckpt_url else f"gs://{victim}")
+  step, _, data_state = _restore(ckpt_url, mesh)
+  assert step == 1 and data_state == {"next_index": 1}
 
 
-def test_no_good_checkpoint_means_a_fresh_start(tmp_path, mesh):
-  _save_steps(tmp_path / "ck", mesh, [1])
-  (tmp_path / "ck" / "1" / MANIFEST).write_text(json.dumps({"files": {"missing": [1, 0]}}))
-  assert _restore(tmp_path / "ck", mesh) is None
+def test_half_written_step_is_never_loaded(tmp_path, mesh):
+  """A save that never finished (Orbax's temporary folder, no commit) is not a step."""
+  url = str(tmp_path / "ck")
+  _save_steps(url, mesh, [1, 2])
+  shutil.copytree(tmp_path / "ck" / "2", tmp_path / "ck" / "3.orbax-checkpoint-tmp-1")
+  step, _, _ = _restore(url, mesh)
+  assert step == 2
+
+
+def test_uncommitted_step_on_a_bucket_is_never_loaded(bucket, mesh):
+  """On an object store Orbax marks a finished step with a commit file; without it the step is skipped."""
+  url = storage.join(bucket, "ck")
+  _save_steps(url, mesh, [1, 2])
+  fs, path = storage.filesystem(url)
+  markers = [f for f in fs.find(f"{path}/2") if f.endswith("commit_success.txt")]
+  assert markers, fs.find(f"{path}/2")
+  for m in markers:
+    fs.rm(m)
+  step, _, _ = _restore(url, mesh)
+  assert step == 1
+
+
+def test_no_good_checkpoint_means_a_fresh_start(ckpt_url, mesh):
+  _save_steps(ckpt_url, mesh, [1])
+  for victim in _array_files(storage.join(ckpt_url, "1")):
+    storage.remove(victim if "://" not in ckpt_url else f"gs://{victim}")
+  assert _restore(ckpt_url, mesh) is None
+
+
+def test_verify_names_the_damaged_step(ckpt_url, mesh):
+  _save_steps(ckpt_url, mesh, [1, 2])
+  fs, _ = storage.filesystem(ckpt_url)
+  for victim in _array_files(storage.join(ckpt_url, "1")):
+    fs.pipe_file(victim, fs.cat_file(victim)[:7])
+  report = dict(verify(ckpt_url))
+  assert report[2] is None
+  assert report[1] is not None and report[1]

@@ -1,7 +1,8 @@
-"""jaxpod.io: checkpoints (Orbax, global resume, commit manifests) and shard storage.
+"""jaxpod.io: checkpoints (Orbax straight to a URL, global resume, joint fall-back from a damaged step).
 
-    ckpt = Checkpointer(CheckpointConfig(dir="runs/x/checkpoints", keep_last=2))
+    ckpt = Checkpointer(CheckpointConfig(dir="gs://bucket/runs/x/checkpoints", keep_last=2))
     ckpt.save(step, state_tree, data_state)          # every host; async
     restored = ckpt.restore(target_tree)             # (step, tree, data_state) or None
+    verify("gs://bucket/runs/x/checkpoints")         # [(step, None or error)]: reads every byte
 """
-from jaxpod.io.checkpoints import CheckpointConfig, Checkpointer, verify_step, write_manifest
+from jaxpod.io.checkpoints import CheckpointConfig, Checkpointer, verify

@@ -15,6 +15,14 @@ ENV_NUM_PROCESSES = "JAXPOD_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAXPOD_PROCESS_ID"
 ENV_DEVICES_PER_HOST = "JAXPOD_DEVICES_PER_HOST"
 LAUNCH_VARS = (ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID)
+ENV_LOCAL_ROOT = "JAXPOD_LOCAL_ROOT"  # an isolated simulated host's private root (set by jaxpod launch)
+# "1": every host sees the same local disk (NFS, gcsfuse); local paths may then hold shared state.
+ENV_SHARED_LOCAL_DISK = "JAXPOD_SHARED_LOCAL_DISK"
+
+
+def shared_local_disk(env=None) -> bool:
+  """True when the user (or `jaxpod launch --shared-local-disk`) declared the local disk shared by all hosts."""
+  return (os.environ if env is None else env).get(ENV_SHARED_LOCAL_DISK, "").lower() in ("1", "true", "yes")
 
 
 @dataclasses.dataclass(frozen=True)

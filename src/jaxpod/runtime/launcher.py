@@ -5,6 +5,13 @@ devices per host), every output line is prefixed with its host and kept in a per
 and the first host to exit non-zero takes the others down: SIGTERM, then SIGKILL after a
 grace period (JAX installs a SIGTERM handler for preemption notices, so SIGTERM alone does
 not stop a JAX process). The summary names the first host that failed and its last lines.
+
+Hosts are isolated by default (DESIGN.md invariant 8): each gets a private local root
+`<hosts_root>/host_<i>/` holding its own HOME, TMPDIR, XDG cache folder and working directory,
+like a VM of a pod with its own disk, so code that assumes a shared local disk fails here as it
+would there. `shared_local_disk=True` (`--shared-local-disk`) keeps one working directory and
+HOME for all hosts and tells jaxpod the local disk is shared (an NFS or gcsfuse mount), through
+`JAXPOD_SHARED_LOCAL_DISK=1`.
 """
 from __future__ import annotations
 
@@ -36,6 +43,8 @@ class LaunchConfig:
   port: int | None = None  # coordinator port on 127.0.0.1; default: a free one
   grace_s: float = 5.0  # seconds between SIGTERM and SIGKILL when stopping hosts
   timeout_s: float | None = None  # stop everything after this many seconds (None: no limit)
+  shared_local_disk: bool = False  # hosts share HOME, TMPDIR and working dir (declare an NFS/gcsfuse setup)
+  hosts_root: str | None = None  # parent of the private host_<i>/ roots; default: a new temporary folder
 
   def __post_init__(self):
     if self.hosts < 1:
@@ -83,9 +92,41 @@ def check_port_free(port: int) -> None:
       raise ValueError(f"--port {port} is in use on 127.0.0.1; pick another port or omit --port") from None
 
 
-def host_env(i: int, n: int, coordinator: str, devices_per_host: int, base: dict | None = None) -> dict:
-  """Environment of simulated host i."""
+def host_root(hosts_root: str, i: int) -> Path:
+  """Private local root of simulated host i: home/, tmp/ and work/ (its working directory)."""
+  root = Path(hosts_root) / f"host_{i}"
+  for sub in ("home", "tmp", "work"):
+    (root / sub).mkdir(parents=True, exist_ok=True)
+  return root
+
+
+def _isolate(env: dict, root: Path) -> None:
+  home, tmp = str(root / "home"), str(root / "tmp")
+  env.update({"HOME": home, "TMPDIR": tmp, "TMP": tmp, "TEMP": tmp, "XDG_CACHE_HOME": f"{home}/.cache",
+              "XDG_CONFIG_HOME": f"{home}/.config", "XDG_DATA_HOME": f"{home}/.local/share",
+              hosts_lib.ENV_LOCAL_ROOT: str(root)})
+  env.pop(hosts_lib.ENV_SHARED_LOCAL_DISK, None)
+
+
+def _program_paths_absolute(cmd: list[str]) -> list[str]:
+  """The program (and a Python script) as absolute paths: the code is installed on every host alike,
+  but each isolated host starts in its own empty working directory."""
+  out = list(cmd)
+  if os.sep in out[0] and not os.path.isabs(out[0]):  # ./run.sh, .venv/bin/python (a bare name is on PATH)
+    out[0] = os.path.abspath(out[0])
+  if len(out) > 1 and Path(out[0]).name.startswith("python") and os.path.isfile(out[1]):
+    out[1] = os.path.abspath(out[1])
+  return out
+
+
+def host_env(i: int, n: int, coordinator: str, devices_per_host: int, base: dict | None = None,
+             root: Path | None = None) -> dict:
+  """Environment of simulated host i (private HOME/TMPDIR/caches under `root` unless the disk is shared)."""
   env = dict(os.environ if base is None else base)
+  if root is not None:
+    _isolate(env, root)
+  else:
+    env[hosts_lib.ENV_SHARED_LOCAL_DISK] = "1"
   env.update({
       hosts_lib.ENV_COORDINATOR: coordinator,
       hosts_lib.ENV_NUM_PROCESSES: str(n),
@@ -160,11 +201,15 @@ def launch(cmd: list[str], cfg: LaunchConfig, sink: TextIO | None = sys.stdout, 
   lock = threading.Lock()
   start = time.monotonic()
   procs: list[_Host] = []
+  hosts_root = None if cfg.shared_local_disk else (cfg.hosts_root or tempfile.mkdtemp(prefix="jaxpod-hosts-"))
+  if hosts_root is not None:
+    cmd = _program_paths_absolute(cmd)
   for i in range(cfg.hosts):
+    root = host_root(hosts_root, i) if hosts_root is not None else None
     try:
       p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                           env=host_env(i, cfg.hosts, coordinator, cfg.devices_per_host, env),
-                           start_new_session=True)
+                           env=host_env(i, cfg.hosts, coordinator, cfg.devices_per_host, env, root),
+                           cwd=str(root / "work") if root is not None else None, start_new_session=True)
     except FileNotFoundError:
       _stop_all(procs, 0)
       raise ValueError(f"command not found: {cmd[0]!r}; check the command after '--'") from None
