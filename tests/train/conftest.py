@@ -18,7 +18,7 @@ def tiny_args(runs_dir, data_dir, steps: int = 8, **overrides) -> list[str]:
       "runtime.compile_cache.min_compile_time_s": 0,
   }
   values.update({k.replace("__", "."): v for k, v in overrides.items()})
-  return [f"--{k}={v}" for k, v in values.items()]
+  return [f"--{k}={v}" for k, v in values.items() if v is not None]  # None: leave the field at its default
 
 
 def tiny_config(runs_dir, data_dir, steps: int = 8, **overrides):

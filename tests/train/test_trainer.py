@@ -1,5 +1,7 @@
 """The trainer in one process (8 CPU devices): it learns, resumes exactly, and hooks do not perturb it."""
 import json
+import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +45,8 @@ def test_tiny_config_learns(tmp_path, data_dir):
   assert summary.eval["count"] == 32 and summary.eval["accuracy"] > 0.4
   run = Path(summary.run_dir)
   assert (run / "metrics.png").stat().st_size > 0 and list((run / "tb").iterdir())
-  assert (run / "checkpoints" / "60" / "jaxpod_manifest.json").is_file()
+  with ocp.CheckpointManager(run / "checkpoints") as mgr:
+    assert mgr.all_steps() == [60]  # finished by Orbax's commit protocol
 
 
 class _Raise(Hook):
@@ -72,3 +75,45 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, data_dir):
   a = [(r["step"], r["loss"]) for r in _records(straight.run_dir) if "loss" in r]
   b = [(r["step"], r["loss"]) for r in _records(resumed.run_dir) if "loss" in r]
   assert a == b  # steps logged before the interruption and past the checkpoint are not duplicated
+
+
+def test_rerunning_the_same_command_continues_the_same_run(tmp_path, data_dir):
+  """Invariant 8 (rerun resumes): no run_name -> the run folder is named by the config, so the same command
+  again finds it; more steps continue it; another recipe is another run."""
+  first = train(tiny_config(tmp_path, data_dir, steps=3, trainer__checkpoint_every=3, trainer__run_name=None))
+  longer = train(tiny_config(tmp_path, data_dir, steps=4, trainer__run_name=None))
+  other = train(tiny_config(tmp_path, data_dir, steps=3, optim__lr=1e-3, trainer__run_name=None))
+  assert longer.run_dir == first.run_dir and longer.resumed and longer.start_step == 3
+  assert other.run_dir != first.run_dir and not other.resumed
+  again = train(tiny_config(tmp_path, data_dir, steps=4, trainer__run_name=None))  # finished: nothing to do
+  assert again.resumed and again.final_step == 4 and again.eval == longer.eval
+
+
+def test_resume_never_refuses_a_run_with_checkpoints(tmp_path, data_dir):
+  train(tiny_config(tmp_path, data_dir, steps=2, trainer__run_name="r"))
+  with pytest.raises(ValueError, match="trainer.resume=never but .* already holds checkpoints"):
+    train(tiny_config(tmp_path, data_dir, steps=2, trainer__run_name="r", trainer__resume="never"))
+
+
+class _SigTerm(Hook):
+  def __init__(self, at):
+    self.every, self.at = 1, at
+
+  def __call__(self, info):
+    if info.step == self.at:
+      os.kill(os.getpid(), signal.SIGTERM)  # a preemption notice, as a scheduler sends it
+
+
+def test_sigterm_saves_at_the_next_step_boundary_and_a_rerun_resumes_exactly(tmp_path, data_dir):
+  """Preemption: SIGTERM during step 2's hooks -> checkpoint at the next step boundary (3), exit code 143;
+  the rerun loses no step and ends with the parameters of an uninterrupted run."""
+  straight = train(tiny_config(tmp_path, data_dir, steps=5, trainer__run_name="straight"))
+  cfg = tiny_config(tmp_path, data_dir, steps=5, trainer__run_name="preempted")
+  with pytest.raises(SystemExit) as exit_info:
+    train(cfg, extra_hooks=[_SigTerm(2)])
+  assert exit_info.value.code == 143
+  with ocp.CheckpointManager(Path(tmp_path, "preempted", "checkpoints")) as mgr:
+    assert mgr.all_steps() == [3]
+  resumed = train(cfg)
+  assert resumed.resumed and resumed.start_step == 3
+  _assert_trees_equal(_final_params(straight.run_dir, 5), _final_params(resumed.run_dir, 5))

@@ -38,7 +38,8 @@ def default_dir(runs_dir: str | None) -> str:
   if env:
     return env
   if runs_dir:
-    return str(Path(runs_dir).absolute().parent / DEFAULT_DIR_NAME)
+    from jaxpod.runtime import storage
+    return storage.join(storage.parent(runs_dir), DEFAULT_DIR_NAME)
   return str(Path.home() / ".cache" / "jaxpod" / "compile_cache")
 
 

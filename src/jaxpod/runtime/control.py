@@ -251,11 +251,16 @@ def abort(exc: BaseException) -> None:
 
 @contextlib.contextmanager
 def guard():
-  """Run a block; an exception is published to the other hosts, then re-raised."""
+  """Run a block; an exception is published to the other hosts, then re-raised.
+
+  An exception with `coordinated = True` (every host raises it at the same point, e.g. a preemption
+  exit after a joint save) is not a failure and is not published.
+  """
   try:
     yield
   except BaseException as e:
-    abort(e)
+    if not getattr(e, "coordinated", False):
+      abort(e)
     raise
 
 

@@ -57,6 +57,15 @@ def join(url: str, *parts: str) -> str:
   return posixpath.join(url.rstrip("/"), *parts)
 
 
+def parent(url: str) -> str:
+  """The folder holding `url` (a bucket's root is its own parent)."""
+  url = str(url).rstrip("/")
+  if not is_remote(url):
+    return os.path.dirname(absolute(url))
+  head, _, path = url.partition("://")
+  return f"{head}://{posixpath.dirname(path) or path}"
+
+
 def name(url: str) -> str:
   """Last component of a URL or path."""
   return posixpath.basename(str(url).rstrip("/"))

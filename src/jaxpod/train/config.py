@@ -27,7 +27,7 @@ class DataConfig:
   augmentations: int = 8  # augmented copies per training puzzle (0: originals only)
   clues: int | None = None  # clue target of the generator (None: its default for the grid)
   seed: int = 0  # generator seed (puzzles) and loader seed (shuffle order)
-  cache_dir: str | None = None  # root of generated datasets (None: $JAXPOD_DATA_CACHE or ~/.cache/jaxpod/data)
+  cache_dir: str | None = None  # root of generated datasets, shared storage (None: $JAXPOD_DATA_CACHE, else <runs_dir>/../jaxpod_data)
   global_batch_size: int = 32  # rows per training step over all hosts
   eval_batch_size: int = 300  # rows per evaluation step over all hosts (last batch padded)
 
@@ -60,9 +60,9 @@ class TrainerConfig:
   log_every: int = 10  # metrics to the tracker every N steps
   ema: float = 0.99  # EMA decay of the parameters evaluated and exported (0: no EMA, use the live weights)
   seed: int = 0  # model init and halting-exploration randomness
-  runs_dir: str = "runs"  # parent of run folders; the compile cache is its sibling
-  run_name: str | None = None  # run folder name (None: decided by the leader from the time)
-  resume: bool = True  # continue from the run folder's last good checkpoint if there is one
+  runs_dir: str = "runs"  # parent of run folders: a local path (one host) or a bucket URL gs://...; caches are siblings
+  run_name: str | None = None  # run folder name (None: '<task>-<hash of the config>', so a rerun continues the run)
+  resume: str = "auto"  # auto: continue from the run's newest good checkpoint; never: refuse if it has one; or a checkpoint URL to start from
   async_checkpoints: bool = True  # write checkpoints in the background
   progress: bool = True  # rich progress bar on the leader
   plot: bool = True  # write metrics.png into the run folder at the end
@@ -77,6 +77,10 @@ class TrainerConfig:
       raise ValueError(f"trainer.keep_last={self.keep_last}: keep at least 1 checkpoint")
     if not 0.0 <= self.ema < 1.0:
       raise ValueError(f"trainer.ema={self.ema}: expected a decay in [0, 1) (0 disables EMA)")
+    if isinstance(self.resume, bool) or str(self.resume).lower() in ("true", "false"):  # the old boolean
+      object.__setattr__(self, "resume", "auto" if str(self.resume).lower() == "true" else "never")
+    if not self.resume:
+      raise ValueError("trainer.resume is empty: expected auto, never or a checkpoint URL")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +91,7 @@ class TrackerConfig:
   wandb: bool = False  # Weights & Biases (imported only when enabled)
   wandb_project: str = "jaxpod"  # wandb project
   wandb_mode: str = "offline"  # "offline" works without network; "online" needs a login
+  sync_every_s: float = 30.0  # a bucket run folder receives the staged metrics/events this often (and at checkpoints)
 
   def __post_init__(self):
     if self.wandb_mode not in ("offline", "online", "disabled"):
@@ -193,6 +198,44 @@ class TrainConfig:
     if self.optim.lr_min_ratio < 1.0 and self.optim.total_steps > self.trainer.steps:
       raise ValueError(f"optim.total_steps={self.optim.total_steps} exceeds trainer.steps={self.trainer.steps}; "
                        "the cosine would never finish")
+
+
+# Fields that do not change what a run computes: a rerun that differs only in them is the same run.
+# trainer.steps is among them so that `--trainer.steps` higher continues a finished run.
+RUN_ID_IGNORES = ("runtime", "mesh", "tracker", "trainer.steps", "trainer.runs_dir", "trainer.run_name",
+                  "trainer.resume", "trainer.progress", "trainer.plot", "trainer.async_checkpoints",
+                  "trainer.log_every", "trainer.eval_every", "trainer.checkpoint_every", "trainer.keep_last",
+                  "data.cache_dir", "data.eval_batch_size")
+
+
+def run_id(cfg: TrainConfig, prefix: str) -> str:
+  """`<prefix>-<12 hex>`: a hash of the config without RUN_ID_IGNORES, the same for the same command."""
+  import hashlib
+  import json
+  tree = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+  for dotted in RUN_ID_IGNORES:
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for p in parents:
+      node = node.get(p, {})
+    node.pop(leaf, None)
+  digest = hashlib.sha256(json.dumps(tree, sort_keys=True).encode()).hexdigest()[:12]
+  return f"{prefix}-{digest}"
+
+
+def validate_storage(cfg: TrainConfig, hosts: HostInfo) -> None:
+  """Invariants 7 and 8 for storage, before JAX initialises: the runs folder (and the dataset cache, the
+  resume URL) can be reached, and with several hosts they are shared storage. One-line StorageError."""
+  from jaxpod.runtime import storage
+  storage.check_url(cfg.trainer.runs_dir, "trainer.runs_dir")
+  storage.check_shared(cfg.trainer.runs_dir, "trainer.runs_dir", hosts.process_count)
+  if cfg.lm is None and cfg.data.path is None and cfg.data.cache_dir:
+    storage.check_shared(cfg.data.cache_dir, "data.cache_dir", hosts.process_count)
+  if cfg.trainer.resume not in ("auto", "never"):
+    storage.check_url(cfg.trainer.resume, "trainer.resume")
+    if not storage.exists(cfg.trainer.resume):
+      raise storage.StorageError(f"trainer.resume={cfg.trainer.resume}: no such checkpoint folder; give a run "
+                                 "folder or its checkpoints/ folder, or use auto")
 
 
 def validate_for_hosts(cfg: TrainConfig, hosts: HostInfo, num_devices: int | None = None) -> None:

@@ -18,15 +18,26 @@ def sudoku_config(cfg: DataConfig):
                           clues=cfg.clues)
 
 
-def ensure_dataset(cfg: DataConfig) -> str:
+def cache_root(cfg: DataConfig, runs_dir: str) -> str:
+  """Where generated datasets live: data.cache_dir, $JAXPOD_DATA_CACHE, else `jaxpod_data` beside the runs
+  folder, so that with a bucket runs folder the leader builds once into the bucket and every host reads it."""
+  import os
+  from jaxpod.runtime import storage
+  root = cfg.cache_dir or os.environ.get("JAXPOD_DATA_CACHE")
+  if root:
+    return storage.absolute(root)
+  return storage.join(storage.parent(runs_dir), "jaxpod_data")
+
+
+def ensure_dataset(cfg: DataConfig, runs_dir: str) -> str:
   """The dataset folder (`data.path`, or generated into the cache if missing). Run on the leader."""
-  from pathlib import Path
+  from jaxpod.runtime import storage
   if cfg.path:
-    if not Path(cfg.path, "train", "dataset.json").is_file():
+    if not storage.exists(storage.join(cfg.path, "train", "dataset.json")):
       raise FileNotFoundError(f"data.path={cfg.path}: no train/dataset.json there; point it at a dataset folder")
-    return cfg.path
+    return storage.absolute(cfg.path)
   from jaxpod.data.sudoku import ensure_dataset as build
-  return build(sudoku_config(cfg), cfg.cache_dir)
+  return build(sudoku_config(cfg), cache_root(cfg, runs_dir))
 
 
 def make_loader(cfg: DataConfig, path: str, host_index: int, host_count: int):

@@ -80,13 +80,17 @@ class EvalHook(Hook):
 class CheckpointHook(Hook):
   """Saves the train state and the data-iterator state through a `jaxpod.io.Checkpointer`."""
 
-  def __init__(self, checkpointer, every: int, to_tree: Callable[[Any], Any]):
+  def __init__(self, checkpointer, every: int, to_tree: Callable[[Any], Any],
+               before_save: Callable[..., None] | None = None):
     self.checkpointer, self.every, self.to_tree = checkpointer, every, to_tree
+    self.before_save = before_save  # e.g. push staged metrics to the bucket so they match the checkpoint
     self.saved: list[int] = []
 
   def __call__(self, info: StepInfo) -> None:
     if info.step in self.saved:
       return None
+    if self.before_save is not None:
+      self.before_save(force=True)
     data_state = info.extras["data_state"]()
     self.checkpointer.save(info.step, self.to_tree(info.state), data_state)
     self.saved.append(info.step)

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
+import io
 
+from jaxpod.runtime import storage
 from jaxpod.train.tracker import read_metrics
 
 
@@ -11,7 +12,7 @@ from jaxpod.train.tracker import read_metrics
 class PlotConfig:
   """What to plot and where."""
 
-  run_dir: str = ""  # the run folder holding metrics.jsonl
+  run_dir: str = ""  # the run folder holding metrics.jsonl (local path or URL)
   out: str | None = None  # output PNG (default: <run_dir>/metrics.png)
 
   def __post_init__(self):
@@ -31,7 +32,7 @@ def plot_run(run_dir: str, out: str | None = None) -> str:
   import matplotlib.pyplot as plt
 
   records = read_metrics(run_dir)
-  out = out or str(Path(run_dir) / "metrics.png")
+  out = out or storage.join(run_dir, "metrics.png")
   fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
   for key, label, style in (("loss", "train loss", "-"), ("lm_loss", "train lm loss", "-"),
                             ("eval/loss", "eval loss (held out)", "o-")):  # eval/loss: the LM task
@@ -53,8 +54,10 @@ def plot_run(run_dir: str, out: str | None = None) -> str:
   ax_acc.set_ylim(0, 1.02)
   if ax_acc.get_legend_handles_labels()[0]:  # the LM task logs no accuracy
     ax_acc.legend(loc="lower right")
-  fig.suptitle(Path(run_dir).name)
+  fig.suptitle(storage.name(run_dir))
   fig.tight_layout()
-  fig.savefig(out, dpi=100)
+  png = io.BytesIO()
+  fig.savefig(png, format="png", dpi=100)
   plt.close(fig)
+  storage.write_bytes(out, png.getvalue())
   return out

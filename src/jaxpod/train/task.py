@@ -69,7 +69,7 @@ class SudokuTask:
 
   def prepare(self) -> str:
     from jaxpod.train import data as train_data
-    return train_data.ensure_dataset(self.cfg.data)
+    return train_data.ensure_dataset(self.cfg.data, self.cfg.trainer.runs_dir)
 
   def setup(self, prepared: str, host_index: int, host_count: int) -> None:
     from jaxpod.train import data as train_data

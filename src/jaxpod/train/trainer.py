@@ -4,27 +4,32 @@
     summary = train(TrainConfig())       # what `jaxpod train` runs
 
 Order of work (each line is the same on every host):
-1. validate the config against the hosts before JAX initialises (invariant 7);
-2. `runtime.init`; the leader picks the run folder and prepares the task's data (`Task.prepare`:
-   Sudoku dataset folder, LM token stream), others receive both;
-3. mesh, optimizer, abstract state and its shardings; restore the agreed checkpoint (invariant 5)
-   or init straight into the shardings;
+1. validate the config against the hosts and the storage before JAX initialises (invariants 7, 8);
+2. `runtime.init`; the leader decides the run folder (`<runs_dir>/<run_name or task-confighash>`: the
+   same command gives the same folder, so a rerun resumes) and prepares the task's data
+   (`Task.prepare`: Sudoku dataset folder, LM token file, both in shared storage); others receive
+   their URLs;
+3. mesh, optimizer, abstract state and its shardings; restore the agreed checkpoint (invariant 5;
+   `trainer.resume`) or init straight into the shardings;
 4. loop: next global batch, dispatch step N, read step N-1's metrics (waiting in slices that
-   look for failed peers, so a dead host is named instead of hanging), run due hooks;
+   look for failed peers, so a dead host is named instead of hanging), run due hooks; a
+   preemption notice (SIGTERM on any host) saves the same step everywhere and exits 143;
 5. final hooks (eval, checkpoint), plot, summary.
+Every file goes through `runtime.storage`: the runs folder may be local (one host) or gs://.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import time
-from pathlib import Path
 from typing import Sequence
 
 from jaxpod import runtime
+from jaxpod.runtime import storage
 from jaxpod.runtime.log import get_logger
-from jaxpod.train.config import TrainConfig, validate_for_hosts
+from jaxpod.train.config import TrainConfig, run_id, validate_for_hosts, validate_storage
 from jaxpod.train.hooks import CheckpointHook, EvalHook, Hook, StepInfo, run_hooks
+from jaxpod.train.preemption import Preempted, PreemptionWatch
 
 log = get_logger("train")
 POLL_S = 0.02  # longest sleep between readiness polls
@@ -48,11 +53,11 @@ class RunSummary:
   resumed: bool
 
 
-def _new_run_dir(cfg: TrainConfig, prefix: str) -> str:
-  name = cfg.trainer.run_name or time.strftime(f"{prefix}-%Y%m%d-%H%M%S")
-  path = Path(cfg.trainer.runs_dir).absolute() / name
-  path.mkdir(parents=True, exist_ok=True)
-  return str(path)
+def run_url(cfg: TrainConfig, prefix: str) -> str:
+  """The run folder: `<runs_dir>/<run_name>`, or `<runs_dir>/<prefix>-<config hash>` (a rerun finds it again)."""
+  url = storage.join(storage.absolute(cfg.trainer.runs_dir), cfg.trainer.run_name or run_id(cfg, prefix))
+  storage.makedirs(url)
+  return url
 
 
 def wait_ready(arrays, where: str) -> None:
@@ -77,6 +82,7 @@ def train(cfg: TrainConfig, extra_hooks: Sequence[Hook] = ()) -> RunSummary:
   """Run training as configured; every host calls this. Returns the run summary."""
   hosts = cfg.runtime.hosts()
   validate_for_hosts(cfg, hosts)  # invariant 7: before JAX initialises
+  validate_storage(cfg, hosts)  # invariant 8: shared storage with several hosts
   t_start = time.monotonic()
   runtime.init(cfg.runtime, runs_dir=cfg.trainer.runs_dir)
   import jax
@@ -84,7 +90,7 @@ def train(cfg: TrainConfig, extra_hooks: Sequence[Hook] = ()) -> RunSummary:
   from jaxpod.train.task import make_task
   with runtime.guard():
     task = make_task(cfg)
-    run_dir = runtime.broadcast_call(lambda: _new_run_dir(cfg, task.name), "train.run_dir")
+    run_dir = runtime.broadcast_call(lambda: run_url(cfg, task.name), "train.run_dir")
     prepared = runtime.broadcast_call(task.prepare, "train.dataset", timeout_s=3600)
     return _run(cfg, task, run_dir, prepared, extra_hooks, t_start)
 
@@ -105,7 +111,7 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
   log.info("run %s: task %s, mesh %s", run_dir, task.name, runtime.describe_mesh(mesh))
   tracker = Tracker(cfg.tracker, run_dir, host.is_leader, _to_dict(cfg))
   if host.is_leader:
-    Path(run_dir, "config.json").write_text(json.dumps(_to_dict(cfg), indent=1))
+    storage.write_text(storage.join(run_dir, "config.json"), json.dumps(_to_dict(cfg), indent=1))
 
   tx, lr_fn = task.optimizer()
   graphdef, _, _ = st.abstract_model(task, tcfg.seed)
@@ -114,10 +120,10 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
   shardings = st.state_shardings(abstract, mesh)
   batch_sh = sp.batch_shardings(mesh, task.batch_ndims)
 
-  ckpt = Checkpointer(CheckpointConfig(dir=str(Path(run_dir) / "checkpoints"), keep_last=tcfg.keep_last,
+  ckpt = Checkpointer(CheckpointConfig(dir=storage.join(run_dir, "checkpoints"), keep_last=tcfg.keep_last,
                                        async_save=tcfg.async_checkpoints))
   iterator = task.train_iter()
-  restored = ckpt.restore(st.to_nested(st.with_shardings(abstract, shardings))) if tcfg.resume else None
+  restored = _restore(tcfg, ckpt, st.to_nested(st.with_shardings(abstract, shardings)))
   if restored is not None:
     start, tree, data_state = restored
     state = st.from_nested(tree, abstract)
@@ -128,21 +134,39 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
   else:
     start = 0
     state = st.init_state(init_fn, shardings)
+  if start >= tcfg.steps:
+    done = storage.join(run_dir, "summary.json")
+    log.warning("run %s is already complete at step %d: nothing to train (raise --trainer.steps to train further, "
+                "or pass --trainer.run_name NEW for a new run)", run_dir, start)
+    tracker.close()
+    ckpt.close()
+    if storage.exists(done):
+      return RunSummary(**{**json.loads(storage.read_text(done)), "resumed": True})
 
   with jax.set_mesh(mesh):
     step_fn = sp.jit_train_step(sp.train_step_fn(task.loss_fn(graphdef), tx, tcfg.ema, lr_fn), shardings,
                                 batch_sh, mesh)
     evaluator = task.evaluator(graphdef, mesh, shardings.ema_params, shardings.buffers, batch_sh)
+    checkpoint_hook = CheckpointHook(ckpt, tcfg.checkpoint_every, st.to_nested, before_save=tracker.sync)
     hooks: list[Hook] = [EvalHook(evaluator, tcfg.eval_every), *task.hooks(graphdef, mesh, tcfg), *extra_hooks,
-                         CheckpointHook(ckpt, tcfg.checkpoint_every, st.to_nested)]
+                         checkpoint_hook]
     progress = ProgressDisplay(tcfg.steps, start, host.is_leader and tcfg.progress, start_time=t_start)
+    preemption = PreemptionWatch(host.multi_process)
     try:
       last = _loop(cfg, task, state, start, step_fn, iterator, batch_sh, hooks, tracker, progress, run_dir, mesh,
-                   ckpt.poll)
+                   preemption, checkpoint_hook)
+    except Preempted as e:
+      progress.close()
+      tracker.close()
+      log.warning("preempted: checkpoint of step %d saved in %s; rerun the same command to resume", e.step,
+                  run_dir)
+      raise
     except BaseException as e:
       progress.close()
       _on_failure(e, host, ckpt)
       raise
+    finally:
+      preemption.close()
     progress.close()
   for hook in hooks:
     hook.close()
@@ -172,7 +196,33 @@ def _on_failure(e: BaseException, host, ckpt) -> None:
     ckpt.wait()  # with several hosts the peers may be gone: nothing collective on the way down
 
 
-def _loop(cfg, task, state, start, step_fn, iterator, batch_sh, hooks, tracker, progress, run_dir, mesh, poll):
+def _restore(tcfg, ckpt, target):
+  """`trainer.resume`: this run's newest good checkpoint (auto), none (never: refuse if there is one), or,
+  when this run has none yet, the newest good one under a given URL (a run folder or its checkpoints/)."""
+  from jaxpod.io import CheckpointConfig, Checkpointer
+  if tcfg.resume == "never":
+    found = ckpt.steps()
+    if found:
+      raise ValueError(f"trainer.resume=never but {ckpt.dir} already holds checkpoints (steps {found}); pass "
+                       "--trainer.run_name NEW for a new run, or --trainer.resume auto to continue")
+    return None
+  restored = ckpt.restore(target)
+  if restored is not None or tcfg.resume == "auto":
+    return restored
+  source = tcfg.resume
+  if storage.exists(storage.join(source, "checkpoints")):
+    source = storage.join(source, "checkpoints")
+  other = Checkpointer(CheckpointConfig(dir=source))
+  restored = other.restore(target)
+  other.close()
+  if restored is None:
+    raise ValueError(f"trainer.resume={tcfg.resume}: no checkpoint there restores on every host")
+  log.info("starting from %s step %d", source, restored[0])
+  return restored
+
+
+def _loop(cfg, task, state, start, step_fn, iterator, batch_sh, hooks, tracker, progress, run_dir, mesh,
+          preemption, checkpoint_hook):
   """Steps start..steps-1; returns the last host-side normalised training metrics."""
   from jaxpod.train import step as sp
   tcfg, gb = cfg.trainer, cfg.data.global_batch_size
@@ -194,11 +244,11 @@ def _loop(cfg, task, state, start, step_fn, iterator, batch_sh, hooks, tracker, 
     if pending is not None:
       latest = drain(pending)
     pending = (step, metrics)
-    poll()
     progress.update(step - 1 if step > start + 1 else start, latest)
     final = step == tcfg.steps
+    preempted = preemption.reached(step)
     due = [h for h in hooks if h.due(step, final)]
-    if due:
+    if due or preempted:
       latest = drain(pending)
       pending = None
       info = StepInfo(step=step, state=state, final=final, run_dir=run_dir, mesh=mesh, metrics=latest,
@@ -207,6 +257,10 @@ def _loop(cfg, task, state, start, step_fn, iterator, batch_sh, hooks, tracker, 
       if out:
         tracker.log(step, out)
         latest = {**latest, **out}
+      if preempted:
+        checkpoint_hook(info)
+        checkpoint_hook.checkpointer.wait()
+        raise Preempted(step)
   if pending is not None:
     latest = drain(pending)
   progress.update(tcfg.steps, latest)
@@ -214,11 +268,12 @@ def _loop(cfg, task, state, start, step_fn, iterator, batch_sh, hooks, tracker, 
 
 
 def _finish(cfg: TrainConfig, task, summary: RunSummary, console, print_summary) -> None:
-  run_dir = Path(summary.run_dir)
-  (run_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(summary), indent=1, default=str))
+  run_dir = summary.run_dir
+  storage.write_text(storage.join(run_dir, "summary.json"), json.dumps(dataclasses.asdict(summary), indent=1,
+                                                                       default=str))
   if cfg.trainer.plot:
     from jaxpod.train.plot import plot_run
-    plot_run(str(run_dir))
+    plot_run(run_dir)
   ev = summary.eval
   rows = [("run folder", str(run_dir)),
           ("steps", f"{summary.start_step} -> {summary.final_step}" + (" (resumed)" if summary.resumed else "")),
