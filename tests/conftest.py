@@ -47,27 +47,28 @@ def bucket(gcs) -> str:
   return gcs.new_bucket("test")
 
 
+def launch_hosts_once(script, log_dir, hosts: int = 2, devices_per_host: int = 2, args=(), timeout_s: float = 180,
+                      env: dict | None = None, grace_s: float = 5.0) -> LaunchResult:
+  """Run a Python script as N isolated simulated hosts (each its own HOME, TMPDIR and working directory under
+  `<log_dir>/hosts/host_<i>`), as on a pod: anything shared must go through a bucket (the `bucket` fixture)."""
+  cfg = LaunchConfig(hosts=hosts, devices_per_host=devices_per_host, log_dir=str(log_dir), grace_s=grace_s,
+                     timeout_s=timeout_s, hosts_root=str(Path(log_dir) / "hosts"))
+  full_env = dict(os.environ, **(env or {}))
+  full_env.pop("JAX_NUM_CPU_DEVICES", None)
+  full_env.pop("JAXPOD_COMPILE_CACHE", None)  # a local folder shared by every host is what a pod lacks
+  transcript = io.StringIO()
+  result = launch([sys.executable, str(script), *map(str, args)], cfg, sink=transcript, summary=transcript,
+                  env=full_env)
+  result.transcript = transcript.getvalue()
+  return result
+
+
 @pytest.fixture
 def launch_hosts(tmp_path):
-  """Run a Python script as N simulated hosts: launch_hosts(script, hosts=2, devices_per_host=2, args=[...]).
+  """launch_hosts(script, hosts=2, devices_per_host=2, args=[...]): `launch_hosts_once` under tmp_path."""
 
-  Hosts are isolated (each its own HOME, TMPDIR, working directory under `<log_dir>/hosts/host_<i>`),
-  as on a pod: anything shared between them must go through a bucket (the `bucket` fixture).
-  """
-
-  def run(script, hosts: int = 2, devices_per_host: int = 2, args=(), timeout_s: float = 180,
-          env: dict | None = None, grace_s: float = 5.0, log_dir=None) -> LaunchResult:
-    log_dir = log_dir or tmp_path / f"launch_{next(_counter)}"
-    cfg = LaunchConfig(hosts=hosts, devices_per_host=devices_per_host, log_dir=str(log_dir), grace_s=grace_s,
-                       timeout_s=timeout_s, hosts_root=str(Path(log_dir) / "hosts"))
-    full_env = dict(os.environ, **(env or {}))
-    full_env.pop("JAX_NUM_CPU_DEVICES", None)
-    full_env.pop("JAXPOD_COMPILE_CACHE", None)  # a local folder shared by every host is what a pod lacks
-    transcript = io.StringIO()
-    result = launch([sys.executable, str(script), *map(str, args)], cfg, sink=transcript, summary=transcript,
-                    env=full_env)
-    result.transcript = transcript.getvalue()
-    return result
+  def run(script, log_dir=None, **kwargs) -> LaunchResult:
+    return launch_hosts_once(script, log_dir or tmp_path / f"launch_{next(_counter)}", **kwargs)
 
   return run
 

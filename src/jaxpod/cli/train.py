@@ -32,10 +32,11 @@ def load_config(argv: list[str]):
 
 def main(argv: list[str]) -> int:
   import sys
-  from jaxpod.train.config import validate_for_hosts
+  from jaxpod.train.config import validate_for_hosts, validate_storage
   cfg = load_config(argv)
   try:
     validate_for_hosts(cfg, cfg.runtime.hosts())  # invariant 7: one line, before JAX initialises
+    validate_storage(cfg, cfg.runtime.hosts())  # invariant 8: reachable, and shared with several hosts
   except ValueError as e:
     print(f"jaxpod train: error: {e}", file=sys.stderr)
     return 2

@@ -64,12 +64,15 @@ class TrainerConfig:
   run_name: str | None = None  # run folder name (None: '<task>-<hash of the config>', so a rerun continues the run)
   resume: str = "auto"  # auto: continue from the run's newest good checkpoint; never: refuse if it has one; or a checkpoint URL to start from
   async_checkpoints: bool = True  # write checkpoints in the background
+  preemption_check_every: int = 10  # hosts compare SIGTERM notices every N steps (a KV round trip), then save and exit
   progress: bool = True  # rich progress bar on the leader
   plot: bool = True  # write metrics.png into the run folder at the end
 
   def __post_init__(self):
     if not isinstance(self.steps, int) or self.steps < 1:
       raise ValueError(f"trainer.steps={self.steps!r}: expected a positive integer")
+    if self.preemption_check_every < 1:
+      raise ValueError(f"trainer.preemption_check_every={self.preemption_check_every}: expected >= 1")
     for name in ("eval_every", "checkpoint_every", "log_every"):
       if getattr(self, name) < 0:
         raise ValueError(f"trainer.{name}={getattr(self, name)}: expected >= 0 (0 disables the periodic call)")
@@ -204,6 +207,7 @@ class TrainConfig:
 # trainer.steps is among them so that `--trainer.steps` higher continues a finished run.
 RUN_ID_IGNORES = ("runtime", "mesh", "tracker", "trainer.steps", "trainer.runs_dir", "trainer.run_name",
                   "trainer.resume", "trainer.progress", "trainer.plot", "trainer.async_checkpoints",
+                  "trainer.preemption_check_every",
                   "trainer.log_every", "trainer.eval_every", "trainer.checkpoint_every", "trainer.keep_last",
                   "data.cache_dir", "data.eval_batch_size")
 

@@ -151,7 +151,7 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
     hooks: list[Hook] = [EvalHook(evaluator, tcfg.eval_every), *task.hooks(graphdef, mesh, tcfg), *extra_hooks,
                          checkpoint_hook]
     progress = ProgressDisplay(tcfg.steps, start, host.is_leader and tcfg.progress, start_time=t_start)
-    preemption = PreemptionWatch(host.multi_process)
+    preemption = PreemptionWatch(host.multi_process, tcfg.preemption_check_every)
     try:
       last = _loop(cfg, task, state, start, step_fn, iterator, batch_sh, hooks, tracker, progress, run_dir, mesh,
                    preemption, checkpoint_hook)

@@ -1,12 +1,13 @@
 """A training run on every simulated host: `train_worker.py MODE [jaxpod train args...]`.
 
-MODE: `run`, `raise:HOST:STEP` (that host raises at that step) or `exit:HOST:STEP` (that host
-dies with os._exit(7), without a word). The leader prints `SUMMARY {json}`; a host that sees a
+MODE: `run`, `raise:HOST:STEP` (that host raises at that step), `exit:HOST:STEP` (that host
+dies with os._exit(7), without a word) or `sigterm:HOST:STEP` (that host gets a preemption notice). The leader prints `SUMMARY {json}`; a host that sees a
 peer fail prints `PEERFAILED {json}`.
 """
 import dataclasses
 import json
 import os
+import signal
 import sys
 
 from jaxpod import runtime
@@ -22,6 +23,9 @@ class Fail(Hook):
     if info.step == self.step and runtime.host_info().process_index == self.host:
       if self.how == "exit":
         os._exit(7)
+      if self.how == "sigterm":
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
       raise RuntimeError(f"injected failure at step {info.step}")
 
 
