@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from jaxpod import extract
+from jaxpod.runtime import storage
 from tests.conftest import host_lines
 from tests.extract.conftest import BASE_OPTIONS, PROMPTS, assert_same_dataset
 
@@ -105,61 +106,67 @@ def test_completeness_names_missing_and_duplicated_rows(baseline):
     (2, (2, 1, 2), 8),  # model=2: rows over all 4 devices
     (4, (1, 2, 4), 6),  # fsdp=2, model=4 spanning hosts: rows replicated over model, replica 0 only
 ])
-def test_multi_host_datasets_are_byte_identical(baseline, tiny_ckpt, launch_hosts, tmp_path, hosts, mesh, batch):
-  """Invariants 1 and 4: any hosts x mesh gives the same bytes as one process."""
+def test_multi_host_datasets_are_byte_identical(baseline, tiny_ckpt, launch_hosts, bucket, hosts, mesh, batch):
+  """Invariants 1, 4, 8: any hosts x mesh, isolated hosts writing to a bucket, gives the same bytes as one
+  process."""
   model, _, prompts = tiny_ckpt
-  out = tmp_path / "acts"
+  out = storage.join(bucket, "acts")
   r = launch_hosts(WORKER, hosts=hosts, devices_per_host=2, args=[model, prompts, out, *mesh, batch])
   assert r.returncode == 0, r.transcript
-  assert_same_dataset(extract.open(str(out)), baseline)
-  manifest = json.loads((out / "manifest.json").read_text())
+  assert_same_dataset(extract.open(out), baseline)
+  manifest = json.loads(storage.read_text(storage.join(out, "manifest.json")))
   assert manifest["hosts"] == hosts and manifest["mesh"] == dict(zip(("data", "fsdp", "model"), mesh))
   assert manifest["counts"]["rows"] == len(PROMPTS)
   if mesh[2] == 4:  # model group = hosts {0,1} and {2,3}: only hosts 0 and 2 hold replica 0
-    writers = {int(p.name.split("-h")[1][:4]) for p in (out / "shards").iterdir()}
+    writers = {int(name.split("-h")[1][:4]) for name in storage.listdir(storage.join(out, "shards"))}
     assert writers == {0, 2}
 
 
 @pytest.mark.slow
 @pytest.mark.multihost
-def test_killed_host_then_rerun_gives_the_uninterrupted_dataset(baseline, tiny_ckpt, launch_hosts, tmp_path):
-  """Invariant 5: host 1 dies after batch 2; a host that lost its last commits makes everyone resume
-  from the minimum; re-written shards are identical; no row missing or duplicated."""
+def _shard_bytes(out: str) -> dict[str, bytes]:
+  folder = storage.join(out, "shards")
+  return {name: storage.read_bytes(storage.join(folder, name)) for name in storage.listdir(folder)}
+
+
+def test_killed_host_then_rerun_gives_the_uninterrupted_dataset(baseline, tiny_ckpt, launch_hosts, bucket):
+  """Invariants 5, 8: host 1 dies after batch 2; a host that lost its last commits makes everyone resume
+  from the minimum; re-written shards are identical; no row missing or duplicated (isolated hosts, gs://)."""
   model, _, prompts = tiny_ckpt
-  out = tmp_path / "acts"
+  out = storage.join(bucket, "acts")
   args = [model, prompts, out, 2, 1, 2, 4]
   r = launch_hosts(WORKER, hosts=2, devices_per_host=2, args=[*args, "exit", 1, 2], grace_s=2)
   assert r.returncode == 3 and r.first_failed == 1, r.transcript
   with pytest.raises(extract.IncompleteDataset, match="rows missing"):
-    extract.open(str(out))
-  partial = extract.open(str(out), strict=False)
+    extract.open(out)
+  partial = extract.open(out, strict=False)
   assert partial.completeness.missing.min() >= 12 and not len(partial.completeness.duplicated)
-  before = {p.name: p.read_bytes() for p in (out / "shards").iterdir()}
-  record = out / "progress" / "h0000.json"
-  rec = json.loads(record.read_text())
+  before = _shard_bytes(out)
+  record = storage.join(out, "progress", "h0000.json")
+  rec = json.loads(storage.read_text(record))
   assert rec["next_batch"] >= 3
-  record.write_text(json.dumps(dict(rec, next_batch=1)))  # host 0 lost its commits of batches 1..
+  storage.write_text(record, json.dumps(dict(rec, next_batch=1)))  # host 0 lost its commits of batches 1..
 
   r = launch_hosts(WORKER, hosts=2, devices_per_host=2, args=args)
   assert r.returncode == 0, r.transcript
   for h in (0, 1):
     assert json.loads(host_lines(r, h, "STATS")[0])["start_batch"] == 1
-  assert_same_dataset(extract.open(str(out)), baseline)
-  after = {p.name: p.read_bytes() for p in (out / "shards").iterdir()}
+  assert_same_dataset(extract.open(out), baseline)
+  after = _shard_bytes(out)
   assert all(after[n] == b for n, b in before.items()), "a re-written shard differs from the first write"
   assert len(after) == 2 * 6 - 1  # 21 rows / 4 = 6 batches; the last one (row 20) lives on host 0 only
 
 
 @pytest.mark.multihost
-def test_failure_on_one_host_is_named_everywhere(tiny_ckpt, launch_hosts, tmp_path):
+def test_failure_on_one_host_is_named_everywhere(tiny_ckpt, launch_hosts, bucket):
   """Invariant 3: host 1 raises after batch 0; host 0 raises PeerFailed naming host 1; what was committed reads."""
   model, _, prompts = tiny_ckpt
-  out = tmp_path / "acts"
+  out = storage.join(bucket, "acts")
   r = launch_hosts(WORKER, hosts=2, devices_per_host=1, args=[model, prompts, out, 2, 1, 1, 4, "raise", 1, 0])
   assert r.returncode != 0
   info = json.loads(host_lines(r, 0, "PEERFAILED")[0])
   assert info == {"host": 1, "type": "RuntimeError", "message": "disk full at batch 0"}, r.transcript
-  partial = extract.open(str(out), strict=False)
+  partial = extract.open(out, strict=False)
   missing = set(partial.completeness.missing.tolist())
   assert not partial.completeness.ok and not {2, 3} & missing  # host 1 committed its rows of batch 0
 

@@ -98,3 +98,45 @@ def test_ctrl_c_stops_every_host(tmp_path):
     pid = int(Path(f"{marker}{i}").read_text())
     with pytest.raises(ProcessLookupError):
       os.kill(pid, 0)
+
+
+_WHERE = ("import os, pathlib, tempfile\n"
+          "i = os.environ['JAXPOD_PROCESS_ID']\n"
+          "pathlib.Path('mine.txt').write_text(i)\n"
+          "import time; time.sleep(0.5)\n"
+          "print('WHERE', os.getcwd(), os.environ['HOME'], tempfile.gettempdir(), pathlib.Path('mine.txt').read_text(),"
+          " os.environ.get('JAXPOD_SHARED_LOCAL_DISK', '-'))\n")
+
+
+def _where(out: str, host: int) -> list[str]:
+  return next(l for l in out.splitlines() if l.startswith(f"[host {host}/2] WHERE")).split()[3:]
+
+
+def test_hosts_are_isolated_by_default_like_vms_of_a_pod(tmp_path):
+  """Invariant 8: each host has its own working directory, HOME and TMPDIR under its private root; a file one
+  host writes to its working directory is not the other's."""
+  r, out = _run(_WHERE, log_dir=str(tmp_path / "logs"), hosts_root=str(tmp_path / "roots"))
+  assert r.returncode == 0, out
+  (cwd0, home0, tmp0, mine0, shared0), (cwd1, home1, tmp1, mine1, _) = _where(out, 0), _where(out, 1)
+  assert len({cwd0, cwd1}) == len({home0, home1}) == len({tmp0, tmp1}) == 2
+  assert cwd0 == str(tmp_path / "roots" / "host_0" / "work") and home1 == str(tmp_path / "roots" / "host_1" / "home")
+  assert (mine0, mine1, shared0) == ("0", "1", "-")
+
+
+def test_shared_local_disk_is_an_explicit_choice(tmp_path):
+  """`--shared-local-disk true`: one working directory and HOME, and JAXPOD_SHARED_LOCAL_DISK=1 tells jaxpod."""
+  r, out = _run(_WHERE, log_dir=str(tmp_path / "logs"), shared_local_disk=True)
+  assert r.returncode == 0, out
+  w0, w1 = _where(out, 0), _where(out, 1)
+  assert w0[:3] == w1[:3] and w0[4] == w1[4] == "1"
+
+
+def test_a_relative_script_path_runs_on_every_isolated_host(tmp_path, monkeypatch):
+  """The code is installed on every host alike: `jaxpod launch -- python script.py` finds script.py although
+  each host starts in its own empty working directory."""
+  (tmp_path / "script.py").write_text("print('RAN')\n")
+  monkeypatch.chdir(tmp_path)
+  import io
+  buf = io.StringIO()
+  r = launch([PY, "script.py"], LaunchConfig(hosts=2, log_dir=str(tmp_path / "logs")), sink=buf, summary=buf)
+  assert r.returncode == 0 and buf.getvalue().count("RAN") == 2, buf.getvalue()

@@ -33,7 +33,8 @@ def _lm_config(runs_dir, name: str, steps: int = 30, **overrides):
 
 
 def _losses(run_dir) -> list[tuple[int, float, float]]:
-  recs = [json.loads(l) for l in Path(run_dir, "metrics.jsonl").read_text().splitlines()]
+  from jaxpod.runtime import storage
+  recs = [json.loads(l) for l in storage.read_text(storage.join(run_dir, "metrics.jsonl")).splitlines()]
   return [(r["step"], r["loss"], r["grad_norm"]) for r in recs if "loss" in r]
 
 
@@ -111,23 +112,29 @@ def test_text_loader_batches_do_not_depend_on_host_count():
 
 @pytest.mark.slow
 @pytest.mark.multihost
-def test_lm_task_on_two_hosts_matches_one_host(launch_hosts, tmp_path):
-  """Invariants 1 and 6 for the LM task: the leader's token stream reaches every host, 1 host x 1 device and
-  2 hosts x 2 devices train on the same global batches (same losses up to reduction order), and the
-  SampleHook runs on every host while only the leader writes samples.jsonl, once per sampling step."""
+def test_lm_task_on_two_hosts_matches_one_host(launch_hosts, bucket):
+  """Invariants 1, 2, 6, 8 for the LM task on isolated hosts sharing a bucket: the leader tokenizes a corpus
+  100x the other tests' into the bucket and only its URL and hash cross the control plane (every KV value
+  < 64 KB on every host); 1 host x 1 device and 2 hosts x 2 devices train on the same global batches (same
+  losses up to reduction order); the SampleHook runs on every host, only the leader writes samples.jsonl."""
+  from jaxpod.runtime import storage
   from tests.conftest import host_lines
   worker = Path(__file__).parent / "workers" / "train_worker.py"
   runs = {}
   for hosts, dph in ((1, 1), (2, 2)):
-    args = _lm_args(tmp_path, f"h{hosts}", steps=4, lm__sample_every=2, lm__prompts='["The old king", "A kind"]')
+    args = _lm_args(storage.join(bucket, "runs"), f"h{hosts}", steps=4, lm__sample_every=2,
+                    lm__prompts='["The old king", "A kind"]', lm__text_chars=4_000_000)
     r = launch_hosts(worker, hosts=hosts, devices_per_host=dph, args=["run", *args])
     assert r.returncode == 0, r.transcript
     runs[hosts] = json.loads(host_lines(r, 0, "SUMMARY")[0])
+    for h in range(hosts):
+      assert int(host_lines(r, h, "KVMAX")[0]) < 64 * 1024, r.transcript
   one, two = (_losses(runs[h]["run_dir"]) for h in (1, 2))
   assert [s for s, _, _ in one] == [s for s, _, _ in two] == [1, 2, 3, 4]
   np.testing.assert_allclose([l for _, l, _ in two], [l for _, l, _ in one], rtol=2e-4)
   assert runs[1]["eval"]["count"] == runs[2]["eval"]["count"] > 0
-  rows = [json.loads(l) for l in Path(runs[2]["run_dir"], "samples.jsonl").read_text().splitlines()]
+  samples = storage.read_text(storage.join(runs[2]["run_dir"], "samples.jsonl"))
+  rows = [json.loads(l) for l in samples.splitlines()]
   assert [(r["step"], r["index"]) for r in rows] == [(2, 0), (2, 1), (4, 0), (4, 1)]
 
 
@@ -141,7 +148,7 @@ def test_lm_task_with_a_bpe_tokenizer_trained_offline(tmp_path):
   overrides = dict(lm__tokenizer=folder, lm__model__vocab_size=384, lm__model__bos_token_id=1,
                    lm__model__eos_token_id="[2]", lm__model__pad_token_id=0)
   cfg = _lm_config(tmp_path, "bpe", steps=4, lm__sample_every=2, lm__prompts='["The old king"]', **overrides)
-  tokens = LMTask(cfg).prepare()
+  tokens = LMTask(cfg).tokenize()
   assert tokens.max() < 384 and tokens[0] == 1 and (tokens == 2).sum() == (tokens == 1).sum() > 10
   summary = train(cfg)
   assert len(_losses(summary.run_dir)) == 4 and np.isfinite(summary.eval["loss"])
@@ -177,11 +184,11 @@ def test_lm_task_reads_a_text_file_and_rejects_ids_beyond_the_vocab(tmp_path):
   from jaxpod.train.lm_task import LMTask
   path = tmp_path / "t.txt"
   path.write_text("ab\n\nc\n", encoding="utf-8")
-  tokens = LMTask(_lm_config(tmp_path, "f", lm__text_path=str(path))).prepare()
+  tokens = LMTask(_lm_config(tmp_path, "f", lm__text_path=str(path))).tokenize()
   assert tokens.tolist() == [256, 97, 98, 257, 256, 99, 257]
   with pytest.raises(ValueError, match="lm.model.vocab_size"):
     LMTask(_lm_config(tmp_path, "f", lm__text_path=str(path), lm__tokenizer=str(_bpe(tmp_path)),
-                      lm__model__vocab_size=3)).prepare()  # BPE ids run to 299: a 3-row embedding cannot hold them
+                      lm__model__vocab_size=3)).tokenize()  # BPE ids run to 299: a 3-row embedding cannot hold them
 
 
 def _bpe(tmp_path):

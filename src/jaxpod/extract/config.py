@@ -85,7 +85,10 @@ def check_layers(cfg: ExtractConfig, num_layers: int) -> None:
 
 
 def check_writable(url: str, hosts: HostInfo) -> None:
-  """Create the output folder and write + delete a probe file (per host: no two hosts share a name)."""
+  """Shared storage with several hosts (invariant 8); create the output folder and write + delete a probe file
+  (per host: no two hosts share a name)."""
+  from jaxpod.runtime import storage
+  storage.check_shared(url, "extract.out", hosts.process_count)
   try:
     fs, root = fsspec.core.url_to_fs(url)
     fs.makedirs(root, exist_ok=True)

@@ -16,12 +16,12 @@ as a uint16 view and their dtype recorded in the header metadata.
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from typing import Mapping
 
 import fsspec
 import numpy as np
+
+from jaxpod.runtime import storage
 
 FORMAT = "jaxpod-extract/1"
 META_KEY = "jaxpod"  # one metadata key: a JSON string with sorted keys, so headers are byte-stable
@@ -47,17 +47,8 @@ class Storage:
     return self.path("progress", f"h{host:04d}.json")
 
   def write_atomic(self, path: str, data: bytes) -> None:
-    """Readers see the old content or the new one, never a part: temp + rename locally;
-    object stores (gs://, memory://) publish an object only once it is complete."""
-    parent = path.rsplit("/", 1)[0]
-    if not self.local:
-      self.fs.pipe_file(path, data)
-      return
-    os.makedirs(parent, exist_ok=True)
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with open(tmp, "wb") as f:
-      f.write(data)
-    os.replace(tmp, path)
+    """Readers see the old content or the new one, never a part (`runtime.storage.write_bytes`)."""
+    storage.write_bytes(path if self.local else self.fs.unstrip_protocol(path), data)
 
   def read_bytes(self, path: str) -> bytes | None:
     return self.fs.cat_file(path) if self.fs.exists(path) else None

@@ -30,8 +30,15 @@ def _is_deadline(e: Exception) -> bool:
   return "DEADLINE_EXCEEDED" in text or "Deadline Exceeded" in text
 
 
+# Largest value this process has put in the store: the control plane carries small messages only
+# (invariant 2); tests read it to show that data (corpora, prompt sets) goes through storage instead.
+MAX_VALUE_BYTES = 0
+
+
 def set(key: str, value: str | bytes, overwrite: bool = False) -> None:  # noqa: A001
   """Set a key; without `overwrite` a second set of the same key raises."""
+  global MAX_VALUE_BYTES
+  MAX_VALUE_BYTES = max(MAX_VALUE_BYTES, len(value))
   c = client()
   if isinstance(value, bytes):
     c.key_value_set_bytes(key, value, allow_overwrite=overwrite)

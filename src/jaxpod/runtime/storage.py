@@ -143,6 +143,19 @@ def write_text(url: str, text: str) -> None:
   write_bytes(url, text.encode("utf-8"))
 
 
+def append_text(url: str, text: str) -> None:
+  """Append to a text file: in place locally; on object stores (no append) the object is rewritten whole,
+  which suits small leader-written logs (samples, summaries), not large streams."""
+  fs, path = filesystem(url)
+  if is_local_fs(fs):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+      f.write(text)
+    return
+  old = fs.cat_file(path) if fs.exists(path) else b""
+  fs.pipe_file(path, old + text.encode("utf-8"))
+
+
 def remove(url: str, recursive: bool = False) -> None:
   """Delete a file (or a folder with recursive=True); missing is fine."""
   fs, path = filesystem(url)

@@ -18,13 +18,13 @@ step (which donates them): the training trajectory is bit-identical with or with
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import jax
 from flax import nnx
 
 from jaxpod import runtime
+from jaxpod.runtime import storage
 from jaxpod.models.llama.model import Llama
 from jaxpod.models.llama.tokenizer import Tokenizer
 from jaxpod.sample.config import EngineConfig, SamplingParams
@@ -72,8 +72,8 @@ class SampleHook(_hook_base()):
     if runtime.is_leader():
       texts = [self.tokenizer.decode(new) for new, _ in results]
       self.history.append((info.step, texts))
-      with open(Path(info.run_dir) / self.file_name, "a") as f:
-        for i, (p, text, (new, reason)) in enumerate(zip(self.prompts, texts, results)):
-          f.write(json.dumps({"step": info.step, "index": i, "prompt": p, "completion": text, "token_ids": new,
-                              "finish_reason": reason, "weight_version": f"step {info.step}"}) + "\n")
+      rows = [json.dumps({"step": info.step, "index": i, "prompt": p, "completion": text, "token_ids": new,
+                          "finish_reason": reason, "weight_version": f"step {info.step}"}) + "\n"
+              for i, (p, text, (new, reason)) in enumerate(zip(self.prompts, texts, results))]
+      storage.append_text(storage.join(info.run_dir, self.file_name), "".join(rows))
     return {"sample/mean_new_tokens": sum(len(n) for n, _ in results) / max(len(results), 1)}

@@ -4,7 +4,9 @@
 
 - Tokens: the leader reads the text (`lm.text_path`, or the built-in toy-grammar text from
   `jaxpod.data.text`), encodes every line with the tokenizer (BOS from the tokenizer, EOS
-  appended) and broadcasts the stream; every host packs it into the same rows.
+  appended) and writes the stream once into shared storage (`<data cache>/lm-tokens-<key>.npy`,
+  named by the text and tokenizer, so a rerun reuses it); only its URL and sha256 travel over
+  the control plane (invariant 2). Every host reads it, checks the hash, packs the same rows.
 - Tokenizer: `byte` (ids 0..255, BOS 256, EOS 257, PAD 258) or a folder holding a
   `tokenizer.json` trained offline (`jaxpod.models.llama.load_tokenizer`).
 - Loss: mean next-token cross-entropy over the global batch (`models/llama/loss.py`);
@@ -15,12 +17,15 @@
 """
 from __future__ import annotations
 
+import hashlib
+import io
 import math
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+from jaxpod.runtime import storage
 from jaxpod.train.config import TrainConfig
 
 
@@ -48,25 +53,48 @@ class LMTask:
   def read_text(self) -> str:
     """The training text (leader only)."""
     if self.lm.text_path:
-      return Path(self.lm.text_path).read_text(encoding="utf-8")
+      return storage.read_text(self.lm.text_path)
     from jaxpod.data.text import grammar_text
     return grammar_text(self.cfg.data.seed, self.lm.text_chars)
 
-  def prepare(self) -> np.ndarray:
-    """Leader: the whole text as one token stream (broadcast to every host by the trainer)."""
+  def _tokenizer_key(self) -> str:
+    if self.lm.tokenizer == "byte":
+      return "byte"
+    return hashlib.sha256(Path(self.lm.tokenizer, "tokenizer.json").read_bytes()).hexdigest()
+
+  def prepare(self) -> dict:
+    """Leader: tokenize once into shared storage; returns {"url", "sha256", "tokens"} (what every host receives)."""
+    from jaxpod.train.data import cache_root
+    text = self.read_text()
+    key = hashlib.sha256(f"{self._tokenizer_key()}\n{self.tokenizer.eos_ids}\n".encode() + text.encode()).hexdigest()
+    url = storage.join(cache_root(self.cfg.data, self.cfg.trainer.runs_dir), f"lm-tokens-{key[:16]}.npy")
+    if not storage.exists(url):
+      buf = io.BytesIO()
+      np.save(buf, self.tokenize(text), allow_pickle=False)
+      storage.write_bytes(url, buf.getvalue())
+    blob = storage.read_bytes(url)
+    return {"url": url, "sha256": hashlib.sha256(blob).hexdigest(), "tokens": int(np.load(io.BytesIO(blob)).size)}
+
+  def tokenize(self, text: str | None = None) -> np.ndarray:
+    """The text (default: `read_text()`) as one token stream, uint16 when the ids fit."""
     from jaxpod.data.text import tokenize_documents
     eos = self.tokenizer.eos_ids[0] if self.tokenizer.eos_ids else None
-    tokens = tokenize_documents(self.read_text(), self.tokenizer.encode, eos)
+    tokens = tokenize_documents(self.read_text() if text is None else text, self.tokenizer.encode, eos)
     top = int(tokens.max()) if len(tokens) else 0
     if top >= self.lm.model.vocab_size:
       raise ValueError(f"the tokenizer produced id {top} but lm.model.vocab_size={self.lm.model.vocab_size}; "
                        f"set lm.model.vocab_size >= {top + 1}")
     return tokens.astype(np.uint16) if top < 2 ** 16 else tokens
 
-  def setup(self, prepared, host_index: int, host_count: int) -> None:
+  def setup(self, prepared: dict, host_index: int, host_count: int) -> None:
     from jaxpod.data.text import TextLoader
+    blob = storage.read_bytes(prepared["url"])
+    if hashlib.sha256(blob).hexdigest() != prepared["sha256"]:
+      raise ValueError(f"{prepared['url']} changed since the leader wrote it (sha256 differs); another run is "
+                       "writing the same data cache? rerun, or set data.cache_dir to a folder of this run's own")
+    tokens = np.load(io.BytesIO(blob), allow_pickle=False)
     d = self.cfg.data
-    self.loader = TextLoader(np.asarray(prepared, np.int32), self.lm.seq_len, d.global_batch_size,
+    self.loader = TextLoader(np.asarray(tokens, np.int32), self.lm.seq_len, d.global_batch_size,
                              d.eval_batch_size, eval_fraction=self.lm.eval_fraction, seed=d.seed,
                              shard_index=host_index, shard_count=host_count, pad_id=self.tokenizer.pad_id)
 

@@ -21,6 +21,7 @@ import time
 import uuid
 from typing import Any
 
+from jaxpod.runtime import storage
 from jaxpod.transfer.config import TransferConfig
 
 
@@ -166,7 +167,7 @@ class KVStore:
 # ----------------------------------------------------------------------------- filesystem store
 
 class FileStore:
-  """JSON files under `<folder>/_coord/` (fsspec); writes are temp-then-move, reads skip caches."""
+  """JSON files under `<folder>/_coord/` (fsspec); writes are atomic (`runtime.storage`), reads skip caches."""
 
   def __init__(self, folder: str):
     import fsspec
@@ -178,11 +179,9 @@ class FileStore:
   def _path(self, key): return f"{self.root}/{key}.json"
 
   def put(self, key, value):
-    tmp = f"{self.root}/.tmp-{uuid.uuid4().hex}"
-    self.fs.pipe_file(tmp, json.dumps(value).encode())
-    if "/" in key:
-      self.fs.makedirs(self._path(key).rsplit("/", 1)[0], exist_ok=True)
-    self.fs.mv(tmp, self._path(key))
+    path = self._path(key)
+    storage.write_bytes(path if storage.is_local_fs(self.fs) else self.fs.unstrip_protocol(path),
+                        json.dumps(value).encode())
 
   def get(self, key):
     self.fs.invalidate_cache()

@@ -43,6 +43,8 @@ def main():
     raise
   if runtime.is_leader():
     print("SUMMARY", json.dumps(dataclasses.asdict(summary), default=str), flush=True)
+  from jaxpod.runtime import kv
+  print("KVMAX", kv.MAX_VALUE_BYTES, flush=True)  # the largest control-plane value this host sent
   runtime.shutdown()
 
 
