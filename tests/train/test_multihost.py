@@ -129,3 +129,20 @@ def test_sigterm_to_one_host_saves_everywhere_and_the_rerun_resumes(launch_hosts
   summary = _summary(again)
   assert summary["resumed"] and summary["start_step"] == 4, summary  # the first exchange after the notice
   assert _losses(summary["run_dir"]) == _losses(uninterrupted[1]["run_dir"])
+
+
+def test_warm_rerun_on_isolated_hosts_hits_the_compile_cache_in_the_bucket(launch_hosts, bucket, data_url):
+  """The compile cache lives beside the runs folder in the bucket (process 0 writes it): a second run of the
+  same programs on 2 isolated hosts finds it there, and every host reports its own hits and misses.
+
+  On this CPU simulation (jax 0.10.2) only process 0 looks the cache up at all: host 1 records neither hits
+  nor misses, so the per-host assertion is on the leader; on a pod every host reads the shared folder."""
+  runs = storage.join(bucket, "runs")
+  for name in ("cold", "warm"):
+    r = launch_hosts(WORKER, hosts=2, devices_per_host=2,
+                     args=["run", *_args(runs, data_url, trainer__run_name=name, trainer__checkpoint_every=0)])
+    assert r.returncode == 0, r.transcript
+  assert "jaxpod_compile_cache" in storage.listdir(bucket)
+  stats = [json.loads(host_lines(r, h, "CACHE")[0]) for h in (0, 1)]
+  assert stats[0]["hits"] > 0 and stats[0]["misses"] == 0, stats
+  assert all("compile cache:" in line for line in (r.host_output(0), r.host_output(1))), "reported per host"

@@ -156,7 +156,7 @@ def shutdown() -> None:
   if _STATE.host is None:
     return
   import jax
-  if _STATE.cache_dir and _STATE.host.is_leader:
+  if _STATE.cache_dir:  # every host: each reads the shared cache, only process 0 writes it
     log.info("%s (%s)", compile_cache.STATS.summary(), _STATE.cache_dir)
   if _STATE.host.multi_process:
     jax.distributed.shutdown()

@@ -43,8 +43,9 @@ def main():
     raise
   if runtime.is_leader():
     print("SUMMARY", json.dumps(dataclasses.asdict(summary), default=str), flush=True)
-  from jaxpod.runtime import kv
+  from jaxpod.runtime import compile_cache, kv
   print("KVMAX", kv.MAX_VALUE_BYTES, flush=True)  # the largest control-plane value this host sent
+  print("CACHE", json.dumps({"hits": compile_cache.STATS.hits, "misses": compile_cache.STATS.misses}), flush=True)
   runtime.shutdown()
 
 
