@@ -125,7 +125,7 @@ def ray_address(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def pool(ray_address, tmp_path_factory):
+def pool(ray_address, gcs, tmp_path_factory):
   """Worker processes joined to the module's Ray cluster, each with 4 fake CPU devices."""
   env = dict(os.environ, JAXPOD_TEST_RAY=ray_address, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="4",
              XLA_FLAGS="--xla_force_host_platform_device_count=4", PYTHONUNBUFFERED="1")

@@ -59,6 +59,19 @@ def test_versions_arrive_in_order_then_none(mode, fresh, tmp_path, ray_namespace
   assert client.call("receive")["update"] is None
 
 
+def test_checkpoint_mode_through_a_bucket(fresh, bucket, tmp_path):
+  """Invariant 8: the checkpoint transport and its filesystem coordinator on gs:// (the test GCS server):
+  versions arrive in order with every array's sha256 intact."""
+  trainer, client, _ = fresh
+  cfg = dict(config("checkpoint", tmp_path, "unused"), folder=f"{bucket}/weights")
+  trainer.call("server", config=cfg)
+  client.call("client", config=cfg)
+  for k in (1, 2):
+    trainer.call("publish", weight_id=k, seed=k)
+    expect(client.call("receive", wait=WAIT_S), k, k)
+  assert client.call("receive")["update"] is None
+
+
 def test_two_clients_and_a_late_joiner(mode, fresh, tmp_path, ray_namespace):
   """Two clients on one coordinator both get each version; a client created later gets the newest."""
   trainer, c1, c2 = fresh
