@@ -41,6 +41,13 @@ class BenchConfig:
   json: str | None = None  # write the results here
 
 
+def cli(cfg: BenchConfig) -> int:
+  """Entry of `jaxpod bench extract` (with --hosts N > 1, on every host of the launch)."""
+  options = dataclasses.asdict(cfg)
+  run(json_path=options.pop("json"), **options)
+  return 0
+
+
 def _checkpoint(folder: str, cfg: BenchConfig):
   import torch
   from transformers import LlamaConfig, LlamaForCausalLM

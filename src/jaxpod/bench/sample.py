@@ -241,23 +241,14 @@ def run_modes(json_path: str | None = None, **overrides) -> dict:
   return payload
 
 
-def cli(argv: list[str]) -> int:
-  """`jaxpod bench sample [--json PATH] [--hosts N] [--batch-size N] ...`."""
-  import os
-  import sys
-  from jaxpod.cli.args import parse
-  from jaxpod.runtime import hosts as hosts_lib
-  opts = parse(SampleBench, argv, "jaxpod bench sample")
+def cli(opts: SampleBench) -> int:
+  """Entry of `jaxpod bench sample` (with --hosts N > 1, on every host of the launch)."""
   kwargs = {k: v for k, v in dataclasses.asdict(opts).items() if k != "json"}
   kwargs["threads"] = tuple(opts.threads)
   if opts.hosts <= 1:
     run(json_path=opts.json, **kwargs)
-    return 0
-  if hosts_lib.ENV_PROCESS_ID not in os.environ:
-    from jaxpod.runtime.launcher import LaunchConfig, launch
-    cmd = [sys.executable, "-m", "jaxpod.cli.main", "bench", "sample", *argv]
-    return launch(cmd, LaunchConfig(hosts=opts.hosts), echo_hosts={0}).returncode
-  run_modes(json_path=opts.json, **kwargs)
+  else:
+    run_modes(json_path=opts.json, **kwargs)
   return 0
 
 

@@ -212,13 +212,8 @@ class TransferBench:
   json: str | None = None  # write the results here
 
 
-def cli(argv: list[str]) -> int:
-  """Entry point of `jaxpod bench transfer`."""
-  from jaxpod.cli.args import parse
-  cfg = parse(TransferBench, argv, "jaxpod bench transfer")
+def cli(cfg: TransferBench) -> int:
+  """Entry of `jaxpod bench transfer`."""
   run(parse_size(cfg.size), [m for m in cfg.modes.split(",") if m], cfg.json, rounds=cfg.rounds)
   return 0
 
-
-if __name__ == "__main__":
-  sys.exit(cli(sys.argv[1:]))
