@@ -15,7 +15,7 @@ class Command:
   """One command: options, help line, run function."""
 
   help: str  # one line, shown by `jaxpod --help` and the group's usage
-  run: str  # "module:function"; called with the parsed options (or argv and prog when config is None); returns the exit code
+  run: str  # "module:function(options) -> exit code"; (argv, prog) instead when config is None
   config: str | None = None  # "module:Class" of the frozen options dataclass; None: the run parses its own argv
   load: str | None = None  # "module:function(argv) -> options" used instead of parsing `config` directly
   positional: str | None = None  # field that a leading bare argument fills (`jaxpod plot RUN_DIR`)

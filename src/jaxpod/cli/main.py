@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
 
 
-def dispatch(path: list[str], table: dict[str, Command | Group], argv: list[str], default: Command | None = None) -> int:
+def dispatch(path: list[str], table: dict[str, Command | Group], argv: list[str],
+             default: Command | None = None) -> int:
   """Find argv[0] in `table` (or run `default`) and run it."""
   if argv and argv[0] in table:
     entry, rest = table[argv[0]], argv[1:]
