@@ -137,3 +137,15 @@ def test_hosts_option_relaunches_under_jaxpod_launch(tmp_path):
                       "--rounds", "1", "--json", str(out)], capture_output=True, text=True, timeout=300)
   assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
   assert json.loads(out.read_text())["hosts"] == 2
+
+
+def needs_pyarrow(cfg) -> int:
+  raise ModuleNotFoundError("No module named 'pyarrow'", name="pyarrow")
+
+
+def test_a_missing_optional_package_names_its_extra(monkeypatch, capsys):
+  monkeypatch.setitem(COMMANDS, "fake", Command("needs pyarrow", "tests.cli.test_commands:needs_pyarrow",
+                                                "jaxpod.cli.commands:CacheOptions"))
+  assert main(["fake"]) == 2
+  _one_line_error(capsys, "jaxpod fake: error: the optional package 'pyarrow' is not installed",
+                  "pip install -e '.[transfer]'")

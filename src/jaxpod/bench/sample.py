@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from jaxpod.bench.common import machine, print_table, write_json
+from jaxpod.runtime.extras import require
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +84,8 @@ def _jaxpod_engine(folder: str, tokens: np.ndarray, opts: SampleBench) -> dict[s
 
 def _hf_engine(folder: str, tokens: np.ndarray, opts: SampleBench, threads: int) -> dict[str, Any]:
   """Callables for HF generate with `threads` torch threads (0: torch's default), plus the greedy tokens."""
-  import torch
+  torch = require("torch", "the HF baseline of `jaxpod bench sample`")
+  require("transformers", "the HF baseline of `jaxpod bench sample`")
   from transformers import LlamaForCausalLM
   if threads:
     torch.set_num_threads(threads)  # before any torch op: no idle OpenMP pool spinning beside XLA

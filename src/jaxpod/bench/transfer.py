@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from jaxpod.bench import common
+from jaxpod.runtime.extras import require
 
 N_PARAMS = 16
 # Untimed rounds first: connections, compilation, and the first touch of the shared-memory and
@@ -170,7 +171,7 @@ def run(size_bytes: int, modes: list[str] | tuple[str, ...] | None = None, json_
   ray_address = None
   needs_ray = any(m != "checkpoint" for m in modes)
   if needs_ray:
-    import ray
+    ray = require("ray", "`jaxpod bench transfer` modes other than checkpoint")
     ray.init(num_cpus=1, include_dashboard=False, object_store_memory=max(5 * size_bytes, 1 << 30),
              log_to_driver=False)
     ray_address = ray.get_runtime_context().gcs_address

@@ -5,6 +5,7 @@ Handled here once for every command and benchmark:
   - bad input (a bad option value, a missing or malformed file: ValueError, FileNotFoundError, ...):
     one line `jaxpod CMD: error: ...` and exit 2 (set JAXPOD_TRACEBACK=1 to see the traceback);
   - another host's failure (`PeerFailed`): one line, exit 1;
+  - an optional package that is not installed: one line naming the pip extra, exit 2;
   - `--hosts N` (N > 1) outside `jaxpod launch`: rerun the same command as N simulated hosts.
 """
 from __future__ import annotations
@@ -114,7 +115,14 @@ def _first_line(e: BaseException) -> str:
 
 def _failed(prog: str, e: BaseException) -> int:
   """Tell the other hosts (if any), print one line; exit 2 for bad input, 1 for a peer's failure."""
+  from jaxpod.runtime.extras import explain
   control = sys.modules.get("jaxpod.runtime.control")  # loaded iff this process may have joined a job
+  hint = explain(e)  # an optional package that is not installed: name the extra
+  if hint is not None:
+    if control is not None:
+      control.abort(e)
+    print(f"{prog}: error: {hint}", file=sys.stderr)
+    return 2
   peer_failed = control is not None and isinstance(e, control.PeerFailed)
   if not peer_failed and not _is_input_error(e):
     if control is not None:
