@@ -16,21 +16,23 @@ def _console(stream: TextIO | None = None):
   return Console(file=stream)  # None: stdout
 
 
-def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], header: bool = True):
-  """A rich Table: first column left-aligned, the others right; floats with 3 decimals."""
+def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], header: bool = True,
+          numbers: bool = True):
+  """A rich Table: first column left-aligned, the others right (left if not `numbers`); floats with 3 decimals."""
   from rich.table import Table
   t = Table(title=title, show_header=header)
   for i, c in enumerate(columns):
-    t.add_column(c, justify="left" if i == 0 else "right", style="bold" if i == 0 and not header else None)
+    justify = "left" if i == 0 or not numbers else "right"
+    t.add_column(c, justify=justify, style="bold" if i == 0 and not header else None)
   for r in rows:
     t.add_row(*[f"{x:.3f}" if isinstance(x, float) else str(x) for x in r])
   return t
 
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], header: bool = True,
-                stream: TextIO | None = None) -> None:
+                numbers: bool = True, stream: TextIO | None = None) -> None:
   """Print `table(...)` to `stream` (default stdout)."""
-  _console(stream).print(table(title, columns, rows, header))
+  _console(stream).print(table(title, columns, rows, header, numbers))
 
 
 def _duration(seconds: float) -> str:

@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from jaxpod.runtime import compile_cache, control, distributed, program_check, state
+from jaxpod.runtime import compile_cache, console, control, distributed, program_check, state
 from jaxpod.runtime.mesh import describe_mesh, make_mesh
 
 
@@ -120,12 +120,5 @@ def run(cfg: DoctorConfig) -> list[Check]:
 
 
 def _print(checks: list[Check]) -> None:
-  from rich.console import Console
-  from rich.table import Table
-  t = Table(title="jaxpod doctor")
-  t.add_column("check")
-  t.add_column("")
-  t.add_column("detail")
-  for c in checks:
-    t.add_row(c.name, "[green]ok[/]" if c.ok else "[red]FAIL[/]", c.detail)
-  Console().print(t)
+  rows = [(c.name, "[green]ok[/]" if c.ok else "[red]FAIL[/]", c.detail) for c in checks]
+  console.print_table("jaxpod doctor", ("check", "", "detail"), rows, numbers=False)
