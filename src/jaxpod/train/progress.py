@@ -51,4 +51,4 @@ class ProgressDisplay:
 
 def print_summary(console, rows: list[tuple[str, str]]) -> None:
   """The end-of-run summary: a two-column table of (name, value)."""
-  console.print(console_lib.table("jaxpod train: summary", ("what", "value"), rows, header=False))
+  console.print(console_lib.table("jaxpod train: summary", ("what", "value"), rows, header=False, numbers=False))
