@@ -1,28 +1,37 @@
 # Two commands set everything up on a fresh machine (see README, Quick start):
-#   make train   -> installs into .venv, then runs the main job on its built-in default
-#   make test    -> installs into .venv, then runs the whole test suite
+#   make train   -> installs the package alone into .venv, then runs the main job on its built-in default
+#   make test    -> installs the package with the `test` extra into .venv, then runs the whole test suite
+# Two install levels, one stamp each: the test level builds on the base level, and either is
+# redone when pyproject.toml changes.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-stamp
+BASE_STAMP := $(VENV)/.installed-base
+TEST_STAMP := $(VENV)/.installed-test
 
 .PHONY: venv train test doctor clean
 
-$(STAMP): pyproject.toml
+$(PY):
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch is pinned (==2.13.0) in the dev extra: its CPU build is what these machines hold.
-	$(PY) -m pip install -q -e ".[dev]"
-	touch $(STAMP)
 
-venv: $(STAMP)
+$(BASE_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e .
+	touch $@
 
-train: $(STAMP)
+# torch is pinned (==2.13.0) in the test extra: its CPU build is what these machines hold.
+$(TEST_STAMP): pyproject.toml $(BASE_STAMP)
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+venv: $(TEST_STAMP)
+
+train: $(BASE_STAMP)
 	$(VENV)/bin/jaxpod train
 
-doctor: $(STAMP)
+doctor: $(BASE_STAMP)
 	$(VENV)/bin/jaxpod launch --hosts 4 -- $(VENV)/bin/jaxpod doctor
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(VENV)/bin/pytest -q
 
 clean:

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from jaxpod.cli.extract import _lists
+from jaxpod.cli.args import comma_lists
 from jaxpod.extract import ExtractConfig
 
 # One subprocess runs every bad case through the CLI, then reports whether a JAX backend exists.
@@ -71,7 +71,7 @@ def test_bad_inputs_one_line_each_before_jax_init(tiny_ckpt, tmp_path):
 
 
 def test_list_options_accept_commas():
-  assert _lists(["--layers", "4,8", "--points=resid,mlp_out", "--out", "x"]) == [
+  assert comma_lists(ExtractConfig, ["--layers", "4,8", "--points=resid,mlp_out", "--out", "x"]) == [
       "--layers", "[4,8]", "--points=[resid,mlp_out]", "--out", "x"]
 
 

@@ -20,7 +20,8 @@ def test_barrier_broadcast_allgather_round_trip(launch_hosts, hosts):
     assert json.loads(host_lines(r, h, "GATHER")[0]) == [{"host": i, "sq": i * i} for i in range(hosts)]
     assert json.loads(host_lines(r, h, "CALL")[0]) == "leader-0"
     assert json.loads(host_lines(r, h, "LEADER_ONLY")[0]) == ("wrote metrics" if h == 0 else None)
-    assert any(l.startswith(f"[host {h}/{hosts}] I") and "hello from the worker" in l for l in r.output[h])
+    hello = [l for l in r.transcript.splitlines() if "hello from the worker" in l and l.startswith(f"[host {h}/")]
+    assert len(hello) == 1 and hello[0].startswith(f"[host {h}/{hosts}] I ") and hello[0].count("[host") == 1
 
 
 def test_keys_are_cleaned_up(launch_hosts):
@@ -83,9 +84,13 @@ def test_barrier_timeout_names_the_barrier(launch_hosts):
   assert msg and "late.host" in msg[0] and "host 0/2" in msg[0], r.transcript
 
 
-def test_program_check_names_function_and_host(launch_hosts):
-  """Invariant 1: a host-dependent shape is caught before running, on every host, with names."""
-  r = launch_hosts(WORKER, hosts=2, devices_per_host=1, args=["program_check"])
+@pytest.mark.parametrize("switch", ["code", "env"])
+def test_program_check_names_function_and_host(launch_hosts, switch):
+  """Invariant 1: a host-dependent shape is caught before running, on every host, with names.
+
+  Switched on by `program_check.enable(True)` in the script, or by JAXPOD_PROGRAM_CHECK=1 alone."""
+  env = {"JAXPOD_PROGRAM_CHECK": "1"} if switch == "env" else {}
+  r = launch_hosts(WORKER, hosts=2, devices_per_host=1, args=["program_check"], env=env)
   for h in (0, 1):
     assert host_lines(r, h, "SAME_OK") == ["true"], r.transcript
     assert not host_lines(r, h, "MISMATCH_NOT_CAUGHT"), r.transcript

@@ -31,13 +31,13 @@ def test_unknown_command_lists_the_commands():
 
 def test_a_failed_check_makes_doctor_exit_non_zero_with_the_reason(monkeypatch, capsys):
   """Single process, in this test process: a broken collective is reported, not raised."""
-  from jaxpod.cli import doctor as cli
+  from jaxpod.cli.main import main
   from jaxpod.runtime import doctor
 
   def broken():
     raise RuntimeError("cross-host sum gave 3.0, expected 10.0")
 
   monkeypatch.setattr(doctor, "_collective", broken)
-  assert cli.main(["--barrier_rounds", "2"]) == 1
+  assert main(["doctor", "--barrier_rounds", "2"]) == 1
   err = capsys.readouterr().err
   assert "collective: RuntimeError: cross-host sum gave 3.0, expected 10.0" in err

@@ -1,4 +1,6 @@
 """Meshes and logical sharding rules (single process, 8 fake CPU devices)."""
+import logging
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -48,13 +50,45 @@ class _Tiny(nnx.Module):
     self.buf = nnx.Variable(jnp.zeros((3,)))
 
 
+class _Records(logging.Handler):
+  def __init__(self):
+    super().__init__()
+    self.messages = []
+
+  def emit(self, record):
+    self.messages.append(record.getMessage())
+
+
 def test_parameter_shardings_come_from_logical_axes():
   mesh = make_mesh(data=-1, fsdp=2, model=2)
-  sh = state_shardings(nnx.state(_Tiny()), mesh)
+  records = _Records()
+  logging.getLogger("jaxpod.sharding").addHandler(records)
+  try:
+    sh = state_shardings(nnx.state(_Tiny()), mesh)
+  finally:
+    logging.getLogger("jaxpod.sharding").removeHandler(records)
   assert sh["w"].spec == jax.sharding.PartitionSpec("fsdp", "model")
-  # vocab 11 does not divide over model=2: replicated rather than failing
+  # vocab 11 does not divide over model=2: replicated with a warning naming the tensor and the axis
   assert sh["v"].spec == jax.sharding.PartitionSpec(None, "fsdp")
   assert sh["buf"].spec == jax.sharding.PartitionSpec()
+  assert len(records.messages) == 1, records.messages
+  assert records.messages[0].startswith("v (11, 16): dimension 0 ('vocab', size 11) is not divisible by mesh axis "
+                                        "model (size 2): replicated")
+
+
+def test_indivisible_dimensions_fail_unless_the_rules_allow_replication():
+  mesh = make_mesh(data=-1, fsdp=2, model=2)
+  strict = DEFAULT_RULES.replace_policy("error")
+  with pytest.raises(ValueError, match=r"v \(11, 16\): dimension 0 \('vocab', size 11\) is not divisible by mesh "
+                                       r"axis model \(size 2\); pad the dimension to a multiple of 2"):
+    state_shardings(nnx.state(_Tiny()), mesh, strict)
+  assert strict.replace(vocab=None).indivisible == "error"  # overrides keep the policy
+  quiet = state_shardings(nnx.state(_Tiny()), mesh, DEFAULT_RULES.replace_policy("replicate"))
+  assert quiet["v"].spec == jax.sharding.PartitionSpec(None, "fsdp")
+  with pytest.raises(ValueError, match="indivisible='sometimes'"):
+    DEFAULT_RULES.replace_policy("sometimes")
+  with jax.set_mesh(mesh), pytest.raises(ValueError, match=r"logits \(8, 11\): dimension 1"):
+    jax.jit(lambda x: constrain(x, ("batch", "vocab"), strict, name="logits"))(jnp.ones((8, 11)))
 
 
 def test_constrain_is_a_no_op_without_a_mesh_and_shards_with_one():

@@ -1,7 +1,7 @@
 """The trainer on simulated hosts (real processes through jaxpod's launcher), each with its own private
 local disk, sharing only a bucket on the test GCS server, as on a pod (invariant 8)."""
 import json
-import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -97,52 +97,32 @@ def test_host_raising_mid_run_stops_every_host_naming_it(launch_hosts, bucket, d
   assert (info["host"], info["type"], info["message"]) == (1, "RuntimeError", "injected failure at step 2")
 
 
-def test_host_killed_mid_run_then_a_plain_rerun_matches_an_uninterrupted_run(launch_hosts, bucket, data_url,
-                                                                              uninterrupted, tmp_path):
-  """Invariants 3, 5, 8: host 1 dies without a word at step 5 -> the launch stops naming host 1; the same
-  command again resumes every host from the last committed checkpoint (step 4), even with host 1's local
-  disk wiped (a replaced VM), and ends with the uninterrupted run's losses and eval, bit for bit."""
-  args = _args(storage.join(bucket, "runs"), data_url, trainer__async_checkpoints="false")
-  r = launch_hosts(WORKER, hosts=2, devices_per_host=2, args=["exit:1:5", *args], grace_s=3, timeout_s=120,
-                   log_dir=tmp_path / "first")
-  assert r.returncode != 0 and r.first_failed == 1, r.transcript
-  assert "host 1/2 failed first (exit code 7)" in r.transcript
-  os.system(f"rm -rf {tmp_path / 'first' / 'hosts' / 'host_1'}")
-  again = launch_hosts(WORKER, hosts=2, devices_per_host=2, args=["run", *args], log_dir=tmp_path / "first")
+def test_preempted_then_killed_then_plain_rerun_matches_an_uninterrupted_run(launch_hosts, bucket, data_url,
+                                                                            uninterrupted, tmp_path):
+  """Invariants 3, 5, 8 and preemption, on one run folder with the same command each time:
+  1. SIGTERM to host 1 at step 3 -> every host saves the same step (4, the next exchange) and exits 143;
+  2. rerun: every host resumes from step 4; host 1 dies without a word at step 5 -> the launch names host 1;
+  3. rerun with host 1's local disk wiped (a replaced VM): resumes from step 4 again, hits the compile cache
+     in the bucket, and ends with the uninterrupted run's losses and eval, bit for bit."""
+  args = _args(storage.join(bucket, "runs"), data_url, trainer__checkpoint_every=0,
+               trainer__preemption_check_every=2)
+  first = launch_hosts(WORKER, hosts=2, devices_per_host=2, args=["sigterm:1:3", *args], timeout_s=120)
+  assert first.returncode == 143, first.transcript
+  killed = launch_hosts(WORKER, hosts=2, devices_per_host=2, args=["exit:1:5", *args], grace_s=3, timeout_s=120,
+                        log_dir=tmp_path / "killed")
+  assert killed.first_failed == 1 and "host 1/2 failed first (exit code 7)" in killed.transcript, killed.transcript
+  assert "resumed from checkpoint step 4" in killed.host_output(1)
+  shutil.rmtree(tmp_path / "killed" / "hosts" / "host_1")
+  again = launch_hosts(WORKER, hosts=2, devices_per_host=2, args=["run", *args], log_dir=tmp_path / "killed")
   assert again.returncode == 0, again.transcript
   summary = _summary(again)
   assert summary["resumed"] and summary["start_step"] == 4 and summary["final_step"] == STEPS
-  assert "resumed from checkpoint step 4" in again.host_output(1)
   reference = uninterrupted[1]
   assert _losses(summary["run_dir"]) == _losses(reference["run_dir"])
   assert summary["eval"] == reference["eval"]
-
-
-def test_sigterm_to_one_host_saves_everywhere_and_the_rerun_resumes(launch_hosts, bucket, data_url, uninterrupted):
-  """Preemption: SIGTERM to host 1 at step 3 -> every host saves the same step and exits 143; the rerun
-  resumes from it and ends with the uninterrupted run's losses."""
-  args = _args(storage.join(bucket, "runs"), data_url, trainer__checkpoint_every=0, trainer__preemption_check_every=2)
-  r = launch_hosts(WORKER, hosts=2, devices_per_host=2, args=["sigterm:1:3", *args], timeout_s=120)
-  assert r.returncode == 143, r.transcript
-  again = launch_hosts(WORKER, hosts=2, devices_per_host=2, args=["run", *args])
-  assert again.returncode == 0, again.transcript
-  summary = _summary(again)
-  assert summary["resumed"] and summary["start_step"] == 4, summary  # the first exchange after the notice
-  assert _losses(summary["run_dir"]) == _losses(uninterrupted[1]["run_dir"])
-
-
-def test_warm_rerun_on_isolated_hosts_hits_the_compile_cache_in_the_bucket(launch_hosts, bucket, data_url):
-  """The compile cache lives beside the runs folder in the bucket (process 0 writes it): a second run of the
-  same programs on 2 isolated hosts finds it there, and every host reports its own hits and misses.
-
-  On this CPU simulation (jax 0.10.2) only process 0 looks the cache up at all: host 1 records neither hits
-  nor misses, so the per-host assertion is on the leader; on a pod every host reads the shared folder."""
-  runs = storage.join(bucket, "runs")
-  for name in ("cold", "warm"):
-    r = launch_hosts(WORKER, hosts=2, devices_per_host=2,
-                     args=["run", *_args(runs, data_url, trainer__run_name=name, trainer__checkpoint_every=0)])
-    assert r.returncode == 0, r.transcript
+  # The compile cache lives beside the runs folder in the bucket (process 0 writes it); every host reports its
+  # own hits and misses. On this CPU simulation (jax 0.10.2) only process 0 looks the cache up at all (host 1
+  # records neither hits nor misses), so the hit assertion is on the leader.
   assert "jaxpod_compile_cache" in storage.listdir(bucket)
-  stats = [json.loads(host_lines(r, h, "CACHE")[0]) for h in (0, 1)]
-  assert stats[0]["hits"] > 0 and stats[0]["misses"] == 0, stats
-  assert all("compile cache:" in line for line in (r.host_output(0), r.host_output(1))), "reported per host"
+  assert json.loads(host_lines(again, 0, "CACHE")[0])["hits"] > 0
+  assert all("compile cache:" in again.host_output(h) for h in (0, 1))

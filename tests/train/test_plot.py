@@ -15,7 +15,7 @@ def test_plot_writes_a_png(tmp_path, capsys):
   assert str(png) in capsys.readouterr().out
 
 
-def test_plot_names_a_missing_run(tmp_path):
-  import pytest
-  with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
-    main(["plot", str(tmp_path / "nope")])
+def test_plot_names_a_missing_run(tmp_path, capsys):
+  assert main(["plot", str(tmp_path / "nope")]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "metrics.jsonl not found" in err[0]

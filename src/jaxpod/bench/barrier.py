@@ -6,11 +6,21 @@ The three kinds are interleaved in rounds so machine noise hits them alike.
 """
 from __future__ import annotations
 
-import numpy as np
+import dataclasses
 
 from jaxpod import runtime
 from jaxpod.bench.common import machine, percentiles, print_table, write_json
 from jaxpod.runtime import kv
+
+
+@dataclasses.dataclass(frozen=True)
+class BarrierBench:
+  """Options of `jaxpod bench barrier`."""
+
+  hosts: int = 4  # simulated hosts (the CLI relaunches itself under `jaxpod launch`)
+  iters: int = 300  # barriers timed per kind per round
+  rounds: int = 3  # interleaved rounds (noise hits every kind alike)
+  json: str | None = None  # write the results here
 
 
 def measure(iters: int, rounds: int) -> dict[str, list[float]]:
@@ -45,3 +55,9 @@ def main(iters: int = 300, rounds: int = 3, json_path: str | None = None) -> dic
     write_json(json_path, payload)
   runtime.barrier("bench.end", 120)
   return payload
+
+
+def cli(cfg: BarrierBench) -> int:
+  """Entry of `jaxpod bench barrier` (on every host of the launch)."""
+  main(iters=cfg.iters, rounds=cfg.rounds, json_path=cfg.json)
+  return 0

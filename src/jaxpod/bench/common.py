@@ -1,4 +1,4 @@
-"""Shared benchmark helpers: percentiles, a rich table, JSON output."""
+"""Shared benchmark helpers: percentiles, timing, JSON output (tables: `jaxpod.runtime.console`)."""
 from __future__ import annotations
 
 import json
@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
+
+from jaxpod.runtime.console import print_table  # noqa: F401 - the benchmarks' table printer
 
 
 def percentiles(samples_s: Sequence[float]) -> dict[str, float]:
@@ -34,19 +36,8 @@ def machine() -> dict[str, Any]:
   return {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}
 
 
-def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-  """A rich table on stdout."""
-  from rich.console import Console
-  from rich.table import Table
-  t = Table(title=title)
-  for c in columns:
-    t.add_column(c, justify="right" if c != columns[0] else "left")
-  for r in rows:
-    t.add_row(*[f"{x:.3f}" if isinstance(x, float) else str(x) for x in r])
-  Console().print(t)
-
-
 def write_json(path: str | None, payload: dict) -> None:
+  """Write the results as JSON when a path is given."""
   if path:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(payload, indent=2))

@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from jaxpod.bench.common import machine, print_table, write_json
+from jaxpod.runtime.extras import require
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,8 +42,16 @@ class BenchConfig:
   json: str | None = None  # write the results here
 
 
+def cli(cfg: BenchConfig) -> int:
+  """Entry of `jaxpod bench extract` (with --hosts N > 1, on every host of the launch)."""
+  options = dataclasses.asdict(cfg)
+  run(json_path=options.pop("json"), **options)
+  return 0
+
+
 def _checkpoint(folder: str, cfg: BenchConfig):
-  import torch
+  torch = require("torch", "the HF baseline of `jaxpod bench extract`")
+  require("transformers", "the HF baseline of `jaxpod bench extract`")
   from transformers import LlamaConfig, LlamaForCausalLM
   torch.manual_seed(0)
   hf = LlamaForCausalLM(LlamaConfig(vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.hidden * 11 // 4,

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from jaxpod.bench.common import machine, print_table, write_json
+from jaxpod.runtime.extras import require
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +84,8 @@ def _jaxpod_engine(folder: str, tokens: np.ndarray, opts: SampleBench) -> dict[s
 
 def _hf_engine(folder: str, tokens: np.ndarray, opts: SampleBench, threads: int) -> dict[str, Any]:
   """Callables for HF generate with `threads` torch threads (0: torch's default), plus the greedy tokens."""
-  import torch
+  torch = require("torch", "the HF baseline of `jaxpod bench sample`")
+  require("transformers", "the HF baseline of `jaxpod bench sample`")
   from transformers import LlamaForCausalLM
   if threads:
     torch.set_num_threads(threads)  # before any torch op: no idle OpenMP pool spinning beside XLA
@@ -241,23 +243,14 @@ def run_modes(json_path: str | None = None, **overrides) -> dict:
   return payload
 
 
-def cli(argv: list[str]) -> int:
-  """`jaxpod bench sample [--json PATH] [--hosts N] [--batch-size N] ...`."""
-  import os
-  import sys
-  from jaxpod.cli.args import parse
-  from jaxpod.runtime import hosts as hosts_lib
-  opts = parse(SampleBench, argv, "jaxpod bench sample")
+def cli(opts: SampleBench) -> int:
+  """Entry of `jaxpod bench sample` (with --hosts N > 1, on every host of the launch)."""
   kwargs = {k: v for k, v in dataclasses.asdict(opts).items() if k != "json"}
   kwargs["threads"] = tuple(opts.threads)
   if opts.hosts <= 1:
     run(json_path=opts.json, **kwargs)
-    return 0
-  if hosts_lib.ENV_PROCESS_ID not in os.environ:
-    from jaxpod.runtime.launcher import LaunchConfig, launch
-    cmd = [sys.executable, "-m", "jaxpod.cli.main", "bench", "sample", *argv]
-    return launch(cmd, LaunchConfig(hosts=opts.hosts), echo_hosts={0}).returncode
-  run_modes(json_path=opts.json, **kwargs)
+  else:
+    run_modes(json_path=opts.json, **kwargs)
   return 0
 
 

@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from jaxpod.bench import common
+from jaxpod.runtime.extras import require
 
 N_PARAMS = 16
 # Untimed rounds first: connections, compilation, and the first touch of the shared-memory and
@@ -170,7 +171,7 @@ def run(size_bytes: int, modes: list[str] | tuple[str, ...] | None = None, json_
   ray_address = None
   needs_ray = any(m != "checkpoint" for m in modes)
   if needs_ray:
-    import ray
+    ray = require("ray", "`jaxpod bench transfer` modes other than checkpoint")
     ray.init(num_cpus=1, include_dashboard=False, object_store_memory=max(5 * size_bytes, 1 << 30),
              log_to_driver=False)
     ray_address = ray.get_runtime_context().gcs_address
@@ -212,13 +213,8 @@ class TransferBench:
   json: str | None = None  # write the results here
 
 
-def cli(argv: list[str]) -> int:
-  """Entry point of `jaxpod bench transfer`."""
-  from jaxpod.cli.args import parse
-  cfg = parse(TransferBench, argv, "jaxpod bench transfer")
+def cli(cfg: TransferBench) -> int:
+  """Entry of `jaxpod bench transfer`."""
   run(parse_size(cfg.size), [m for m in cfg.modes.split(",") if m], cfg.json, rounds=cfg.rounds)
   return 0
 
-
-if __name__ == "__main__":
-  sys.exit(cli(sys.argv[1:]))

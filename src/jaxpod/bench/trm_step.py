@@ -15,6 +15,25 @@ import time
 from jaxpod.bench.common import machine, print_table, write_json
 
 
+@dataclasses.dataclass(frozen=True)
+class TRMStepBench:
+  """Options of `jaxpod bench trm-step`."""
+
+  config: str | None = None  # TRM model YAML (e.g. configs/trm_sudoku_mlp.yaml); default: the tiny preset
+  batch: int = 64  # global batch of the timed train step
+  steps: int = 5  # train steps per timed run
+  runs: int = 3  # timed runs (the median is reported)
+  compute_dtype: str = "float32"  # forward dtype; bf16 is emulated (slow) on CPU
+  json: str | None = None  # write the results here
+
+
+def cli(cfg: TRMStepBench) -> int:
+  """Entry of `jaxpod bench trm-step`."""
+  run(config_path=cfg.config, batch=cfg.batch, steps=cfg.steps, json_path=cfg.json, runs=cfg.runs,
+      compute_dtype=cfg.compute_dtype)
+  return 0
+
+
 def matmul_ceiling(n: int = 2048, runs: int = 3):
   """A function measuring FLOP/s of a jitted fp32 [n, n] @ [n, n] (median of `runs`), already warmed up."""
   import jax

@@ -1,14 +1,21 @@
-"""Config parsing shared by every subcommand: draccus (`--config_path FILE`, dotted overrides).
+"""Config parsing shared by every command: draccus (`--config_path FILE`, dotted overrides).
 
-Dashes in option names are accepted (`--devices-per-host` == `--devices_per_host`). A bad
-value ends the command with one line naming the field, before anything expensive runs.
+Dashes in option names are accepted (`--devices-per-host` == `--devices_per_host`), and a
+tuple field takes a comma list (`--layers 4,8`). A bad value, a missing or malformed
+`--config_path` file ends the command with one line naming the field or file (exit 2),
+before anything expensive runs.
 """
 from __future__ import annotations
 
+import dataclasses
+import os
 import sys
+import types
+import typing
 from typing import TypeVar
 
 import draccus
+from draccus.help_formatter import SimpleHelpFormatter
 
 T = TypeVar("T")
 
@@ -17,7 +24,28 @@ class UsageError(SystemExit):
   """Bad command-line input: printed as one line, exit code 2."""
 
 
-def _normalise(argv: list[str]) -> list[str]:
+def fail(prog: str, message: object) -> UsageError:
+  """Print `prog: error: message` (first line only) to stderr; return the exit-2 exception to raise."""
+  text = str(message).strip().splitlines()
+  print(f"{prog}: error: {text[0] if text else type(message).__name__}", file=sys.stderr)
+  return UsageError(2)
+
+
+class HelpFormatter(SimpleHelpFormatter):
+  """draccus's formatter, keeping a literal `%` of a field comment literal (`H % KV == 0`).
+
+  argparse %-formats every help string (for `%(default)s`); a field comment is prose, so its
+  `%` signs are escaped here, once, for every command.
+  """
+
+  def _get_help_string(self, action):
+    raw = action.help or ""
+    full = super()._get_help_string(action) or ""
+    return raw.replace("%", "%%") + full[len(raw):]
+
+
+def normalise(argv: list[str]) -> list[str]:
+  """Option names with dashes -> underscores (`--devices-per-host` -> `--devices_per_host`)."""
   out = []
   for a in argv:
     if a.startswith("--") and not a.startswith("--config"):
@@ -29,19 +57,82 @@ def _normalise(argv: list[str]) -> list[str]:
   return out
 
 
+def _tuple_fields(cls: type) -> set[str]:
+  """Top-level fields of `cls` typed as a tuple or list (they take `--name 4,8`)."""
+  try:
+    hints = typing.get_type_hints(cls)
+  except Exception:  # noqa: BLE001 - an unresolvable annotation just means no comma lists
+    return set()
+  out = set()
+  for f in dataclasses.fields(cls):
+    t = hints.get(f.name)
+    args = typing.get_args(t) if typing.get_origin(t) in (typing.Union, types.UnionType) else (t,)
+    if any(typing.get_origin(a) in (tuple, list) for a in args):
+      out.add(f.name)
+  return out
+
+
+def comma_lists(cls: type, argv: list[str]) -> list[str]:
+  """`--layers 4,8` / `--layers=4,8` -> draccus's bracketed form for tuple fields of `cls`."""
+  names, out, wrap_next = _tuple_fields(cls), [], False
+  for a in argv:
+    name, eq, value = a.partition("=")
+    bare = name[2:].replace("-", "_") if name.startswith("--") else None
+    if wrap_next and not a.startswith("--") and not a.startswith("["):
+      a = f"[{a}]"
+    elif bare in names and eq and not value.startswith("["):
+      a = f"{name}=[{value}]"
+    wrap_next = bare in names and not eq
+    out.append(a)
+  return out
+
+
+def config_path_of(argv: list[str]) -> str | None:
+  """The value of `--config_path` in (normalised) argv, if any."""
+  for i, a in enumerate(argv):
+    name, eq, value = a.partition("=")
+    if name == "--config_path":
+      return value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+  return None
+
+
+def check_config_file(path: str, prog: str) -> None:
+  """A `--config_path` that is missing, not a file or not a YAML mapping: one line, exit 2."""
+  import yaml
+  if not path:
+    raise fail(prog, "--config_path needs a file: --config_path configs/NAME.yaml")
+  if not os.path.isfile(path):
+    what = "is a folder" if os.path.isdir(path) else "does not exist"
+    raise fail(prog, f"--config_path {path} {what}; point it at a YAML config file")
+  try:
+    with open(path) as f:
+      data = yaml.safe_load(f)
+  except (yaml.YAMLError, UnicodeDecodeError) as e:
+    where = getattr(e, "problem_mark", None)
+    at = f" at line {where.line + 1}" if where is not None else ""
+    raise fail(prog, f"--config_path {path} is not valid YAML{at}: {getattr(e, 'problem', None) or e}") from None
+  if data is not None and not isinstance(data, dict):
+    raise fail(prog, f"--config_path {path} holds a {type(data).__name__}, not a mapping of config sections")
+
+
 def parse(cls: type[T], argv: list[str], prog: str) -> T:
   """Parse argv into the frozen dataclass `cls`; one clear line and exit 2 on bad input."""
+  parser = draccus.argparsing.ArgumentParser(cls, prog=prog, formatter_class=HelpFormatter)
   if any(a in ("-h", "--help") for a in argv):
-    draccus.parse(cls, args=["--help"], prog=prog)  # prints help and exits 0
+    parser.parse_args(["--help"])  # prints help and exits 0
+  argv = comma_lists(cls, normalise(argv))
+  path = config_path_of(argv)
+  if path is not None:
+    check_config_file(path, prog)
   try:
-    return draccus.parse(cls, args=_normalise(argv), prog=prog)
+    return parser.parse_args(argv)
   except SystemExit:
     raise
-  except (ValueError, TypeError, FileNotFoundError, draccus.utils.DecodingError, draccus.utils.ParsingError) as e:
+  except (ValueError, TypeError, KeyError, FileNotFoundError, draccus.utils.DecodingError,
+          draccus.utils.ParsingError) as e:
     while isinstance(e, draccus.utils.ParsingError) and e.__cause__ is not None:
       e = e.__cause__  # the dataclass's own message names the field and the fix
-    print(f"{prog}: error: {e}", file=sys.stderr)
-    raise UsageError(2) from None
+    raise fail(prog, e) from None
 
 
 def split_command(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -7,10 +7,8 @@ that already holds the same build.
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 
-from jaxpod.cli.args import parse
 from jaxpod.data.sudoku.build import SudokuDataConfig
 
 
@@ -48,14 +46,6 @@ class CsvArgs:
       raise ValueError(f"--aug must be >= 0, got {self.aug}")
 
 
-SUBCOMMANDS = {"sudoku": "generate puzzles (any box shape)", "sudoku-csv": "import a Sudoku-Extreme CSV file"}
-
-
-def _usage() -> str:
-  lines = ["usage: jaxpod data SUBCOMMAND [--OPTION VALUE ...]", "", "subcommands:"]
-  return "\n".join(lines + [f"  {k.ljust(10)}  {v}" for k, v in SUBCOMMANDS.items()])
-
-
 def _summary(out: str, seconds: float) -> str:
   from jaxpod.data.sudoku import fmt
   train, test = fmt.read(out, "train"), fmt.read(out, "test")
@@ -64,27 +54,28 @@ def _summary(out: str, seconds: float) -> str:
           f"({seconds:.1f} s)")
 
 
-def main(argv: list[str]) -> int:
-  if not argv or argv[0] in ("-h", "--help", "help"):
-    print(_usage())
-    return 0
-  sub, rest = argv[0], argv[1:]
-  if sub not in SUBCOMMANDS:
-    print(f"jaxpod data: unknown subcommand {sub!r}\n\n{_usage()}", file=sys.stderr)
-    return 2
-  from jaxpod.data.sudoku.build import build, import_csv
+def sudoku(args: SudokuArgs) -> int:
+  """`jaxpod data sudoku`: generate, write, print a summary."""
+  from jaxpod.data.sudoku.build import build
+  start = time.perf_counter()
+  fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(SudokuDataConfig)}
+  try:
+    out = build(SudokuDataConfig(**fields), args.out)
+  except RuntimeError as e:  # too few distinct puzzles for the sizes asked: bad input, one line
+    raise ValueError(str(e)) from e
+  print(_summary(out, time.perf_counter() - start))
+  return 0
+
+
+def sudoku_csv(a: CsvArgs) -> int:
+  """`jaxpod data sudoku-csv`: import, write, print a summary."""
+  from jaxpod.data.sudoku.build import import_csv
   start = time.perf_counter()
   try:
-    if sub == "sudoku":
-      args = parse(SudokuArgs, rest, "jaxpod data sudoku")
-      fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(SudokuDataConfig)}
-      out = build(SudokuDataConfig(**fields), args.out)
-    else:
-      a = parse(CsvArgs, rest, "jaxpod data sudoku-csv")
-      out = import_csv(a.csv, a.out, test_csv=a.test_csv, test_fraction=a.test_fraction, aug=a.aug, seed=a.seed,
-                       subsample=a.subsample, min_rating=a.min_rating)
-  except (ValueError, RuntimeError, FileNotFoundError, FileExistsError) as e:
-    print(f"jaxpod data {sub}: error: {e}", file=sys.stderr)
-    return 2
+    out = import_csv(a.csv, a.out, test_csv=a.test_csv, test_fraction=a.test_fraction, aug=a.aug, seed=a.seed,
+                     subsample=a.subsample, min_rating=a.min_rating)
+  except UnicodeDecodeError:
+    files = " or ".join(f for f in (a.csv, a.test_csv) if f)
+    raise ValueError(f"{files} is not a UTF-8 text CSV (source,question,answer,rating)") from None
   print(_summary(out, time.perf_counter() - start))
   return 0

@@ -1,47 +1,140 @@
-"""`jaxpod` entry point: dispatch a subcommand to its module without importing the others.
+"""`jaxpod` entry point: find the command in `jaxpod.cli.commands`, parse, run, map errors to exit codes.
 
-Each entry names `module:function`; the function receives the remaining argv and returns
-an exit code. Keeping imports lazy makes `jaxpod launch` start fast and lets `jaxpod doctor`
-set up JAX before anything imports it.
+Handled here once for every command and benchmark:
+  - `--help` (exit 0), unknown commands (exit 2, with the list);
+  - bad input (a bad option value, a missing or malformed file: ValueError, FileNotFoundError, ...):
+    one line `jaxpod CMD: error: ...` and exit 2 (set JAXPOD_TRACEBACK=1 to see the traceback);
+  - another host's failure (`PeerFailed`): one line, exit 1;
+  - an optional package that is not installed: one line naming the pip extra, exit 2;
+  - `--hosts N` (N > 1) outside `jaxpod launch`: rerun the same command as N simulated hosts.
 """
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+import traceback
+from typing import Any
 
-COMMANDS: dict[str, tuple[str, str]] = {
-    # name: (module:function, one-line help)
-    "launch": ("jaxpod.cli.launch:main", "run a command as N simulated hosts on this machine"),
-    "doctor": ("jaxpod.cli.doctor:main", "check hosts, devices, mesh, collectives, barriers, cache"),
-    "cache": ("jaxpod.cli.cache:main", "persistent compile cache: info | clear"),
-    "sample": ("jaxpod.cli.sample:main", "generate text from a HF Llama checkpoint on every host"),
-    "extract": ("jaxpod.cli.extract:main", "layer activations over a prompt set, per host; info URL"),
-    "bench": ("jaxpod.cli.bench:main", "benchmarks: barrier | trm-step | sample | extract | transfer"),
-    "train": ("jaxpod.cli.train:main", "train a model (no arguments: a small TRM on 4x4 Sudoku, minutes on CPU)"),
-    "plot": ("jaxpod.cli.plot:main", "plot a run's loss and accuracy curves to a PNG: jaxpod plot RUN_DIR"),
-    "data": ("jaxpod.cli.data:main", "build Sudoku datasets"),
-}
+from jaxpod.cli.commands import COMMANDS, Command, Group
+
+INPUT_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
+                UnicodeDecodeError)
 
 
-def usage() -> str:
-  width = max(len(n) for n in COMMANDS)
-  lines = ["usage: jaxpod COMMAND [ARGS...]", "", "commands:"]
-  lines += [f"  {n.ljust(width)}  {h}" for n, (_, h) in COMMANDS.items()]
-  return "\n".join(lines)
+def resolve(ref: str) -> Any:
+  """The object named by "module:name"."""
+  module, name = ref.split(":")
+  return getattr(importlib.import_module(module), name)
+
+
+def usage(path: list[str], table: dict[str, Command | Group]) -> str:
+  """`usage: jaxpod ... COMMAND` and one help line per command."""
+  width = max(len(n) for n in table)
+  lines = [f"usage: {' '.join(path)} COMMAND [ARGS...]", "", "commands:"]
+  return "\n".join(lines + [f"  {n.ljust(width)}  {c.help}" for n, c in table.items()])
 
 
 def main(argv: list[str] | None = None) -> int:
+  """Run `jaxpod ARGV`; returns the exit code."""
   argv = list(sys.argv[1:] if argv is None else argv)
+  try:
+    return dispatch(["jaxpod"], COMMANDS, argv)
+  except SystemExit as e:  # --help (0) and one-line usage errors (2) end here
+    return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+
+
+def dispatch(path: list[str], table: dict[str, Command | Group], argv: list[str],
+             default: Command | None = None) -> int:
+  """Find argv[0] in `table` (or run `default`) and run it."""
+  if argv and argv[0] in table:
+    entry, rest = table[argv[0]], argv[1:]
+    if isinstance(entry, Group):
+      return dispatch([*path, argv[0]], entry.commands, rest, entry.default)
+    return run_command([*path, argv[0]], entry, rest)
+  if default is not None:
+    return run_command(path, default, argv)
   if not argv or argv[0] in ("-h", "--help", "help"):
-    print(usage())
+    print(usage(path, table))
     return 0
-  name, rest = argv[0], argv[1:]
-  if name not in COMMANDS:
-    print(f"jaxpod: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+  print(f"{' '.join(path)}: unknown command {argv[0]!r}\n\n{usage(path, table)}", file=sys.stderr)
+  return 2
+
+
+def run_command(path: list[str], cmd: Command, argv: list[str]) -> int:
+  """Parse the options, relaunch under `jaxpod launch` if asked, run, map errors to exit codes."""
+  prog = " ".join(path)
+  try:
+    if cmd.config is None:
+      return int(resolve(cmd.run)(argv, prog) or 0)
+    cfg = load_options(cmd, argv, prog)
+    if cmd.relaunch and getattr(cfg, "hosts", 1) > 1 and not inside_launch():
+      return relaunch(path, argv, cfg)
+    return int(resolve(cmd.run)(cfg) or 0)
+  except SystemExit:
+    raise
+  except BaseException as e:
+    return _failed(prog, e)
+
+
+def load_options(cmd: Command, argv: list[str], prog: str) -> Any:
+  """The command's options dataclass from argv (a leading bare argument fills `cmd.positional`)."""
+  from jaxpod.cli.args import parse
+  if cmd.positional and argv and not argv[0].startswith("-"):
+    argv = [f"--{cmd.positional}", argv[0], *argv[1:]]
+  if cmd.load:
+    return resolve(cmd.load)(argv)
+  return parse(resolve(cmd.config), argv, prog)
+
+
+def inside_launch() -> bool:
+  """True in a host started by `jaxpod launch`."""
+  from jaxpod.runtime import hosts
+  return hosts.ENV_PROCESS_ID in os.environ
+
+
+def relaunch(path: list[str], argv: list[str], cfg: Any) -> int:
+  """Run `jaxpod PATH ARGV` as cfg.hosts simulated hosts (host 0's output echoed); the job's exit code."""
+  from jaxpod.runtime.launcher import LaunchConfig, launch
+  cmd = [sys.executable, "-m", "jaxpod.cli.main", *path[1:], *argv]
+  lc = LaunchConfig(hosts=cfg.hosts, devices_per_host=getattr(cfg, "devices_per_host", 1))
+  return launch(cmd, lc, echo_hosts={0}).returncode
+
+
+def _is_input_error(e: BaseException) -> bool:
+  yaml = sys.modules.get("yaml")
+  return isinstance(e, INPUT_ERRORS) or (yaml is not None and isinstance(e, yaml.YAMLError))
+
+
+def _first_line(e: BaseException) -> str:
+  mark = getattr(e, "problem_mark", None)  # a YAML error: say which file and line
+  if mark is not None:
+    return f"{mark.name} is not valid YAML at line {mark.line + 1}: {getattr(e, 'problem', '')}"
+  return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _failed(prog: str, e: BaseException) -> int:
+  """Tell the other hosts (if any), print one line; exit 2 for bad input, 1 for a peer's failure."""
+  from jaxpod.runtime.extras import explain
+  control = sys.modules.get("jaxpod.runtime.control")  # loaded iff this process may have joined a job
+  hint = explain(e)  # an optional package that is not installed: name the extra
+  if hint is not None:
+    if control is not None:
+      control.abort(e)
+    print(f"{prog}: error: {hint}", file=sys.stderr)
     return 2
-  module, func = COMMANDS[name][0].split(":")
-  code = getattr(importlib.import_module(module), func)(rest)
-  return int(code or 0)
+  peer_failed = control is not None and isinstance(e, control.PeerFailed)
+  if not peer_failed and not _is_input_error(e):
+    if control is not None:
+      control.abort(e)
+    raise e
+  if control is not None:
+    control.abort(e)
+  if os.environ.get("JAXPOD_TRACEBACK"):
+    traceback.print_exception(e)
+  first = _first_line(e)
+  print(f"{prog}: {first}" if peer_failed else f"{prog}: error: {first}", file=sys.stderr)
+  return 1 if peer_failed else 2
 
 
 if __name__ == "__main__":

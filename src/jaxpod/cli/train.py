@@ -10,7 +10,7 @@ from __future__ import annotations
 import tempfile
 from importlib import resources
 
-from jaxpod.cli.args import parse
+from jaxpod.cli.args import normalise, check_config_file, config_path_of, parse
 
 DEFAULT_CONFIG = "train_default.yaml"
 
@@ -24,22 +24,22 @@ def load_config(argv: list[str]):
   """The TrainConfig `jaxpod train ARGV` runs (embedded default unless --config_path; TRM files translated)."""
   from jaxpod.train.config import TrainConfig
   argv = list(argv)
-  if not any(a.startswith("--config_path") or a.startswith("--config-path") for a in argv):
+  if any(a in ("-h", "--help") for a in argv):
+    return parse(TrainConfig, ["--help"], "jaxpod train")
+  path = config_path_of(normalise(argv))
+  if path is None:
     argv = ["--config_path", default_config_path(), *argv]
+  else:
+    check_config_file(path, "jaxpod train")
   with tempfile.TemporaryDirectory() as tmp:
     return parse(TrainConfig, _translate_trm_yaml(argv, tmp), "jaxpod train")
 
 
-def main(argv: list[str]) -> int:
-  import sys
+def run(cfg) -> int:
+  """`jaxpod train`: hosts and storage checked before JAX initialises (invariants 7, 8), then the trainer."""
   from jaxpod.train.config import validate_for_hosts, validate_storage
-  cfg = load_config(argv)
-  try:
-    validate_for_hosts(cfg, cfg.runtime.hosts())  # invariant 7: one line, before JAX initialises
-    validate_storage(cfg, cfg.runtime.hosts())  # invariant 8: reachable, and shared with several hosts
-  except ValueError as e:
-    print(f"jaxpod train: error: {e}", file=sys.stderr)
-    return 2
+  validate_for_hosts(cfg, cfg.runtime.hosts())  # a ValueError here is one line, exit 2
+  validate_storage(cfg, cfg.runtime.hosts())  # reachable, and shared with several hosts (StorageError: ValueError)
   from jaxpod.train.trainer import train
   train(cfg)
   return 0

@@ -144,7 +144,10 @@ def read_prompts(url: str) -> list[str]:
   for n, line in enumerate(lines, 1):
     if not line.strip():
       continue
-    row = json.loads(line)
+    try:
+      row = json.loads(line)
+    except ValueError as e:
+      raise ValueError(f"extract.prompts={url!r} line {n} is not JSON ({e}); one object per line") from None
     text = row.get("text", row.get("prompt")) if isinstance(row, dict) else None
     if not isinstance(text, str):
       raise ValueError(f"extract.prompts={url!r} line {n}: expected an object with a 'text' or 'prompt' string")

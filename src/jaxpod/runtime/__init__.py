@@ -8,8 +8,8 @@
 from jaxpod.runtime.compile_cache import CompileCacheConfig
 from jaxpod.runtime.control import (ControlTimeout, PeerFailed, abort, allgather, barrier, broadcast,
                                     broadcast_call, check_peers, guard, leader_only)
-from jaxpod.runtime.distributed import (RuntimeConfig, cache_dir, host_info, init, is_initialized, is_leader,
-                                        shutdown)
+from jaxpod.runtime.distributed import init, shutdown
+from jaxpod.runtime.state import RuntimeConfig, cache_dir, host_info, is_initialized, is_leader
 from jaxpod.runtime.hosts import HostInfo, detect_hosts, validate_divisible
 from jaxpod.runtime.mesh import MESH_AXES, MeshConfig, describe_mesh, make_mesh, mesh_from_config
 from jaxpod.runtime.program_check import ProgramMismatch, jit

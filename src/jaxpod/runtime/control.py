@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from jaxpod.runtime import distributed, kv
+from jaxpod.runtime import kv, state
 from jaxpod.runtime.log import get_logger
 
 log = get_logger("control")
@@ -78,7 +78,7 @@ def _key(name: str) -> str:
 
 
 def _timeout(timeout_s: float | None) -> float:
-  return distributed.config().control_timeout_s if timeout_s is None else timeout_s
+  return state.config().control_timeout_s if timeout_s is None else timeout_s
 
 
 def _next_gen(kind: str, name: str) -> tuple[str, int]:
@@ -89,9 +89,9 @@ def _next_gen(kind: str, name: str) -> tuple[str, int]:
 
 def check_peers(where: str = "") -> None:
   """Raise PeerFailed if any other host has published a failure."""
-  if not distributed.in_multi_process_job():
+  if not state.in_multi_process_job():
     return
-  me = distributed.host_info().process_index
+  me = state.host_info().process_index
   for key, value in kv.dir_get(_FAILED):
     info = json.loads(value)
     if info["host"] != me:
@@ -104,7 +104,7 @@ def _wait(key: str, deadline: float, what: str) -> str:
   while True:
     remaining = deadline - time.monotonic()
     if remaining <= 0:
-      host = distributed.host_info()
+      host = state.host_info()
       raise ControlTimeout(f"{what} timed out on {host.label()}; a host may be stuck or slower "
                            "than the timeout (raise the timeout or find the slow host in its log)")
     try:
@@ -117,7 +117,7 @@ def _wait(key: str, deadline: float, what: str) -> str:
 # ---------------------------------------------------------------------------- public API
 def barrier(name: str, timeout_s: float | None = None) -> None:
   """Wait until every host reaches the barrier `name` (named by call site)."""
-  if not distributed.in_multi_process_job():
+  if not state.in_multi_process_job():
     return
   timeout = _timeout(timeout_s)
   base, gen = _next_gen("b", name)
@@ -180,7 +180,7 @@ def _native_barrier(barrier_id: str, timeout: float, what: str) -> None:
     return
   check_peers(what)  # a peer's failure explains a broken barrier better than the barrier error
   if isinstance(box[0], kv.KVTimeout):
-    host = distributed.host_info()
+    host = state.host_info()
     raise ControlTimeout(f"{what} timed out after {timeout:.3g}s on {host.label()}; a host may be stuck or "
                          "slower than the timeout (raise the timeout or find the slow host in its log)") from None
   raise box[0]
@@ -188,9 +188,9 @@ def _native_barrier(barrier_id: str, timeout: float, what: str) -> None:
 
 def allgather(obj: Any, name: str, timeout_s: float | None = None) -> list[Any]:
   """Every host's `obj`, as a list indexed by host."""
-  if not distributed.in_multi_process_job():
+  if not state.in_multi_process_job():
     return [obj]
-  host = distributed.host_info()
+  host = state.host_info()
   check_peers(f"allgather {name!r}")
   base, gen = _next_gen("ag", name)
   kv.set(f"{base}/{gen}/{host.process_index}", encode(obj))
@@ -212,9 +212,9 @@ def broadcast_call(fn: Callable[[], Any], name: str, timeout_s: float | None = N
   If `fn` raises on the leader, the leader re-raises and every other host raises
   `PeerFailed` naming host 0, instead of waiting for a value that never comes.
   """
-  if not distributed.in_multi_process_job():
+  if not state.in_multi_process_job():
     return fn()
-  host = distributed.host_info()
+  host = state.host_info()
   deadline = time.monotonic() + _timeout(timeout_s)
   check_peers(f"broadcast {name!r}")
   base, gen = _next_gen("bc", name)
@@ -238,9 +238,9 @@ def broadcast_call(fn: Callable[[], Any], name: str, timeout_s: float | None = N
 
 def abort(exc: BaseException) -> None:
   """Publish this host's failure so every other host raises PeerFailed naming it."""
-  if not distributed.in_multi_process_job() or isinstance(exc, PeerFailed):
+  if not state.in_multi_process_job() or isinstance(exc, PeerFailed):
     return  # a PeerFailed is a consequence; the root cause is already published
-  host = distributed.host_info()
+  host = state.host_info()
   notice = {"host": host.process_index, "type": type(exc).__name__, "message": str(exc)[:2000]}
   try:
     kv.set(f"{_FAILED}/{host.process_index}", json.dumps(notice), overwrite=True)
@@ -267,7 +267,7 @@ def guard():
 def leader_only(fn: Callable[..., Any]) -> Callable[..., Any]:
   """Decorator: run `fn` on the leader only (returns None elsewhere). For side effects such as logs."""
   def wrapper(*args, **kwargs):
-    return fn(*args, **kwargs) if distributed.is_leader() else None
+    return fn(*args, **kwargs) if state.is_leader() else None
   wrapper.__name__ = fn.__name__
   wrapper.__doc__ = fn.__doc__
   return wrapper

@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from jaxpod.runtime import compile_cache, control, distributed, program_check
+from jaxpod.runtime import compile_cache, console, control, distributed, program_check, state
 from jaxpod.runtime.mesh import describe_mesh, make_mesh
 
 
@@ -20,7 +20,7 @@ from jaxpod.runtime.mesh import describe_mesh, make_mesh
 class DoctorConfig:
   """Options of `jaxpod doctor`."""
 
-  runtime: distributed.RuntimeConfig = dataclasses.field(default_factory=distributed.RuntimeConfig)
+  runtime: state.RuntimeConfig = dataclasses.field(default_factory=state.RuntimeConfig)
   barrier_rounds: int = 20  # barrier round trips timed
   timeout_s: float = 60.0  # deadline of each control-plane check
 
@@ -66,7 +66,7 @@ def _broadcast(timeout: float) -> str:
 
 
 def _cache() -> str:
-  d = distributed.cache_dir()
+  d = state.cache_dir()
   if d is None:
     return "off (disabled or folder not writable)"
   i = compile_cache.info(d)
@@ -120,12 +120,5 @@ def run(cfg: DoctorConfig) -> list[Check]:
 
 
 def _print(checks: list[Check]) -> None:
-  from rich.console import Console
-  from rich.table import Table
-  t = Table(title="jaxpod doctor")
-  t.add_column("check")
-  t.add_column("")
-  t.add_column("detail")
-  for c in checks:
-    t.add_row(c.name, "[green]ok[/]" if c.ok else "[red]FAIL[/]", c.detail)
-  Console().print(t)
+  rows = [(c.name, "[green]ok[/]" if c.ok else "[red]FAIL[/]", c.detail) for c in checks]
+  console.print_table("jaxpod doctor", ("check", "", "detail"), rows, numbers=False)

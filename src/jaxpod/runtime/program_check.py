@@ -6,22 +6,27 @@ gloo collectives forever. With the check on, `runtime.jit` hashes the lowered pr
 of each new call signature and compares it across hosts through the key-value store
 before running it; a mismatch raises `ProgramMismatch` on every host naming the function,
 the hosts that differ and the first differing line.
+
+Switch it on without editing code: `JAXPOD_PROGRAM_CHECK=1` in every host's environment
+(read by `runtime.init`), or `--runtime.program_check true` on the command line.
 """
 from __future__ import annotations
 
 import base64
 import functools
+import os
 import hashlib
 import zlib
 from typing import Any, Callable
 
 import jax
 
-from jaxpod.runtime import control, distributed
+from jaxpod.runtime import control, state
 from jaxpod.runtime.log import get_logger
 
 log = get_logger("program_check")
 _ENABLED = False
+ENV_VAR = "JAXPOD_PROGRAM_CHECK"  # "1" / "true" / "yes" / "on" turns the check on in runtime.init
 _CHANNEL = "jaxpod.program_check"  # one channel for every function, so a different function is caught too
 
 
@@ -36,7 +41,19 @@ def enable(flag: bool = True) -> None:
 
 
 def enabled() -> bool:
+  """Whether the check is on in this process."""
   return _ENABLED
+
+
+def env_enabled() -> bool:
+  """True when JAXPOD_PROGRAM_CHECK asks for the check; an unrecognised value is an error naming it."""
+  value = os.environ.get(ENV_VAR, "").strip().lower()
+  if value in ("", "0", "false", "no", "off"):
+    return False
+  if value in ("1", "true", "yes", "on"):
+    return True
+  raise ValueError(f"{ENV_VAR}={os.environ[ENV_VAR]!r}: use 1 to turn the cross-host program check on, 0 (or unset) "
+                   "to leave it off")
 
 
 def _first_difference(a: str, b: str) -> tuple[int, str, str]:
@@ -58,14 +75,14 @@ def _unpack(blob: str) -> str:
 
 def verify(name: str, program_text: str, timeout_s: float | None = None) -> None:
   """Compare (name, hash of program_text) across hosts; raise ProgramMismatch on every host if any differ."""
-  if not distributed.in_multi_process_job():
+  if not state.in_multi_process_job():
     return
   digest = hashlib.sha256(program_text.encode()).hexdigest()
   seen = control.allgather([name, digest], _CHANNEL, timeout_s)
   if all(s == seen[0] for s in seen):
     return
   other = next(i for i, s in enumerate(seen) if s != seen[0])
-  me = distributed.host_info().process_index
+  me = state.host_info().process_index
   texts = control.allgather(_pack(program_text) if me in (0, other) else None, _CHANNEL + ".text", timeout_s)
   differing = [i for i, s in enumerate(seen) if s != seen[0]]
   names = {i: s[0] for i, s in enumerate(seen)}
@@ -104,7 +121,7 @@ def jit(fn: Callable[..., Any] | None = None, *, name: str | None = None, **jit_
 
   @functools.wraps(fn)
   def wrapper(*args, **kwargs):
-    if _ENABLED and distributed.in_multi_process_job():
+    if _ENABLED and state.in_multi_process_job():
       sig = _signature(args, kwargs)
       seen = control.allgather([label, sig], _CHANNEL + ".signature")
       same = all(s == seen[0] for s in seen)

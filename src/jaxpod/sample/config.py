@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxpod.runtime.distributed import RuntimeConfig
+from jaxpod.runtime.state import RuntimeConfig
 from jaxpod.runtime.mesh import MeshConfig
 
 MODES = ("global", "replicated")

@@ -1,6 +1,6 @@
 """`SampleHook`: sample from the model being trained, every N steps, without touching training.
 
-A `jaxpod.train.hooks.Hook`: the loop calls it on every host at the same steps. It
+A `jaxpod.runtime.hooks.Hook`: the trainer's loop calls it on every host at the same steps. It
 
   1. tokenizes the prompts once, on the leader, and broadcasts the ids (a tokenizer error
      raises on every host);
@@ -27,19 +27,12 @@ from jaxpod import runtime
 from jaxpod.runtime import storage
 from jaxpod.models.llama.model import Llama
 from jaxpod.models.llama.tokenizer import Tokenizer
+from jaxpod.runtime.hooks import Hook, StepInfo
 from jaxpod.sample.config import EngineConfig, SamplingParams
 from jaxpod.sample.sampler import Sampler
 
 
-def _hook_base():
-  try:
-    from jaxpod.train.hooks import Hook
-    return Hook
-  except ImportError:  # pragma: no cover - the trainer is optional for sampling
-    return object
-
-
-class SampleHook(_hook_base()):
+class SampleHook(Hook):
   """Every `every` steps (and at the end): completions of `prompts` from the current parameters."""
 
   def __init__(self, every: int, prompts: Sequence[str], tokenizer: Tokenizer, graphdef,
@@ -58,7 +51,7 @@ class SampleHook(_hook_base()):
                                          "sample_hook.prompts")
     return self._ids
 
-  def __call__(self, info) -> dict:
+  def __call__(self, info: StepInfo) -> dict:
     ids = self._prompt_ids()
     params = self.params_of(info.state)
     jax.block_until_ready(params)

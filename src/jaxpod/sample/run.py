@@ -18,6 +18,7 @@ from typing import Any
 import fsspec
 
 from jaxpod import runtime
+from jaxpod.runtime.console import Bar
 from jaxpod.models.llama import LlamaConfig, hf_io, load_tokenizer
 from jaxpod.sample.config import SampleConfig
 from jaxpod.sample.sampler import Sampler, check_batch, check_memory, make_sample_mesh
@@ -28,8 +29,15 @@ def read_prompts(path: str) -> tuple[list[str], list[int | None]]:
   with fsspec.open(path, "r") as f:
     lines = [l.rstrip("\n") for l in f]
   if path.endswith(".jsonl"):
-    rows = [json.loads(l) for l in lines if l.strip()]
-    bad = [i for i, r in enumerate(rows) if not isinstance(r.get("prompt"), str)]
+    rows = []
+    for n, line in enumerate(lines, 1):
+      if line.strip():
+        try:
+          rows.append(json.loads(line))
+        except ValueError as e:
+          raise ValueError(f"sample.prompts={path} line {n} is not JSON ({e}); one object per line: "
+                           '{"prompt": "..."}') from None
+    bad = [i for i, r in enumerate(rows) if not isinstance(r, dict) or not isinstance(r.get("prompt"), str)]
     if bad:
       raise ValueError(f"{path}: line(s) {bad[:5]} lack a string \"prompt\" field")
     return [r["prompt"] for r in rows], [r.get("seed") for r in rows]
@@ -56,15 +64,9 @@ def _leader_plan(cfg: SampleConfig, mesh_for_check) -> tuple[dict[str, Any], Any
   return plan, tok
 
 
-def _progress(total: int):
-  """(callback, closer): a rich progress bar on the leader, nothing elsewhere."""
-  if not runtime.is_leader():
-    return None, lambda: None
-  from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TextColumn
-  bar = Progress(TextColumn("sampling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-  task = bar.add_task("sample", total=total)
-  bar.start()
-  return (lambda n: bar.advance(task, n)), bar.stop
+def _progress(total: int) -> Bar:
+  """Prompts done: a bar on the leader, nothing elsewhere."""
+  return Bar("sampling", total, enabled=runtime.is_leader())
 
 
 def run(cfg: SampleConfig) -> list[dict[str, Any]] | None:
@@ -84,11 +86,11 @@ def run(cfg: SampleConfig) -> list[dict[str, Any]] | None:
   model = hf_io.load(cfg.model, mesh, cfg=model_cfg)
   runtime.barrier("sample.loaded")  # a host whose load failed is named here, before any device collective
   sampler = Sampler(model, mesh, cfg.engine(), cfg.sampling(), plan["stop_ids"], mode=cfg.mode)
-  advance, close = _progress(len(plan["ids"]))
+  bar = _progress(len(plan["ids"]))
   try:
-    results = sampler.generate(plan["ids"], plan["seeds"], on_chunk=advance)
+    results = sampler.generate(plan["ids"], plan["seeds"], on_chunk=lambda n: bar.update(advance=n))
   finally:
-    close()
+    bar.close()
   records = None
   if runtime.is_leader():
     tok = tok_box[0]

@@ -25,7 +25,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.models.llama.model import CACHE_AXES, Llama, abstract
 from jaxpod.runtime import mesh as mesh_lib
-from jaxpod.runtime.sharding import DEFAULT as DEFAULT_RULES, _drop_indivisible, state_shardings
+from jaxpod.runtime.sharding import DEFAULT as DEFAULT_RULES, state_shardings
 from jaxpod.sample import engine
 from jaxpod.sample.config import MODES, EngineConfig, SamplingParams
 
@@ -60,7 +60,7 @@ def memory_plan(cfg: LlamaConfig, ec: EngineConfig, mesh) -> dict[str, int]:
   weights = sum(_per_device_bytes(v.shape, v.dtype, s) for v, s in zip(
       jax.tree.leaves(abs_state), jax.tree.leaves(shardings)))
   cache_shape = (cfg.num_hidden_layers, ec.batch_size, cfg.num_key_value_heads, ec.cache_len, cfg.head_dim_)
-  cache_sh = NamedSharding(mesh, _drop_indivisible(DEFAULT_RULES.spec(CACHE_AXES, mesh), cache_shape, mesh))
+  cache_sh = NamedSharding(mesh, DEFAULT_RULES.fitted_spec(CACHE_AXES, cache_shape, mesh, "kv_cache"))
   cache = 2 * _per_device_bytes(cache_shape, cfg.dtype, cache_sh)
   dp = mesh.shape["data"] * mesh.shape["fsdp"]
   rows = max(1, ec.batch_size // dp)

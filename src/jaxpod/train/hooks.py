@@ -1,62 +1,15 @@
-"""Host-side hooks: work the loop does every N steps (eval, checkpoint, sampling, weight publishing).
+"""The trainer's hooks (eval, checkpoint); the interface `Hook`/`StepInfo` is `jaxpod.runtime.hooks`.
 
-The interface, for hooks written elsewhere (the sampling engineer's `SampleHook`, the transfer
-engineer's `PublishWeightsHook`):
-
-    class MyHook(Hook):
-      every = 100                          # run when step % every == 0 (0: only at the end)
-      def __call__(self, info: StepInfo) -> dict | None:
-        ...                                # read info.state (global arrays), info.step, ...
-        return {"my/metric": 1.0}          # optional: logged by the tracker at info.step
-      def close(self): ...                 # optional: called once when the run ends
-
-Rules every hook follows:
-- It runs on every host, at the same steps, in the same order (the loop calls hooks in list
-  order, right after dispatching the step). Anything collective inside it (a jitted program over
-  global arrays, a broadcast, an Orbax save) is then issued identically everywhere (invariant 1).
-  Leader-only side effects (files, prints) go through `runtime.is_leader()` inside the hook.
-- It must not perturb training (invariant 6): never modify `info.state`, never consume from the
-  training data iterator, draw randomness from its own keys. The state passed in is the state
-  after `info.step` steps; it is donated to the next step, so copy what you keep
-  (`jax.device_get` or a jitted copy) instead of holding references.
-- It runs at the final step too (`info.final`), so a run always ends with an eval and a checkpoint.
+Rules every hook follows are in that module's docstring.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable
 
+from jaxpod.runtime.hooks import Hook, StepInfo, run_hooks  # noqa: F401 - the interface, re-exported
 from jaxpod.runtime.log import get_logger
 
 log = get_logger("train.hooks")
-
-
-@dataclasses.dataclass
-class StepInfo:
-  """What a hook sees after step `step` was dispatched."""
-
-  step: int  # optimizer steps taken (the state below is after this many steps)
-  state: Any  # TrainState of global jax.Arrays (read only; donated to the next step)
-  final: bool  # True at the last step of the run
-  run_dir: str  # the run folder (leader writes shared files here)
-  mesh: Any  # the device mesh
-  metrics: dict | None = None  # the latest host-side training metrics (one step behind)
-  extras: dict = dataclasses.field(default_factory=dict)  # trainer-provided helpers (data_state: callable)
-
-
-class Hook:
-  """Base class: `every` steps (and at the final step), the loop calls the hook with a StepInfo."""
-
-  every: int = 0
-
-  def due(self, step: int, final: bool) -> bool:
-    return final or (self.every > 0 and step % self.every == 0)
-
-  def __call__(self, info: StepInfo) -> dict | None:  # pragma: no cover - interface
-    raise NotImplementedError
-
-  def close(self) -> None:
-    """Called once when the run ends (after the last step's hooks)."""
 
 
 class EvalHook(Hook):
@@ -98,14 +51,3 @@ class CheckpointHook(Hook):
 
   def close(self) -> None:
     self.checkpointer.close()
-
-
-def run_hooks(hooks: list[Hook], info: StepInfo) -> dict:
-  """Call every due hook in order; merge what they return."""
-  out: dict = {}
-  for hook in hooks:
-    if hook.due(info.step, info.final):
-      result = hook(info)
-      if result:
-        out.update(result)
-  return out

@@ -32,6 +32,10 @@ def plot_run(run_dir: str, out: str | None = None) -> str:
   import matplotlib.pyplot as plt
 
   records = read_metrics(run_dir)
+  if not any(isinstance(r, dict) and "step" in r for r in records):
+    raise ValueError(f"{storage.join(run_dir, 'metrics.jsonl')} holds no metrics records (JSON lines with a "
+                     "'step'); is it a jaxpod run's metrics file?")
+  records = [r for r in records if isinstance(r, dict) and "step" in r]
   out = out or storage.join(run_dir, "metrics.png")
   fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
   for key, label, style in (("loss", "train loss", "-"), ("lm_loss", "train lm loss", "-"),

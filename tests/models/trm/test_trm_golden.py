@@ -1,4 +1,4 @@
-"""Golden parity with the reference PyTorch TRM (../shared/golden/trm, attention + RoPE variant).
+"""Golden parity with the reference PyTorch TRM (tests/data/golden/trm, attention + RoPE variant).
 
 Tolerances (fp32 against fp32 PyTorch on CPU, the loss against float64):
 - hidden states and logits: atol 2e-5. The two implementations sum in different orders (XLA
@@ -29,10 +29,7 @@ from safetensors.numpy import load_file
 from jaxpod.models import trm
 from jaxpod.runtime import make_mesh
 
-GOLDEN = Path("/work/shared/golden/trm")
-if not GOLDEN.exists():  # pragma: no cover
-  GOLDEN = Path(__file__).resolve().parents[4] / "shared" / "golden" / "trm"
-pytestmark = pytest.mark.skipif(not (GOLDEN / "weights.safetensors").exists(), reason="golden TRM files not found")
+GOLDEN = Path(__file__).resolve().parents[2] / "data" / "golden" / "trm"  # tests/data/golden/trm (see its README)
 
 ATOL_STATE = 2e-5
 RTOL_LOSS = 2e-6

@@ -15,8 +15,7 @@ from safetensors.numpy import load_file
 from jaxpod.models import trm
 
 ROOT = Path(__file__).resolve().parents[3]
-GOLDEN = Path("/work/shared/golden/trm")
-needs_golden = pytest.mark.skipif(not (GOLDEN / "weights.safetensors").exists(), reason="golden TRM files not found")
+GOLDEN = ROOT / "tests" / "data" / "golden" / "trm"
 
 
 def _abstract(cfg):
@@ -61,7 +60,6 @@ def test_trunc_normal_matches_reference_init():
   assert abs(x.std() - 0.5) < 0.005 and np.abs(x).max() <= 2 * 0.5 / 0.8796 + 1e-6
 
 
-@needs_golden
 def test_export_import_round_trip_is_exact(tmp_path):
   """Reference safetensors -> jaxpod -> reference keys, bit for bit; prefixed checkpoints load too."""
   cfg = trm.TRMConfig.from_reference(json.loads((GOLDEN / "config.json").read_text())["model_config"])

@@ -17,6 +17,8 @@ from typing import Protocol, Sequence
 
 import fsspec
 
+from jaxpod.runtime.extras import install_hint
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json")
 
 
@@ -113,8 +115,8 @@ def load_tokenizer(url: str) -> Tokenizer:
   try:
     from transformers import AutoTokenizer
   except ImportError as e:
-    raise ValueError(f"{url} has tokenizer files {present} but no tokenizer.json; install transformers "
-                     "to read them") from e
+    raise ValueError(f"{url} has tokenizer files {present} but no tokenizer.json; reading them needs transformers: "
+                     f"{install_hint('transformers')}") from e
   with tempfile.TemporaryDirectory() as tmp:
     for n in present:
       fs.get(f"{root}/{n}", os.path.join(tmp, n))

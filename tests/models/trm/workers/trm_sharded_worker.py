@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-GOLDEN = Path("/work/shared/golden/trm")
+GOLDEN = Path(__file__).resolve().parents[3] / "data" / "golden" / "trm"  # tests/data/golden/trm
 KEYS = ("logits", "q_halt_logits", "z_H", "z_L", "loss", "lm_head_grad", "qkv_grad", "puzzle_emb_grad",
         "lm_head_new", "puzzle_emb_new", "qkv_new", "steps", "halted")
 

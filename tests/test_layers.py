@@ -1,0 +1,128 @@
+"""The layers of docs/DESIGN.md, checked from the import graph of src/jaxpod (every import, lazy ones too).
+
+    cli                                  top: the command table, parse, call one workload
+    bench                                benchmarks over the workloads
+    train  sample  extract  transfer     the workloads: never import each other
+    models  data  io  configs
+    runtime                              bottom
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+RANK = {"cli": 5, "bench": 4, "train": 3, "sample": 3, "extract": 3, "transfer": 3, "models": 2, "data": 2, "io": 2,
+        "configs": 2, "runtime": 1}
+WORKLOADS = {"train", "sample", "extract", "transfer"}
+
+
+def _module_name(path: Path) -> str:
+  parts = list(path.relative_to(SRC).with_suffix("").parts)
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _exists(module: str) -> bool:
+  base = SRC.joinpath(*module.split("."))
+  return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def _imports(path: Path) -> set[str]:
+  """jaxpod modules imported anywhere in the file (`from jaxpod import runtime` -> jaxpod.runtime)."""
+  me = _module_name(path)
+  package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+  out = set()
+  for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    if isinstance(node, ast.Import):
+      out |= {a.name for a in node.names}
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+        base = ".".join(anchor + ([base] if base else []))
+      out.add(base)
+      out |= {f"{base}.{a.name}" for a in node.names if _exists(f"{base}.{a.name}")}
+  return {m for m in out if m == "jaxpod" or m.startswith("jaxpod.")}
+
+
+GRAPH = {_module_name(p): _imports(p) for p in sorted(SRC.rglob("*.py"))}
+
+
+def _room(module: str) -> str | None:
+  """`jaxpod.train.trainer` -> "train"; None for the package root."""
+  parts = module.split(".")
+  return parts[1] if len(parts) > 1 else None
+
+
+def test_every_room_has_a_rank():
+  rooms = {_room(m) for m in GRAPH} - {None}
+  assert rooms <= set(RANK) | {"__main__"}, rooms - set(RANK)
+
+
+def test_no_module_imports_upward():
+  bad = []
+  for module, imported in GRAPH.items():
+    src = _room(module)
+    for target in imported:
+      dst = _room(target)
+      if src is None or dst is None or src == dst:
+        continue
+      if RANK[dst] > RANK[src]:
+        bad.append(f"{module} ({src}) imports {target} ({dst})")
+  assert not bad, "imports must flow downward (cli > bench > workloads > models/data/io > runtime):\n" + \
+      "\n".join(bad)
+
+
+# The LM task (train/lm_task.py) wires sampling into training; it moves out of train/ with the
+# task plugins (issue 11 item 1, deferred until the 'Pod-faithful' trainer rewrite lands).
+KNOWN_CROSS_IMPORTS = {("jaxpod.train.lm_task", "jaxpod.sample.hook"), ("jaxpod.train.lm_task", "jaxpod.sample.config")}
+
+
+def _cross_workload_imports() -> set[tuple[str, str]]:
+  return {(m, t) for m, imported in GRAPH.items() for t in imported
+          if _room(m) in WORKLOADS and _room(t) in WORKLOADS and _room(t) != _room(m)}
+
+
+def test_workloads_do_not_import_each_other():
+  bad = _cross_workload_imports() - KNOWN_CROSS_IMPORTS
+  assert not bad, "\n".join(f"{m} imports {t}" for m, t in sorted(bad))
+
+
+@pytest.mark.xfail(strict=True, reason="issue 11 item 1 (tasks as plugins) is deferred: train/lm_task.py "
+                   "still imports sample/ (SampleHook, SamplingParams)")
+def test_the_lm_task_does_not_import_sample():
+  assert not _cross_workload_imports() & KNOWN_CROSS_IMPORTS
+
+
+def test_runtime_state_does_not_import_the_start_up_module():
+  """No circle inside the runtime: start-up (distributed) -> control/program_check -> state, never back."""
+  for low in ("jaxpod.runtime.state", "jaxpod.runtime.control", "jaxpod.runtime.program_check",
+              "jaxpod.runtime.kv", "jaxpod.runtime.log", "jaxpod.runtime.hosts"):
+    assert "jaxpod.runtime.distributed" not in GRAPH[low], low
+  assert "jaxpod.runtime.distributed" not in GRAPH["jaxpod.runtime.state"]
+
+
+@pytest.mark.xfail(strict=True, reason="issue 11 item 1 (tasks as plugins) is deferred until the 'Pod-faithful' "
+                   "trainer rewrite lands: train/ still imports models.trm / models.llama")
+def test_the_trainer_imports_no_model_family():
+  bad = [f"{m} imports {t}" for m, imported in GRAPH.items() if _room(m) == "train" for t in imported
+         if t.startswith("jaxpod.models.") and t != "jaxpod.models"]
+  assert not bad, "\n".join(bad)
+
+
+def test_every_workload_hook_is_the_runtime_hook():
+  from jaxpod.runtime.hooks import Hook, StepInfo
+  from jaxpod.sample.hook import SampleHook
+  from jaxpod.train import hooks as train_hooks
+  assert train_hooks.Hook is Hook and train_hooks.StepInfo is StepInfo
+  assert issubclass(SampleHook, Hook) and issubclass(train_hooks.EvalHook, Hook)
+
+
+@pytest.mark.xfail(strict=True, reason="transfer/ is being rewritten under issue 'Pod-faithful'; "
+                   "PublishWeightsHook still duck-types the hook interface instead of subclassing runtime.hooks.Hook")
+def test_the_transfer_hook_is_the_runtime_hook():
+  from jaxpod.runtime.hooks import Hook
+  from jaxpod.transfer.hooks import PublishWeightsHook
+  assert issubclass(PublishWeightsHook, Hook)
