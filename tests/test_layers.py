@@ -120,8 +120,6 @@ def test_every_workload_hook_is_the_runtime_hook():
   assert issubclass(SampleHook, Hook) and issubclass(train_hooks.EvalHook, Hook)
 
 
-@pytest.mark.xfail(strict=True, reason="transfer/ is being rewritten under issue 'Pod-faithful'; "
-                   "PublishWeightsHook still duck-types the hook interface instead of subclassing runtime.hooks.Hook")
 def test_the_transfer_hook_is_the_runtime_hook():
   from jaxpod.runtime.hooks import Hook
   from jaxpod.transfer.hooks import PublishWeightsHook

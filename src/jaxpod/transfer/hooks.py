@@ -1,8 +1,8 @@
 """`PublishWeightsHook(every=N)`: publish the trainer's params every N steps.
 
-It follows the trainer's hook interface (`jaxpod.train.hooks`: attribute `every`,
-`due(step, final)`, `__call__(info: StepInfo)`, `close()`) by duck typing, because train/ and
-transfer/ are sibling workloads and neither imports the other. Outside the trainer it can be
+It subclasses the one hook interface (`jaxpod.runtime.hooks.Hook`: attribute `every`,
+`due(step, final)`, `__call__(info: StepInfo)`, `close()`), which lives below every workload, so
+train/ and transfer/ stay siblings that never import each other. Outside the trainer it can be
 called directly as `hook(step, params)`. Every host calls it (publish is collective on a
 multi-host trainer); the weight id is the step. The trainer's state is donated to its next
 step: transports that keep serving from memory copy what they publish (see `ServerBase`).
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from jaxpod.runtime.hooks import Hook
 from jaxpod.transfer.config import TransferConfig
 
 
@@ -18,7 +19,7 @@ def _params_of(state: Any) -> Any:
   return state.params
 
 
-class PublishWeightsHook:
+class PublishWeightsHook(Hook):
   """Publishes `select(info.state)` as weight id `info.step` when due (and at the final step)."""
 
   def __init__(self, config_or_server: Any, every: int, select: Callable[[Any], Any] = _params_of,
