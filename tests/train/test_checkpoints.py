@@ -123,3 +123,17 @@ def test_verify_names_the_damaged_step(ckpt_url, mesh):
   report = dict(verify(ckpt_url))
   assert report[2] is None
   assert report[1] is not None and report[1]
+
+
+def test_checkpoint_verify_cli_names_damaged_steps(tmp_path, mesh, capsys):
+  """`jaxpod checkpoint verify RUN_OR_CHECKPOINTS`: one line per step, exit 1 when one is damaged."""
+  from jaxpod.cli.main import main
+  url = str(tmp_path / "run" / "checkpoints")
+  _save_steps(url, mesh, [1, 2])
+  assert main(["checkpoint", "verify", str(tmp_path / "run")]) == 0
+  for victim in _array_files(storage.join(url, "1")):
+    storage.remove(victim)
+  assert main(["checkpoint", "verify", url]) == 1
+  out = capsys.readouterr().out
+  assert "step 2: ok" in out and "step 1: DAMAGED" in out
+  assert main(["checkpoint", "verify", str(tmp_path / "nothing")]) == 2

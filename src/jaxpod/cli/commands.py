@@ -67,6 +67,11 @@ COMMANDS: dict[str, Command | Group] = {
                      "jaxpod.cli.train:run", "jaxpod.train.config:TrainConfig", load="jaxpod.cli.train:load_config"),
     "plot": Command("plot a run's loss and accuracy curves to a PNG: jaxpod plot RUN_DIR",
                     "jaxpod.cli.commands:plot", "jaxpod.train.plot:PlotConfig", positional="run_dir"),
+    "checkpoint": Group("checkpoints: verify URL", {
+        "verify": Command("read every array of every finished step; exit 1 naming the damaged ones: "
+                          "jaxpod checkpoint verify URL", "jaxpod.cli.commands:checkpoint_verify",
+                          "jaxpod.cli.commands:VerifyOptions", positional="url"),
+    }),
     "data": Group("build Sudoku datasets", {
         "sudoku": Command("generate puzzles (any box shape)", "jaxpod.cli.data:sudoku", "jaxpod.cli.data:SudokuArgs"),
         "sudoku-csv": Command("import a Sudoku-Extreme CSV file", "jaxpod.cli.data:sudoku_csv",
@@ -102,6 +107,37 @@ def cache_clear(cfg: CacheOptions) -> int:
   path = _cache_path(cfg)
   print(f"removed {compile_cache.clear(path)} files from {path}")
   return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyOptions:
+  """Options of `jaxpod checkpoint verify URL`."""
+
+  url: str = ""  # a checkpoints folder, or a run folder holding checkpoints/ (local path or gs://...)
+
+  def __post_init__(self):
+    if not self.url:
+      raise ValueError("url is required: jaxpod checkpoint verify URL")
+
+
+def checkpoint_verify(cfg: VerifyOptions) -> int:
+  """`jaxpod checkpoint verify URL`: one line per step, exit 1 if any step is damaged."""
+  import sys
+  from jaxpod.io import verify
+  from jaxpod.runtime import storage
+  url = cfg.url
+  if storage.exists(storage.join(url, "checkpoints")):
+    url = storage.join(url, "checkpoints")
+  if not storage.exists(url):
+    print(f"jaxpod checkpoint verify: error: {url} does not exist; give a run folder or its checkpoints/",
+          file=sys.stderr)
+    return 2
+  report = verify(url)
+  for step, error in report:
+    print(f"step {step}: {'ok' if error is None else 'DAMAGED: ' + error}")
+  if not report:
+    print(f"{url}: no finished checkpoint")
+  return 1 if any(error for _, error in report) else 0
 
 
 def doctor(cfg) -> int:

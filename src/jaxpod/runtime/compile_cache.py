@@ -107,22 +107,22 @@ def setup(cfg: CompileCacheConfig, runs_dir: str | None, is_leader: bool) -> str
 
 
 def info(path: str) -> dict:
-  """Entry count and total size of a cache folder."""
-  p = Path(path)
-  if not p.exists():
-    return {"dir": str(p), "exists": False, "entries": 0, "bytes": 0}
-  files = [f for f in p.rglob("*") if f.is_file()]
-  return {"dir": str(p), "exists": True, "entries": len(files), "bytes": sum(f.stat().st_size for f in files)}
+  """Entry count and total size of a cache folder (local or a bucket URL)."""
+  from jaxpod.runtime import storage
+  fs, root = storage.filesystem(path)
+  if not fs.exists(root):
+    return {"dir": path, "exists": False, "entries": 0, "bytes": 0}
+  files = fs.find(root, detail=True)
+  return {"dir": path, "exists": True, "entries": len(files), "bytes": sum(f["size"] for f in files.values())}
 
 
 def clear(path: str) -> int:
-  """Delete every entry in a cache folder; returns how many were removed."""
-  p = Path(path)
-  if not p.exists():
+  """Delete every entry in a cache folder (local or a bucket URL); returns how many were removed."""
+  from jaxpod.runtime import storage
+  fs, root = storage.filesystem(path)
+  if not fs.exists(root):
     return 0
-  n = 0
-  for f in p.rglob("*"):
-    if f.is_file():
-      f.unlink()
-      n += 1
-  return n
+  files = fs.find(root)
+  for f in files:
+    fs.rm_file(f)
+  return len(files)
