@@ -40,6 +40,8 @@ BENCHES = {
                       "jaxpod.bench.sample:cli", "jaxpod.bench.sample:SampleBench", relaunch=True),
     "extract": Command("extraction tokens/s vs transformers output_hidden_states",
                        "jaxpod.bench.extract:cli", "jaxpod.bench.extract:BenchConfig", relaunch=True),
+    "checkpoint": Command("loop cost of one checkpoint (Orbax commit vs the old CRC manifest) per step time",
+                          "jaxpod.bench.checkpoint:cli", "jaxpod.bench.checkpoint:CheckpointBench"),
     "transfer": Command("weight transfer per mode (checkpoint, ray, jax_transfer, arrow_flight)",
                         "jaxpod.bench.transfer:cli", "jaxpod.bench.transfer:TransferBench"),
 }
