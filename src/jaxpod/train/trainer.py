@@ -141,7 +141,10 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
     tracker.close()
     ckpt.close()
     if storage.exists(done):
-      return RunSummary(**{**json.loads(storage.read_text(done)), "resumed": True})
+      summary = RunSummary(**{**json.loads(storage.read_text(done)), "resumed": True})
+      if host.is_leader:
+        print_summary(ProgressDisplay(0, 0, False).console, _summary_rows(task, summary))
+      return summary
 
   with jax.set_mesh(mesh):
     step_fn = sp.jit_train_step(sp.train_step_fn(task.loss_fn(graphdef), tx, tcfg.ema, lr_fn), shardings,
@@ -274,8 +277,12 @@ def _finish(cfg: TrainConfig, task, summary: RunSummary, console, print_summary)
   if cfg.trainer.plot:
     from jaxpod.train.plot import plot_run
     plot_run(run_dir)
+  print_summary(console, _summary_rows(task, summary))
+
+
+def _summary_rows(task, summary: RunSummary) -> list[tuple[str, str]]:
   ev = summary.eval
-  rows = [("run folder", str(run_dir)),
+  return [("run folder", str(summary.run_dir)),
           ("steps", f"{summary.start_step} -> {summary.final_step}" + (" (resumed)" if summary.resumed else "")),
           ("train loss", f"{summary.final_metrics.get('loss', float('nan')):.4f}"),
           *task.eval_summary(ev),
@@ -283,4 +290,3 @@ def _finish(cfg: TrainConfig, task, summary: RunSummary, console, print_summary)
           ("steps/s", f"{summary.steps_per_s:.2f}"),
           ("wall time", f"{summary.wall_s:.1f} s"),
           ("compile cache", f"{summary.compile_cache_hits} hits, {summary.compile_cache_misses} misses")]
-  print_summary(console, rows)
