@@ -4,7 +4,9 @@
 
 1. Checks before JAX init (config.check_inputs), then `runtime.init`.
 2. The leader reads and tokenizes the prompts, decides the padded length, checks or writes
-   `run.json`, and broadcasts the token ids (DESIGN.md invariant 1: nothing per host).
+   `run.json`, writes the token ids to `prompt_tokens-<run id>.npz` in the output folder and
+   broadcasts its name and sha256 (invariant 1: nothing per host; invariant 2: the ids, however
+   many prompts, travel through storage, not through the coordination service).
 3. Every host reads its progress record; all resume from the minimum (invariant 5).
 4. Per batch: a named barrier (a failed peer is noticed before the next collective), the
    forward on every host, this host's replica-0 rows to its shard file, then its progress
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import time
 from typing import Callable
@@ -121,11 +124,21 @@ def _plan_on_leader(cfg: ExtractConfig, hf: dict, lay: dict, storage: writer.Sto
   if old is None:
     storage.write_json(storage.path("run.json"), record)
   storage.remove_temporaries()  # no host writes before this broadcast returns
-  return {**fields, "pad": pad, "lengths": lengths, "flat": flat}
+  buf = io.BytesIO()
+  np.savez(buf, lengths=lengths, flat=flat)
+  name = f"prompt_tokens-{fields['run_id']}.npz"
+  storage.write_atomic(storage.path(name), buf.getvalue())
+  return {**fields, "pad": pad, "tokens_file": name, "sha256": hashlib.sha256(buf.getvalue()).hexdigest()}
 
 
-def _make_plan(payload: dict) -> Plan:
-  lengths, flat, t = payload["lengths"], payload["flat"], payload["seq_len"]
+def _make_plan(payload: dict, storage: writer.Storage) -> Plan:
+  """Every host: the prompt token ids from the file the leader wrote (checked against its sha256)."""
+  blob = storage.read_bytes(storage.path(payload["tokens_file"]))
+  if blob is None or hashlib.sha256(blob).hexdigest() != payload["sha256"]:
+    raise ValueError(f"{storage.path(payload['tokens_file'])} is missing or differs from what the leader wrote; "
+                     "is --out shared storage every host sees (a bucket URL)?")
+  arrays = np.load(io.BytesIO(blob), allow_pickle=False)
+  lengths, flat, t = arrays["lengths"], arrays["flat"], payload["seq_len"]
   tokens = np.full((len(lengths), t), payload["pad"], np.int32)
   mask = np.arange(t)[None, :] < lengths[:, None]
   tokens[mask] = flat  # row-major order of the mask = prompt order, then token order
@@ -210,7 +223,8 @@ def _run(cfg: ExtractConfig, hf: dict, host: runtime.HostInfo, on_batch) -> dict
   check_batch(cfg, jax.device_count())
   storage = writer.Storage(cfg.out)
   lay = layout(cfg, jax.device_count())
-  plan = _make_plan(runtime.broadcast_call(lambda: _plan_on_leader(cfg, hf, lay, storage), "extract.plan"))
+  payload = runtime.broadcast_call(lambda: _plan_on_leader(cfg, hf, lay, storage), "extract.plan")
+  plan = _make_plan(payload, storage)
   nb = plan.num_batches(cfg.batch_size)
   plan.start_batch = _resume(storage, plan, nb)
   mesh = runtime.make_mesh(**lay["mesh"])
