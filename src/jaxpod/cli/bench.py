@@ -48,13 +48,15 @@ class TRMStepBench:
   runs: int = 3  # timed runs (the median is reported)
   compute_dtype: str = "float32"  # forward dtype; bf16 is emulated (slow) on CPU
   json: str | None = None  # write the results here
+  reference: str | None = None  # a TinyRecursiveModels checkout: time its own step too (needs jaxpod[bench])
+  threads: int = 0  # torch threads of the reference side (0: torch's default)
 
 
 def trm_step(argv: list[str]) -> int:
   cfg = parse(TRMStepBench, argv, "jaxpod bench trm-step")
   from jaxpod.bench.trm_step import run
   run(config_path=cfg.config, batch=cfg.batch, steps=cfg.steps, json_path=cfg.json, runs=cfg.runs,
-      compute_dtype=cfg.compute_dtype)
+      compute_dtype=cfg.compute_dtype, reference=cfg.reference, threads=cfg.threads)
   return 0
 
 
