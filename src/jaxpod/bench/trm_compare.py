@@ -92,6 +92,6 @@ def compare(config_path, compute_dtype, cfg, ocfg, batch: int, steps: int, runs:
                     "optimizers": "AdamATan2 (pure torch, reference formula) + CastedSparseEmbeddingSignSGD_Distributed",
                     "model_config": cfg.to_reference(batch), "loss_type": cfg.loss_type,
                     "separate_process": True, "alternating": True},
-      "ocfg": dataclasses.asdict(ocfg),
+      "optim": dataclasses.asdict(ocfg),
   }
   return jax_s, [o["matmul_flops_per_s"] for o in ours], extra
