@@ -25,12 +25,14 @@ class TRMStepBench:
   runs: int = 3  # timed runs (the median is reported)
   compute_dtype: str = "float32"  # forward dtype; bf16 is emulated (slow) on CPU
   json: str | None = None  # write the results here
+  reference: str | None = None  # a TinyRecursiveModels checkout: time its own step too (needs jaxpod[bench])
+  threads: int = 0  # torch threads of the reference side (0: torch's default)
 
 
 def cli(cfg: TRMStepBench) -> int:
   """Entry of `jaxpod bench trm-step`."""
   run(config_path=cfg.config, batch=cfg.batch, steps=cfg.steps, json_path=cfg.json, runs=cfg.runs,
-      compute_dtype=cfg.compute_dtype)
+      compute_dtype=cfg.compute_dtype, reference=cfg.reference, threads=cfg.threads)
   return 0
 
 
@@ -53,13 +55,17 @@ def matmul_ceiling(n: int = 2048, runs: int = 3):
   return measure
 
 
-def _batch(cfg, batch: int, seed: int = 0):
-  import jax.numpy as jnp
+def make_batches(cfg, batch: int, n: int = 4, seed: int = 0) -> list[dict]:
+  """`n` Sudoku-shaped int32 NumPy batches (labels 2..V-1, 60% of inputs blank), cycled by both sides."""
   import numpy as np
   rng = np.random.default_rng(seed)
-  return {"inputs": jnp.asarray(rng.integers(1, cfg.vocab_size, (batch, cfg.seq_len)), jnp.int32),
-          "labels": jnp.asarray(rng.integers(2, cfg.vocab_size, (batch, cfg.seq_len)), jnp.int32),
-          "puzzle_identifiers": jnp.asarray(rng.integers(0, cfg.num_puzzle_identifiers, (batch,)), jnp.int32)}
+  out = []
+  for _ in range(n):
+    labels = rng.integers(2, cfg.vocab_size, (batch, cfg.seq_len)).astype(np.int32)
+    inputs = np.where(rng.random((batch, cfg.seq_len)) < 0.6, 1, labels).astype(np.int32)
+    out.append({"inputs": inputs, "labels": labels,
+                "puzzle_identifiers": rng.integers(0, cfg.num_puzzle_identifiers, (batch,)).astype(np.int32)})
+  return out
 
 
 def build_step(cfg, ocfg):
@@ -79,61 +85,122 @@ def build_step(cfg, ocfg):
   return jax.jit(step, donate_argnums=(0, 1, 2)), params, jax.jit(tx.init)(params)
 
 
-def run(config_path: str | None = None, batch: int = 64, steps: int = 5, json_path: str | None = None,
-        runs: int = 3, compute_dtype: str | None = "float32", matmul_size: int = 2048) -> dict:
-  """Benchmark one config (default: configs/trm_tiny.yaml's preset); prints a table, writes JSON, returns it.
-
-  `compute_dtype` overrides the config's ("float32" by default, to compare with the fp32 matmul
-  ceiling; bf16 is emulated and slow on CPU); None keeps the config's. `matmul_size` is the side
-  of the square ceiling matmul.
-  """
-  import jax
+def _load(config_path: str | None, compute_dtype: str | None):
   from jaxpod.models import trm
-  if batch < 1 or steps < 1 or runs < 1:
-    raise ValueError(f"bench trm-step: batch={batch}, steps={steps}, runs={runs} must all be >= 1")
   if config_path:
     cfg, ocfg, _ = trm.load_configs(config_path)
   else:
     cfg, ocfg = trm.TRMConfig.tiny(), trm.TRMOptimConfig()
   if compute_dtype:
     cfg = dataclasses.replace(cfg, compute_dtype=compute_dtype)
-  measure_ceiling = matmul_ceiling(matmul_size)
-  step, params, opt_state = build_step(cfg, ocfg)
-  carry, data = trm.init_carry(cfg, batch), _batch(cfg, batch)
-  rng = jax.random.key(0)
-  t = time.perf_counter()
-  for _ in range(2):  # warm-up: compile, then one steady step
-    params, opt_state, carry, metrics = step(params, opt_state, carry, data, rng)
-  jax.block_until_ready(metrics)
-  warmup_s = time.perf_counter() - t
-  flops = trm.step_flops(cfg, batch, train=True)
-  per_step, ceilings, fractions = [], [], []
-  for _ in range(runs):
-    ceilings.append(measure_ceiling())
+  return cfg, ocfg
+
+
+class JaxpodTimer:
+  """The jitted jaxpod step, warmed up; `time_run()` -> (seconds per step, matmul FLOP/s right before)."""
+
+  def __init__(self, cfg, ocfg, batches: list, steps: int, matmul_size: int):
+    import jax
+    import jax.numpy as jnp
+    from jaxpod.models import trm
+    self.steps, self.measure_ceiling = steps, matmul_ceiling(matmul_size)
+    self.step, self.params, self.opt_state = build_step(cfg, ocfg)
+    self.carry = trm.init_carry(cfg, batches[0]["inputs"].shape[0])
+    self.batches = [{k: jnp.asarray(v) for k, v in b.items()} for b in batches]
+    self.rng, self.i = jax.random.key(0), 0
     t = time.perf_counter()
-    for _ in range(steps):
-      params, opt_state, carry, metrics = step(params, opt_state, carry, data, rng)
-    jax.block_until_ready((params, metrics))
-    per_step.append((time.perf_counter() - t) / steps)
-    fractions.append(flops / per_step[-1] / ceilings[-1])
+    for _ in range(2):  # warm-up: compile, then one steady step
+      self._one()
+    jax.block_until_ready(self.params)
+    self.warmup_s = time.perf_counter() - t
+
+  def _one(self):
+    batch = self.batches[self.i % len(self.batches)]
+    self.i += 1
+    self.params, self.opt_state, self.carry, self.metrics = self.step(
+        self.params, self.opt_state, self.carry, batch, self.rng)
+
+  def time_run(self) -> tuple[float, float]:
+    import jax
+    ceiling = self.measure_ceiling()
+    t = time.perf_counter()
+    for _ in range(self.steps):
+      self._one()
+    jax.block_until_ready((self.params, self.metrics))
+    return (time.perf_counter() - t) / self.steps, ceiling
+
+
+def run(config_path: str | None = None, batch: int = 64, steps: int = 5, json_path: str | None = None,
+        runs: int = 3, compute_dtype: str | None = "float32", matmul_size: int = 2048,
+        reference: str | None = None, threads: int = 0) -> dict:
+  """Benchmark one config (default: the tiny preset); prints a table, writes JSON, returns it.
+
+  `compute_dtype` overrides the config's ("float32" by default, to compare with the fp32 matmul
+  ceiling; bf16 is emulated and slow on CPU); None keeps the config's. `matmul_size` is the side
+  of the square ceiling matmul. With `reference` (a TinyRecursiveModels checkout) each side runs
+  in its own process, warmed once, and the two alternate `runs` times (see `trm_compare`);
+  `threads` sets torch's thread count there (0: torch's default).
+  """
+  import jax
+  from jaxpod.models import trm
+  if batch < 1 or steps < 1 or runs < 1:
+    raise ValueError(f"bench trm-step: batch={batch}, steps={steps}, runs={runs} must all be >= 1")
+  cfg, ocfg = _load(config_path, compute_dtype)
+  flops = trm.step_flops(cfg, batch, train=True)
+  if reference:
+    from jaxpod.bench.trm_compare import compare
+    per_step, ceilings, extra = compare(config_path, compute_dtype, cfg, ocfg, batch, steps, runs, matmul_size,
+                                        reference, threads)
+  else:
+    timer = JaxpodTimer(cfg, ocfg, make_batches(cfg, batch), steps, matmul_size)
+    per_step, ceilings = map(list, zip(*[timer.time_run() for _ in range(runs)]))
+    extra = {"params": trm.count_params(timer.params), "warmup_s": timer.warmup_s}
+  fractions = [flops / s / c for s, c in zip(per_step, ceilings)]
   step_s, ceiling = statistics.median(per_step), statistics.median(ceilings)
   result = {
       "benchmark": "trm_step", "config": config_path or "TRMConfig.tiny()", "compute_dtype": cfg.compute_dtype,
-      "batch": batch, "steps_per_run": steps, "runs": runs, "params": trm.count_params(params),
+      "batch": batch, "steps_per_run": steps, "runs": runs,
       "step_s": step_s, "steps_per_s": 1 / step_s, "examples_per_s": batch / step_s,
       "model_flops_per_step": flops, "achieved_flops_per_s": flops / step_s, "matmul_fp32_flops_per_s": ceiling,
       "fraction_of_matmul": statistics.median(fractions), "fraction_per_run": fractions,
       # Least-disturbed estimate on a shared machine: fastest step over fastest matmul.
       "fraction_best": flops / min(per_step) / max(ceilings),
-      "step_s_per_run": per_step, "matmul_flops_per_s_per_run": ceilings, "warmup_s": warmup_s,
-      "backend": jax.default_backend(), "devices": len(jax.devices()), "machine": machine(),
+      "step_s_per_run": per_step, "matmul_flops_per_s_per_run": ceilings,
+      "backend": jax.default_backend(), "devices": len(jax.devices()), "machine": machine(), **extra,
   }
-  print_table(f"TRM train step ({result['config']}, batch {batch}, {cfg.compute_dtype})",
-              ["metric", "value"],
-              [("steps/s", result["steps_per_s"]), ("examples/s", result["examples_per_s"]),
-               ("model GFLOP/step", flops / 1e9), ("achieved GFLOP/s", flops / step_s / 1e9),
-               ("fp32 matmul GFLOP/s", ceiling / 1e9), ("fraction of matmul", result["fraction_of_matmul"]),
-               ("fraction (best/best)", result["fraction_best"])])
+  rows = [("jaxpod examples/s", result["examples_per_s"]), ("jaxpod steps/s", result["steps_per_s"]),
+          ("model GFLOP/step", flops / 1e9), ("achieved GFLOP/s", flops / step_s / 1e9),
+          ("fp32 matmul GFLOP/s", ceiling / 1e9), ("fraction of matmul", result["fraction_of_matmul"]),
+          ("fraction (best/best)", result["fraction_best"])]
+  if reference:
+    rows[1:1] = [("reference examples/s", batch / result["reference"]["step_s"]),
+                 ("jaxpod / reference", result["jaxpod_over_reference"]),
+                 ("reference fraction of matmul", flops / result["reference"]["step_s"] / ceiling)]
+  print_table(f"TRM train step ({result['config']}, batch {batch}, {cfg.compute_dtype})", ["metric", "value"], rows)
   write_json(json_path, result)
   return result
 
+
+def _worker(argv: list[str]) -> int:
+  """`python -m jaxpod.bench.trm_step SPEC.json`: the jaxpod side of a comparison (stdin: run / quit)."""
+  import json
+  import sys
+  import numpy as np
+  from jaxpod.models import trm
+  with open(argv[0]) as f:
+    spec = json.load(f)
+  cfg, ocfg = _load(spec["config"], spec["compute_dtype"])
+  batches = [{k: np.asarray(v, np.int32) for k, v in b.items()} for b in spec["batches"]]
+  timer = JaxpodTimer(cfg, ocfg, batches, spec["steps"], spec["matmul_size"])
+  print(json.dumps({"ready": True, "warmup_s": timer.warmup_s, "params": trm.count_params(timer.params)}), flush=True)
+  for line in sys.stdin:
+    if line.strip() != "run":
+      break
+    step_s, ceiling = timer.time_run()
+    print(json.dumps({"step_s": step_s, "matmul_flops_per_s": ceiling}), flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  import sys
+  sys.exit(_worker(sys.argv[1:]))

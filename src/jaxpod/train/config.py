@@ -53,7 +53,7 @@ class DataConfig:
 class TrainerConfig:
   """The loop: length, hook cadence, checkpoints, EMA, seeds, where the run folder goes."""
 
-  steps: int = 3000  # optimizer steps (one ACT step each)
+  steps: int = 400  # optimizer steps (one ACT step each)
   eval_every: int = 0  # evaluate every N steps (0: only at the end)
   checkpoint_every: int = 0  # checkpoint every N steps (0: only at the end)
   keep_last: int = 2  # checkpoints kept on disk
@@ -161,7 +161,7 @@ def _default_optim() -> TRMOptimConfig:
 
 def _default_model() -> TRMConfig:
   return TRMConfig(seq_len=16, vocab_size=6, hidden_size=64, num_heads=4, puzzle_emb_ndim=64, puzzle_emb_len=1,
-                   h_cycles=2, l_cycles=2, mlp_t=False, pos_encodings="rope", halt_max_steps=4,
+                   h_cycles=2, l_cycles=2, mlp_t=True, pos_encodings="none", halt_max_steps=4,
                    loss_type="softmax_cross_entropy")
 
 

@@ -54,6 +54,15 @@ def test_config_rejects_unknown_yaml_keys(tmp_path):
     trm.load_configs(str(path))
 
 
+@pytest.mark.parametrize("preset", ["tiny", "sudoku_mlp", "sudoku_att"])
+def test_to_reference_round_trips(preset):
+  """The reference model_config written for `bench trm-step --reference` reads back as the same config."""
+  cfg = getattr(trm.TRMConfig, preset)()
+  ref = cfg.to_reference(batch_size=8)
+  assert ref["batch_size"] == 8 and ref["H_cycles"] == cfg.h_cycles and ref["forward_dtype"] == cfg.compute_dtype
+  assert trm.TRMConfig.from_reference(ref) == cfg
+
+
 def test_trunc_normal_matches_reference_init():
   """Truncated at +-2 sigma and std-compensated: the sample std is the requested std."""
   x = np.asarray(trm.layers.trunc_normal(jax.random.key(0), (200_000,), 0.5))

@@ -113,6 +113,17 @@ class TRMConfig:
     kwargs.update(overrides)
     return cls(**kwargs)
 
+  def to_reference(self, batch_size: int) -> dict:
+    """The reference PyTorch `model_config` dict for this config (inverse of `from_reference`)."""
+    return dict(batch_size=batch_size, seq_len=self.seq_len, puzzle_emb_ndim=self.puzzle_emb_ndim,
+                num_puzzle_identifiers=self.num_puzzle_identifiers, vocab_size=self.vocab_size,
+                H_cycles=self.h_cycles, L_cycles=self.l_cycles, H_layers=0, L_layers=self.l_layers,
+                hidden_size=self.hidden_size, expansion=self.expansion, num_heads=self.num_heads,
+                pos_encodings=self.pos_encodings, rms_norm_eps=self.rms_norm_eps, rope_theta=self.rope_theta,
+                halt_max_steps=self.halt_max_steps, halt_exploration_prob=self.halt_exploration_prob,
+                forward_dtype=self.compute_dtype, mlp_t=self.mlp_t, puzzle_emb_len=self.puzzle_emb_len,
+                no_ACT_continue=self.no_act_continue)
+
   # Presets (variants by dataclasses.replace).
   @classmethod
   def sudoku_mlp(cls) -> "TRMConfig":
