@@ -249,6 +249,15 @@ def _leaves(node):
   return [node]
 
 
+def ray_node_env() -> dict:
+  """What a host joining the test's Ray cluster needs: its auth token, which `ray.init` wrote under the
+  test's HOME; isolated hosts have their own HOME, so the token is handed to them as a cluster admin
+  distributes it to every node (RAY_AUTH_TOKEN_PATH)."""
+  from pathlib import Path
+  token = Path.home() / ".ray" / "auth_token"
+  return {"RAY_AUTH_TOKEN_PATH": str(token)} if token.is_file() else {}
+
+
 @pytest.mark.slow
 def test_multi_host_trainer_sends_each_array_once(launch_hosts, fresh, tmp_path, ray_namespace, ray_address):
   """Invariant 4 (replica 0 only), every mode: each host of a 2-host trainer calls publish;
@@ -260,7 +269,7 @@ def test_multi_host_trainer_sends_each_array_once(launch_hosts, fresh, tmp_path,
   script = os.path.join(os.path.dirname(common.__file__), "multihost_trainer.py")
   launcher = threading.Thread(target=lambda: box.append(launch_hosts(
       script, hosts=2, devices_per_host=2, args=[json.dumps(configs), 7, 7, done], timeout_s=240,
-      env={"JAXPOD_TEST_RAY": ray_address})))
+      env={"JAXPOD_TEST_RAY": ray_address, **ray_node_env()})))
   launcher.start()
   replies = {}
   try:
