@@ -51,7 +51,10 @@ class Storage:
     storage.write_bytes(path if self.local else self.fs.unstrip_protocol(path), data)
 
   def read_bytes(self, path: str) -> bytes | None:
-    return self.fs.cat_file(path) if self.fs.exists(path) else None
+    try:  # no exists() first: an object store's cached listing may predate another host's write
+      return self.fs.cat_file(path)
+    except FileNotFoundError:
+      return None
 
   def read_json(self, path: str) -> dict | None:
     raw = self.read_bytes(path)
@@ -70,6 +73,7 @@ class Storage:
   def list_shards(self) -> list[str]:
     """Shard file paths (complete files only: temporaries are skipped), sorted by name."""
     folder = self.path("shards")
+    self.fs.invalidate_cache(folder)  # object-store listings are cached per process; other hosts wrote since
     if not self.fs.exists(folder):
       return []
     return sorted(p for p in self.fs.ls(folder, detail=False) if p.endswith(".safetensors"))
