@@ -87,12 +87,15 @@ def is_local_fs(fs) -> bool:
 
 
 def exists(url: str) -> bool:
+  """Whether a file or folder exists now (object-store listings are cached per process: bypassed)."""
   fs, path = filesystem(url)
+  fs.invalidate_cache(path)
   return fs.exists(path)
 
 
 def isdir(url: str) -> bool:
   fs, path = filesystem(url)
+  fs.invalidate_cache(path)
   return fs.isdir(path)
 
 
