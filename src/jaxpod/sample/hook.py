@@ -66,7 +66,7 @@ class SampleHook(_hook_base()):
     if self._sampler is None:
       self._sampler = Sampler(model, info.mesh, self.engine, self.sampling, self.tokenizer.eos_ids, mode="global")
     else:
-      self._sampler.params = nnx.split(model)[1]
+      self._sampler.update_params(nnx.split(model)[1])
     seeds = [self.seed + i for i in range(len(ids))]
     results = self._sampler.generate(ids, seeds)  # blocks: the tokens are on every host when it returns
     if runtime.is_leader():

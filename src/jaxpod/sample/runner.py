@@ -1,0 +1,64 @@
+"""`PagedRunner`: the device side of the continuous engine for one mesh.
+
+It owns the KV page pools (sharded like the model's kv heads, whole over the data axes,
+since any slot may use any page), puts the scheduler's host arrays on the mesh (rows split
+over the data axes), calls the compiled `steps` programs and brings the sampled tokens back
+to this host (global mode with several processes: an all-gather of the fixed-shape token
+array, so every host's scheduler sees the same tokens).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jaxpod.models.llama.model import PAGE_AXES, Llama
+from jaxpod.runtime.sharding import DEFAULT as DEFAULT_RULES, _drop_indivisible
+from jaxpod.sample import steps
+from jaxpod.sample.config import EngineConfig, SamplingParams
+
+
+class PagedRunner:
+  """Pools + compiled prefill/decode for one model on one mesh (global: all devices; replicated: local)."""
+
+  def __init__(self, model: Llama, mesh, ec: EngineConfig, sp: SamplingParams, stop_ids: tuple[int, ...],
+               global_mode: bool):
+    (self.graphdef, self.params), self.mesh, self.ec, self.sp = nnx.split(model), mesh, ec, sp
+    self.stop_ids, self.global_mode = stop_ids, global_mode
+    cfg = model.cfg
+    shape = (cfg.num_hidden_layers, ec.pool_pages, ec.page_size, cfg.num_key_value_heads, cfg.head_dim_)
+    pool_sh = NamedSharding(mesh, _drop_indivisible(DEFAULT_RULES.spec(PAGE_AXES, mesh), shape, mesh))
+    zeros = jax.jit(lambda: jnp.zeros(shape, cfg.jnp_dtype), out_shardings=pool_sh)
+    self.k, self.v = zeros(), zeros()
+    self._rows = DEFAULT_RULES.spec(("batch",), mesh)[0]
+
+  def _put(self, x: np.ndarray):
+    sh = NamedSharding(self.mesh, PartitionSpec(self._rows, *([None] * (x.ndim - 1))))
+    return jax.make_array_from_callback(x.shape, sh, lambda idx: x[idx])
+
+  def _host(self, x) -> np.ndarray:
+    if self.global_mode and jax.process_count() > 1:
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+  def prefill(self, tokens_RxP, lengths_R, table_RxM, seeds_R, samples_RxN, copy_src_C, copy_dst_C,
+              kv_len: int) -> np.ndarray:
+    fn = steps.compiled("prefill", self.global_mode, sp=self.sp, kv_len=kv_len)
+    rows = [self._put(x) for x in (tokens_RxP, lengths_R, table_RxM, seeds_R, samples_RxN)]
+    whole = NamedSharding(self.mesh, PartitionSpec())
+    copies = [jax.make_array_from_callback(x.shape, whole, lambda i, x=x: x[i]) for x in (copy_src_C, copy_dst_C)]
+    with jax.set_mesh(self.mesh):
+      self.k, self.v, first = fn(self.graphdef, self.params, self.k, self.v, *rows, *copies)
+    return self._host(first)
+
+  def decode(self, table_BxM, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, kv_len: int) -> np.ndarray:
+    fn = steps.compiled("decode", self.global_mode, sp=self.sp, stop_ids=self.stop_ids,
+                        steps=self.ec.steps_per_round, kv_len=kv_len)
+    rows = [self._put(x) for x in (table_BxM, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B)]
+    with jax.set_mesh(self.mesh):
+      self.k, self.v, out = fn(self.graphdef, self.params, self.k, self.v, *rows)
+    return self._host(out)
+
