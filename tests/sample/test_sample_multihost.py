@@ -83,16 +83,19 @@ def test_leader_tokenizer_error_and_oversized_config_fail_on_every_host(two_host
 
 
 def test_sample_hook_leaves_training_bit_identical(two_hosts):
-  """Invariant 6: the loss sequence with SampleHook every 2 steps equals the one without, bit for
-  bit, on 2 hosts; invariant 4: only the leader writes the samples."""
+  """Invariant 6: the loss sequence with SampleHook every 2 steps (global and replicated mode)
+  equals the one without, bit for bit, on 2 hosts; both modes sample the same tokens;
+  invariant 4: only the leader writes the samples."""
   r, folder, _ = two_hosts
   for h in range(2):
     losses = dict(l.split(" ", 1) for l in _lines(r, h, "LOSSES"))
-    assert set(losses) == {"plain", "hook"}, r.transcript
-    assert losses["plain"] == losses["hook"]
-  rows = [json.loads(l) for l in (folder / "samples.jsonl").read_text().splitlines()]
-  assert [row["step"] for row in rows] == [2, 2, 4, 4, 6, 6]
-  assert rows[-1]["weight_version"] == "step 6"
+    assert set(losses) == {"plain", "hook", "hook_replicated"}, r.transcript
+    assert losses["plain"] == losses["hook"] == losses["hook_replicated"]
+  rows = {name: [json.loads(l) for l in (folder / f"{name}.jsonl").read_text().splitlines()]
+          for name in ("hook", "hook_replicated")}
+  assert [row["step"] for row in rows["hook"]] == [2] * 4 + [4] * 4 + [6] * 4
+  assert rows["hook"][-1]["weight_version"] == "step 6"
+  assert [x["token_ids"] for x in rows["hook"]] == [x["token_ids"] for x in rows["hook_replicated"]]
 
 
 def test_four_hosts_both_modes_match_one_host(tiny_ckpt, tmp_path):

@@ -32,7 +32,8 @@ class PagedRunner:
     shape = (cfg.num_hidden_layers, ec.pool_pages, ec.page_size, cfg.num_key_value_heads, cfg.head_dim_)
     pool_sh = NamedSharding(mesh, _drop_indivisible(DEFAULT_RULES.spec(PAGE_AXES, mesh), shape, mesh))
     zeros = jax.jit(lambda: jnp.zeros(shape, cfg.jnp_dtype), out_shardings=pool_sh)
-    self.k, self.v = zeros(), zeros()
+    with jax.set_mesh(mesh):  # the caller's context mesh may be another one (a trainer's global mesh)
+      self.k, self.v = zeros(), zeros()
     self._rows = DEFAULT_RULES.spec(("batch",), mesh)[0]
 
   def _put(self, x: np.ndarray):
