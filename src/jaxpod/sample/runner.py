@@ -19,6 +19,7 @@ from jaxpod.models.llama.model import PAGE_AXES, Llama
 from jaxpod.runtime.sharding import DEFAULT as DEFAULT_RULES, _drop_indivisible
 from jaxpod.sample import steps
 from jaxpod.sample.config import EngineConfig, SamplingParams
+from jaxpod.sample.scheduler import decode_page_buckets
 
 
 class PagedRunner:
@@ -62,4 +63,21 @@ class PagedRunner:
     with jax.set_mesh(self.mesh):
       self.k, self.v, out = fn(self.graphdef, self.params, self.k, self.v, *rows)
     return self._host(out)
+
+  def warmup(self, n: int = 1) -> int:
+    """Compile every prefill bucket and every decode KV length once (all writes to scratch); returns programs."""
+    ec, r, b, m = self.ec, self.ec.prefill_rows, self.ec.batch_size, self.ec.pages_per_seq
+    c = max(1, r * (n - 1))
+    count = 0
+    for bucket in ec.prefill_buckets():
+      self.prefill(np.zeros((r, bucket), np.int32), np.ones((r,), np.int32), np.zeros((r, m), np.int32),
+                   np.zeros((r,), np.uint32), np.zeros((r, n), np.int32), np.zeros((c,), np.int32),
+                   np.zeros((c,), np.int32), -(-bucket // ec.page_size) * ec.page_size)
+      count += 1
+    for pages in decode_page_buckets(m):
+      z = np.zeros((b,), np.int32)
+      self.decode(np.zeros((b, m), np.int32), z, z, z, z, z.astype(np.uint32), z, z.astype(bool),
+                  pages * ec.page_size)
+      count += 1
+    return count
 

@@ -23,6 +23,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
+from jaxpod import runtime
 from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.models.llama.model import PAGE_AXES, Llama, PagedKVCache, abstract
 from jaxpod.runtime import mesh as mesh_lib
@@ -131,6 +132,10 @@ class Sampler:
     self.runner = PagedRunner(model, mesh, ec, sp, self.stop_ids, global_mode=mode == "global")
     self.last: Scheduler | None = None  # the scheduler of the latest call (occupancy, pages, preemptions)
 
+  def warmup(self, n: int = 1) -> int:
+    """Compile every program `generate(..., n=n)` may run, before timing or serving; returns how many."""
+    return self.runner.warmup(n)
+
   def update_params(self, params) -> None:
     """Sample from these parameters from now on (same tree and shardings, e.g. the next training step)."""
     self.runner.params = params
@@ -143,10 +148,17 @@ class Sampler:
     check_prompts(ids, self.ec)
     if n < 1:
       raise ValueError(f"sample.n={n} must be >= 1")
-    if self.mode == "global" or jax.process_count() == 1:
-      self.last = Scheduler(self.ec, self.stop_ids, self.runner)
-      return self.last.run(ids, seeds, n, on_chunk)
-    return self._generate_replicated(ids, seeds, n, on_chunk)
+    if self.mode == "replicated" and jax.process_count() > 1:
+      return self._generate_replicated(ids, seeds, n, on_chunk)
+    self.last = Scheduler(self.ec, self.stop_ids, self.runner)
+    out = self.last.run(ids, seeds, n, on_chunk)
+    if jax.process_count() > 1:  # invariant 1: every host must have taken the same schedule
+      seen = runtime.allgather(self.last.digest(), "sample.schedule")
+      bad = [h for h, d in enumerate(seen) if d != seen[0]]
+      if bad:
+        raise RuntimeError(f"sample: host(s) {bad} took a different schedule than host 0 "
+                           f"(rounds/occupancy/preemptions differ); their inputs or tokens differ")
+    return out
 
   def _generate_replicated(self, ids, seeds, n, on_chunk) -> list[Completion]:
     hosts, me = jax.process_count(), jax.process_index()

@@ -32,6 +32,16 @@ from jaxpod.sample.config import EngineConfig
 from jaxpod.sample.engine import NO_TOKEN
 from jaxpod.sample.pages import PagePool
 
+
+def decode_page_buckets(max_pages: int) -> list[int]:
+  """KV lengths (in pages) the decode program is compiled for: powers of two, then the table width."""
+  out, p = [], 1
+  while p < max_pages:
+    out.append(p)
+    p *= 2
+  return out + [max_pages]
+
+
 Completion = tuple[list[int], str]  # (new token ids without the stop token, "stop" | "length")
 
 
@@ -84,6 +94,12 @@ class Scheduler:
       self.occupancy.append((time.perf_counter() - t0, sum(s is not None for s in self.slots)))
       self._decode()
     return [self.results[(i, j)] for i in range(len(ids)) for j in range(n)]
+
+  def digest(self) -> str:
+    """A hash of the schedule taken (occupancy per round, preemptions, results): equal on hosts in step."""
+    import hashlib
+    text = repr(([o for _, o in self.occupancy], self.preemptions, sorted(self.results.items())))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
   # -- admission -------------------------------------------------------------------------
   def _prompt_pages(self, plen: int, samples: int) -> int:
@@ -202,11 +218,9 @@ class Scheduler:
       tok[i], pos[i], gen[i] = s.out[-1], s.plen + len(s.out) - 1, len(s.out)
       seeds[i], samples[i], live[i] = self._seeds[s.req], s.sample, True
       last = max(last, self._last_pos(s))
-    pages = 1
-    while pages * ec.page_size <= last:  # power-of-two page buckets bound the number of programs
-      pages *= 2
+    pages = next(p for p in decode_page_buckets(m) if p * ec.page_size > last)  # few programs: power-of-two KV
     limit = np.full((b,), ec.max_new_tokens, np.int32)
-    out = self.device.decode(table, tok, pos, gen, limit, seeds, samples, live, min(pages, m) * ec.page_size)
+    out = self.device.decode(table, tok, pos, gen, limit, seeds, samples, live, pages * ec.page_size)
     self.rounds += 1
     for i, s in enumerate(self.slots):
       if s is None:

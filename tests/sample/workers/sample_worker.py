@@ -24,7 +24,7 @@ from jaxpod.runtime import MeshConfig, make_mesh  # noqa: E402
 from jaxpod.sample import EngineConfig, SampleConfig, run  # noqa: E402
 
 BASE = SampleConfig(model=ckpt, prompts=prompts, out=f"{out_dir}/x.jsonl", batch_size=4, max_prompt_len=32,
-                    max_new_tokens=8, temperature=0.8, top_k=20, top_p=0.9, seed=11)
+                    max_new_tokens=8, temperature=0.8, top_k=20, top_p=0.9, seed=11, n=2, page_size=4)
 GLOBAL_MESH = MeshConfig(data=2, model=2) if jax.device_count() == 4 else MeshConfig(data=-1)
 
 
