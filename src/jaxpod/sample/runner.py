@@ -46,9 +46,8 @@ class PagedRunner:
       return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(x)
 
-  def prefill(self, tokens_RxP, lengths_R, table_RxM, seeds_R, samples_RxN, copy_src_C, copy_dst_C,
-              kv_len: int) -> np.ndarray:
-    fn = steps.compiled("prefill", self.global_mode, sp=self.sp, kv_len=kv_len)
+  def prefill(self, tokens_RxP, lengths_R, table_RxM, seeds_R, samples_RxN, copy_src_C, copy_dst_C) -> np.ndarray:
+    fn = steps.compiled("prefill", self.global_mode, sp=self.sp)
     rows = [self._put(x) for x in (tokens_RxP, lengths_R, table_RxM, seeds_R, samples_RxN)]
     whole = NamedSharding(self.mesh, PartitionSpec())
     copies = [jax.make_array_from_callback(x.shape, whole, lambda i, x=x: x[i]) for x in (copy_src_C, copy_dst_C)]
@@ -72,7 +71,7 @@ class PagedRunner:
     for bucket in ec.prefill_buckets():
       self.prefill(np.zeros((r, bucket), np.int32), np.ones((r,), np.int32), np.zeros((r, m), np.int32),
                    np.zeros((r,), np.uint32), np.zeros((r, n), np.int32), np.zeros((c,), np.int32),
-                   np.zeros((c,), np.int32), -(-bucket // ec.page_size) * ec.page_size)
+                   np.zeros((c,), np.int32))
       count += 1
     for pages in decode_page_buckets(m):
       z = np.zeros((b,), np.int32)

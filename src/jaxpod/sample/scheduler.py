@@ -48,8 +48,8 @@ Completion = tuple[list[int], str]  # (new token ids without the stop token, "st
 class Device(Protocol):
   """What the scheduler needs from the device side (`runner.PagedRunner`)."""
 
-  def prefill(self, tokens_RxP, lengths_R, table_RxM, seeds_R, samples_RxN, copy_src_C, copy_dst_C,
-              kv_len: int) -> np.ndarray: ...
+  def prefill(self, tokens_RxP, lengths_R, table_RxM, seeds_R, samples_RxN, copy_src_C,
+              copy_dst_C) -> np.ndarray: ...
 
   def decode(self, table_BxM, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B,
              kv_len: int) -> np.ndarray: ...
@@ -154,8 +154,7 @@ class Scheduler:
         for own in rows[1:]:
           src[c], dst[c] = rows[0][-1], own[-1]
           c += 1
-    kv_len = -(-bucket // ec.page_size) * ec.page_size
-    first = self.device.prefill(tokens, lengths, table, seeds, samples, src, dst, kv_len)
+    first = self.device.prefill(tokens, lengths, table, seeds, samples, src, dst)
     for row, (req, js, rows) in enumerate(batch):
       for col, (j, pages) in enumerate(zip(js, rows)):
         seq = Seq(req, j, pages, len(self._ids[req]), [int(first[row, col])])

@@ -37,18 +37,19 @@ def row_keys(seeds_B, samples_B, steps_B):
 
 
 def prefill(graphdef, params, k_pool, v_pool, tokens_RxP, lengths_R, table_RxM, seeds_R, samples_RxN,
-            copy_src_C, copy_dst_C, *, sp: SamplingParams, kv_len: int):
+            copy_src_C, copy_dst_C, *, sp: SamplingParams):
   """Pure: (k_pool, v_pool, first tokens [R, N]) after writing R prompts into their pages."""
   model: Llama = nnx.merge(graphdef, params)
   r, p = tokens_RxP.shape
   n = samples_RxN.shape[1]
-  cache = PagedKVCache(k_pool, v_pool, table_RxM)
-  out = model(tokens_RxP, jnp.broadcast_to(jnp.arange(p), (r, p)), cache=cache, logits_at_B=lengths_R - 1,
-              kv_len=kv_len)
+  positions_RxP = jnp.broadcast_to(jnp.arange(p), (r, p))
+  cache = PagedKVCache(k_pool, v_pool, table_RxM)  # prompts start at position 0: no earlier slot to read
+  out = model(tokens_RxP, positions_RxP, cache=cache, logits_at_B=lengths_R - 1, kv_len=0)
   logits_RNxV = jnp.repeat(out.logits[:, 0], n, axis=0)
   keys = row_keys(jnp.repeat(seeds_R, n), samples_RxN.reshape(-1), jnp.zeros((r * n,), jnp.int32))
   first_RxN = sample_tokens(logits_RNxV, keys, sp).reshape(r, n)
-  k, v = out.cache.k, out.cache.v
+  committed = out.cache.commit(positions_RxP)
+  k, v = committed.k, committed.v
   k = k.at[:, copy_dst_C].set(k[:, copy_src_C])  # pad entries copy scratch onto scratch
   v = v.at[:, copy_dst_C].set(v[:, copy_src_C])
   return k, v, first_RxN
@@ -69,19 +70,27 @@ def decode_round(graphdef, params, k_pool, v_pool, table_BxM, tok_B, pos_B, gen_
     return (i < steps) & jnp.any(live)
 
   def body(carry):
-    i, tok, pos, gen, live, k, v, out_BxS = carry
-    table = jnp.where(live[:, None], table_BxM, 0)  # finished rows write to scratch
-    o = model(tok[:, None], pos[:, None], cache=PagedKVCache(k, v, table), kv_len=kv_len)
+    # the previous step's keys/values are written first, so no read of the pools follows the write
+    i, tok, pos, gen, live, k, v, pending, out_BxS = carry
+    k, v = PagedKVCache.write(k, v, *pending)
+    cache = PagedKVCache(k, v, jnp.where(live[:, None], table_BxM, 0))  # finished rows write to scratch
+    o = model(tok[:, None], pos[:, None], cache=cache, kv_len=kv_len)
+    pending = (*cache.slots(pos[:, None]), *o.cache.staged())
     nxt = sample_tokens(o.logits[:, 0], row_keys(seeds_B, samples_B, gen), sp)
     nxt = jnp.where(live, nxt, NO_TOKEN)
     out_BxS = jax.lax.dynamic_update_slice(out_BxS, nxt[:, None], (0, i))
     live = live & ~jnp.isin(nxt, stop) & (gen + 1 < limit_B)
-    return i + 1, jnp.maximum(nxt, 0), pos + 1, gen + 1, live, o.cache.k, o.cache.v, out_BxS
+    return i + 1, jnp.maximum(nxt, 0), pos + 1, gen + 1, live, k, v, pending, out_BxS
 
-  init = (jnp.int32(0), tok_B, pos_B, gen_B, live_B, k_pool, v_pool, jnp.full((b, steps), NO_TOKEN, jnp.int32))
+  l, _, _, kh, e = k_pool.shape
+  nothing = (jnp.zeros((b, 1), jnp.int32), jnp.zeros((b, 1), jnp.int32),  # scratch page 0
+             jnp.zeros((l, b, 1, kh, e), k_pool.dtype), jnp.zeros((l, b, 1, kh, e), v_pool.dtype))
+  init = (jnp.int32(0), tok_B, pos_B, gen_B, live_B, k_pool, v_pool, nothing,
+          jnp.full((b, steps), NO_TOKEN, jnp.int32))
   with jax.named_scope("decode_round"):
     carry = jax.lax.while_loop(cond, body, init)
-  return carry[5], carry[6], carry[7]
+  k, v = PagedKVCache.write(carry[5], carry[6], *carry[7])
+  return k, v, carry[8]
 
 
 @functools.lru_cache(maxsize=None)

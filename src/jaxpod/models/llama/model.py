@@ -15,9 +15,11 @@ one shared slot, with true per-row positions.
 
 With a `PagedKVCache` (pools [L, P, page_size, K, E] plus a page table [B, M] per row) a
 token's slot is its position: position p of row b lives in page `table[b, p // page_size]`
-at offset `p % page_size`, and a query at position q sees key slots `s <= q` (the causal
-rule alone: slots past a row's length hold stale keys that no query reaches). Page 0 is a
-trash page: table entries of unused pages point at it, and writes of padding land there.
+at offset `p % page_size`. A call's T new tokens (at positions p0..p0+T-1 of each row)
+attend to the slots below p0 read from the pages, plus causally to each other; they come
+back staged in the returned cache, and the caller writes them (`commit`) when no later read
+of the pools remains in its program. Page 0 is a scratch page: table entries of unused
+pages point at it, and writes of padding land there.
 
 Captures (for activation extraction): `capture_layers=(i, ...)` and
 `capture_points=("resid", "attn_out", "mlp_out")` return `out.captures["resid.3"]` etc.,
@@ -65,11 +67,17 @@ class KVCache(NamedTuple):
 
 
 class PagedKVCache(NamedTuple):
-  """Key/value page pools, each [L, P, page_size, K, E], and the page table [B, M] of the rows in this call."""
+  """Key/value page pools, each [L, P, page_size, K, E], and the page table [B, M] of the rows in this call.
+
+  Layers read the pools and stage their new keys/values; the caller writes them with `commit`
+  (or `write`) after the forward, where no read of the pools follows: a scatter into a pool
+  that other ops of the same program still read made XLA copy the whole pool."""
 
   k: jax.Array
   v: jax.Array
   table_BxM: jax.Array
+  staged_k: tuple = ()  # per layer so far: new keys [B, T, K, E]
+  staged_v: tuple = ()
 
   @classmethod
   def zeros(cls, cfg: LlamaConfig, num_pages: int, page_size: int, table_BxM) -> "PagedKVCache":
@@ -83,13 +91,29 @@ class PagedKVCache(NamedTuple):
     n = cfg.num_hidden_layers * page_size * cfg.num_key_value_heads * cfg.head_dim_
     return 2 * n * jnp.dtype(cfg.jnp_dtype).itemsize
 
-  def write(self, layer: int, k_BxTxKxE, v_BxTxKxE, positions_BxT) -> "PagedKVCache":
-    """Store new keys/values at their positions' (page, offset)."""
+  def stage(self, k_BxTxKxE, v_BxTxKxE) -> "PagedKVCache":
+    """Keep this layer's new keys/values for `commit`."""
+    return self._replace(staged_k=self.staged_k + (k_BxTxKxE.astype(self.k.dtype),),
+                         staged_v=self.staged_v + (v_BxTxKxE.astype(self.v.dtype),))
+
+  def slots(self, positions_BxT):
+    """(page, offset) of each position, each [B, T]."""
     ps = self.k.shape[2]
-    page_BxT = jnp.take_along_axis(self.table_BxM, positions_BxT // ps, axis=1, mode="clip")
-    off_BxT = positions_BxT % ps
-    return self._replace(k=self.k.at[layer, page_BxT, off_BxT].set(k_BxTxKxE.astype(self.k.dtype)),
-                         v=self.v.at[layer, page_BxT, off_BxT].set(v_BxTxKxE.astype(self.v.dtype)))
+    return jnp.take_along_axis(self.table_BxM, positions_BxT // ps, axis=1, mode="clip"), positions_BxT % ps
+
+  def staged(self):
+    """Staged keys and values, each [L, B, T, K, E]."""
+    return jnp.stack(self.staged_k), jnp.stack(self.staged_v)
+
+  @staticmethod
+  def write(k_pool, v_pool, page_BxT, off_BxT, k_LxBxTxKxE, v_LxBxTxKxE):
+    """Pools with every layer's keys/values stored at (page, offset); one scatter per pool."""
+    return k_pool.at[:, page_BxT, off_BxT].set(k_LxBxTxKxE), v_pool.at[:, page_BxT, off_BxT].set(v_LxBxTxKxE)
+
+  def commit(self, positions_BxT) -> "PagedKVCache":
+    """Write the staged keys/values at their positions; the result has nothing staged."""
+    k, v = self.write(self.k, self.v, *self.slots(positions_BxT), *self.staged())
+    return PagedKVCache(k, v, self.table_BxM)
 
   def read(self, layer: int, kv_len: int):
     """Keys and values of slots 0..kv_len-1 (kv_len a multiple of page_size), each [B, K, S, E]."""
@@ -155,10 +179,14 @@ class Attention(nnx.Module):
       keys_BxKxSxE, values_BxKxSxE = k_BxKxTxE, v_BxKxTxE
       q_slots_BxT = jnp.broadcast_to(jnp.arange(t), (b, t))
     elif isinstance(cache, PagedKVCache):
-      cache = cache.write(layer, k, v, positions_BxT)
-      kv_len = kv_len or cache.table_BxM.shape[1] * cache.k.shape[2]
-      keys_BxKxSxE, values_BxKxSxE = cache.read(layer, kv_len)
-      kv_mask_BxS, q_slots_BxT = jnp.ones((b, kv_len), bool), positions_BxT
+      kv_len = cache.table_BxM.shape[1] * cache.k.shape[2] if kv_len is None else kv_len
+      old_k, old_v = cache.read(layer, kv_len)
+      keys_BxKxSxE = jnp.concatenate([old_k, k_BxKxTxE.astype(old_k.dtype)], axis=2)  # [B, K, kv_len + T, E]
+      values_BxKxSxE = jnp.concatenate([old_v, v_BxKxTxE.astype(old_v.dtype)], axis=2)
+      cache = cache.stage(k, v)
+      old_BxTxS = jnp.broadcast_to(jnp.arange(kv_len)[None, None, :] < positions_BxT[:, :1, None], (b, t, kv_len))
+      new_BxTxT = jnp.broadcast_to(jnp.arange(t)[None, :] <= jnp.arange(t)[:, None], (b, t, t))
+      mask_BxTxS = jnp.concatenate([old_BxTxS, new_BxTxT], axis=2)  # earlier slots + causal among new tokens
     else:
       start = (layer, 0, 0, cache_index, 0)
       cache = KVCache(jax.lax.dynamic_update_slice(cache.k, k_BxKxTxE[None].astype(cache.k.dtype), start),
@@ -166,8 +194,9 @@ class Attention(nnx.Module):
       keys_BxKxSxE, values_BxKxSxE = cache.k[layer, :, :, :kv_len], cache.v[layer, :, :, :kv_len]
       kv_mask_BxS = kv_mask_BxS[:, :kv_len]
       q_slots_BxT = jnp.broadcast_to(cache_index + jnp.arange(t), (b, t))
-    s = keys_BxKxSxE.shape[2]
-    mask_BxTxS = (jnp.arange(s)[None, None, :] <= q_slots_BxT[:, :, None]) & kv_mask_BxS[:, None, :]
+    if not isinstance(cache, PagedKVCache):
+      s = keys_BxKxSxE.shape[2]
+      mask_BxTxS = (jnp.arange(s)[None, None, :] <= q_slots_BxT[:, :, None]) & kv_mask_BxS[:, None, :]
     q_BxTxKxGxE = q.reshape(b, t, kvh, cfg.num_attention_heads // kvh, e)
     scores = jnp.einsum("btkge,bkse->bkgts", q_BxTxKxGxE, keys_BxKxSxE,
                         preferred_element_type=jnp.float32) * (1.0 / math.sqrt(e))
