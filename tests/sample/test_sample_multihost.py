@@ -16,7 +16,8 @@ from sample_fixtures import PROMPTS
 
 WORKER = Path(__file__).parent / "workers" / "sample_worker.py"
 pytestmark = [pytest.mark.multihost, pytest.mark.slow]
-SAMPLING = dict(batch_size=4, max_prompt_len=32, max_new_tokens=8, temperature=0.8, top_k=20, top_p=0.9, seed=11)
+SAMPLING = dict(batch_size=4, max_prompt_len=32, max_new_tokens=8, temperature=0.8, top_k=20, top_p=0.9, seed=11,
+                n=2, page_size=4)
 
 
 def _launch(folder, hosts, devices_per_host, scenarios, ckpt, timeout_s=300):
@@ -24,7 +25,7 @@ def _launch(folder, hosts, devices_per_host, scenarios, ckpt, timeout_s=300):
   shutil.copytree(ckpt, bad)
   (bad / "tokenizer.json").write_text("{broken")
   prompts = folder / "p.txt"
-  prompts.write_text("\n".join(PROMPTS * 2))  # 14 prompts: 4 chunks of 4, the last one padded
+  prompts.write_text("\n".join(PROMPTS * 2))  # 14 prompts, 2 samples each, through 4 slots
   env = dict(os.environ)
   env.pop("JAX_NUM_CPU_DEVICES", None)
   log = io.StringIO()
@@ -47,7 +48,7 @@ def _lines(result, host, tag):
 
 
 def _records(path):
-  return [{k: r[k] for k in ("prompt", "token_ids", "finish_reason", "seed")}
+  return [{k: r[k] for k in ("prompt", "sample", "token_ids", "finish_reason", "seed")}
           for r in map(json.loads, Path(path).read_text().splitlines())]
 
 
@@ -59,12 +60,13 @@ def _reference(ckpt, prompts, folder):
 
 def test_two_hosts_both_modes_match_one_host(two_hosts, tiny_ckpt):
   """Invariant 1: sizes and prompts come from the leader, so 1 host and 2 hosts (global over a
-  data=2 x model=2 mesh, and replicated) give identical completions; invariant 4: the leader writes."""
+  data=2 x model=2 mesh, and replicated) give identical completions, 2 per prompt, through the
+  continuous engine (global: the schedule digest agrees on both hosts); invariant 4: the leader writes."""
   r, folder, prompts = two_hosts
   assert r.returncode == 0, r.transcript
   assert all(_lines(r, h, "DONE modes") for h in range(2))
   want = _reference(tiny_ckpt, prompts, folder)
-  assert len(want) == 14
+  assert len(want) == 28 and [w["sample"] for w in want[:4]] == [0, 1, 0, 1]
   for mode in ("global", "replicated"):
     assert _records(folder / f"{mode}.jsonl") == want, mode
 
@@ -83,16 +85,19 @@ def test_leader_tokenizer_error_and_oversized_config_fail_on_every_host(two_host
 
 
 def test_sample_hook_leaves_training_bit_identical(two_hosts):
-  """Invariant 6: the loss sequence with SampleHook every 2 steps equals the one without, bit for
-  bit, on 2 hosts; invariant 4: only the leader writes the samples."""
+  """Invariant 6: the loss sequence with SampleHook every 2 steps (global and replicated mode)
+  equals the one without, bit for bit, on 2 hosts; both modes sample the same tokens;
+  invariant 4: only the leader writes the samples."""
   r, folder, _ = two_hosts
   for h in range(2):
     losses = dict(l.split(" ", 1) for l in _lines(r, h, "LOSSES"))
-    assert set(losses) == {"plain", "hook"}, r.transcript
-    assert losses["plain"] == losses["hook"]
-  rows = [json.loads(l) for l in (folder / "samples.jsonl").read_text().splitlines()]
-  assert [row["step"] for row in rows] == [2, 2, 4, 4, 6, 6]
-  assert rows[-1]["weight_version"] == "step 6"
+    assert set(losses) == {"plain", "hook", "hook_replicated"}, r.transcript
+    assert losses["plain"] == losses["hook"] == losses["hook_replicated"]
+  rows = {name: [json.loads(l) for l in (folder / f"{name}.jsonl").read_text().splitlines()]
+          for name in ("hook", "hook_replicated")}
+  assert [row["step"] for row in rows["hook"]] == [2] * 4 + [4] * 4 + [6] * 4
+  assert rows["hook"][-1]["weight_version"] == "step 6"
+  assert [x["token_ids"] for x in rows["hook"]] == [x["token_ids"] for x in rows["hook_replicated"]]
 
 
 def test_four_hosts_both_modes_match_one_host(tiny_ckpt, tmp_path):

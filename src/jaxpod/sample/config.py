@@ -30,23 +30,57 @@ class SamplingParams:
 class EngineConfig:
   """Static shapes of the compiled prefill + decode program; the same on every host."""
 
-  batch_size: int = 8  # rows per chunk (global: over the whole mesh; replicated: per host)
-  max_prompt_len: int = 128  # prompts are right-padded to this; longer prompts are an error
-  max_new_tokens: int = 64  # decode steps; the KV cache holds max_prompt_len + max_new_tokens slots
+  batch_size: int = 8  # decode slots (lock-step engine: rows per chunk); global: whole mesh, replicated: per host
+  max_prompt_len: int = 128  # longest prompt in tokens; longer prompts are an error
+  max_new_tokens: int = 64  # tokens generated per completion at most
   stop_token_ids: tuple[int, ...] = ()  # extra stop ids besides the tokenizer's EOS
   memory_fraction: float = 0.9  # share of device memory the memory check allows
   device_memory_bytes: int | None = None  # per-device memory for the check; None: ask the leader's device
+  page_size: int = 16  # tokens per KV page
+  num_pages: int | None = None  # pages in the pool (page 0 is scratch); None: every slot at full length
+  steps_per_round: int = 8  # decode steps per device call between two scheduling rounds
+  prefill_batch: int | None = None  # prompts per prefill call; None: batch_size
+  min_prefill_len: int = 16  # smallest prefill bucket; buckets double up to max_prompt_len
 
   def __post_init__(self):
-    for name in ("batch_size", "max_prompt_len", "max_new_tokens"):
+    for name in ("batch_size", "max_prompt_len", "max_new_tokens", "page_size", "steps_per_round",
+                 "min_prefill_len"):
       if getattr(self, name) < 1:
         raise ValueError(f"sample.{name}={getattr(self, name)} must be >= 1")
     if not 0 < self.memory_fraction <= 1:
       raise ValueError(f"sample.memory_fraction={self.memory_fraction} must be in (0, 1]")
+    if self.prefill_batch is not None and self.prefill_batch < 1:
+      raise ValueError(f"sample.prefill_batch={self.prefill_batch} must be >= 1 (or unset: batch_size)")
+    if self.num_pages is not None and self.num_pages - 1 < self.pages_per_seq:
+      raise ValueError(f"sample.num_pages={self.num_pages} is too small for one sequence: max_prompt_len + "
+                       f"max_new_tokens = {self.cache_len} tokens need {self.pages_per_seq} pages of "
+                       f"page_size={self.page_size} plus the scratch page; set num_pages >= {self.pages_per_seq + 1}")
 
   @property
   def cache_len(self) -> int:
     return self.max_prompt_len + self.max_new_tokens
+
+  @property
+  def pages_per_seq(self) -> int:
+    """Page-table width: pages of the longest sequence."""
+    return -(-self.cache_len // self.page_size)
+
+  @property
+  def pool_pages(self) -> int:
+    """Pages in the pool, scratch page included."""
+    return self.num_pages if self.num_pages is not None else self.batch_size * self.pages_per_seq + 1
+
+  @property
+  def prefill_rows(self) -> int:
+    return self.prefill_batch or self.batch_size
+
+  def prefill_buckets(self) -> tuple[int, ...]:
+    """Prefill lengths compiled: min_prefill_len doubled up to max_prompt_len (the last one)."""
+    out, n = [], self.min_prefill_len
+    while n < self.max_prompt_len:
+      out.append(n)
+      n *= 2
+    return tuple(out) + (self.max_prompt_len,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +93,10 @@ class SampleConfig:
   mode: str = "global"  # global: model sharded over all hosts | replicated: a full copy per host
   max_new_tokens: int = 64  # tokens generated per prompt at most
   max_prompt_len: int = 128  # longest prompt in tokens (static shape)
-  batch_size: int = 8  # prompts per chunk
+  batch_size: int = 8  # decode slots
+  n: int = 1  # completions per prompt (they share the prompt's prefill); sample j of a prompt is its own request
+  page_size: int = 16  # tokens per KV page
+  num_pages: int | None = None  # KV pool size in pages; None: every slot at full length (the static layout)
   temperature: float = 0.0  # 0: greedy
   top_k: int = 0
   top_p: float = 1.0
@@ -78,6 +115,8 @@ class SampleConfig:
     for name in ("model", "prompts", "out"):
       if not getattr(self, name):
         raise ValueError(f"sample.{name} is required (--{name.replace('_', '-')} ...)")
+    if self.n < 1:
+      raise ValueError(f"sample.n={self.n} must be >= 1 (completions per prompt)")
     self.engine(), self.sampling()  # validates those fields with their own messages
 
   def check_files(self) -> None:
@@ -92,7 +131,8 @@ class SampleConfig:
   def engine(self) -> EngineConfig:
     return EngineConfig(batch_size=self.batch_size, max_prompt_len=self.max_prompt_len,
                         max_new_tokens=self.max_new_tokens, stop_token_ids=tuple(self.stop_token_ids),
-                        memory_fraction=self.memory_fraction, device_memory_bytes=self.device_memory_bytes)
+                        memory_fraction=self.memory_fraction, device_memory_bytes=self.device_memory_bytes,
+                        page_size=self.page_size, num_pages=self.num_pages)
 
   def sampling(self) -> SamplingParams:
     return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)

@@ -1,4 +1,8 @@
-"""The generation program: right-padded batched prefill, then decode in one `lax.while_loop`.
+"""The lock-step engine: right-padded batched prefill, then decode in one `lax.while_loop`.
+
+`Sampler` now runs the continuous engine (`scheduler.py`, `steps.py`); this one stays as
+the reference the continuous engine is tested against (same tokens) and benchmarked
+against, and `sample_tokens` / `trim` / `NO_TOKEN` are shared by both.
 
 Slots of the static KV cache [L, B, K, S, E], S = max_prompt_len + max_new_tokens:
 prompts sit right-padded at slots 0..P-1 (row b valid below `lengths[b]`), decode step s

@@ -5,8 +5,12 @@ A `jaxpod.runtime.hooks.Hook`: the trainer's loop calls it on every host at the 
   1. tokenizes the prompts once, on the leader, and broadcasts the ids (a tokenizer error
      raises on every host);
   2. waits for the training state (`block_until_ready` on the parameters it reads);
-  3. runs the sampler on the training mesh (global mode: the parameters stay where the
-     trainer sharded them, every host runs every chunk) with its own per-request seeds;
+  3. runs the sampler with its own per-request seeds, in one of two modes:
+       global      on the training mesh: the parameters stay where the trainer sharded
+                   them and every host takes part in every request;
+       replicated  one all-gather over the training mesh gives every device a full copy;
+                   each host moves one copy onto its own devices and decodes its share of
+                   the prompts alone (no cross-host traffic while decoding);
   4. blocks until the samples are on every host, then the leader appends them to
      `<run_dir>/samples.jsonl` with `weight_version = "step N"`.
 
@@ -22,14 +26,25 @@ from typing import Any, Callable, Sequence
 
 import jax
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxpod import runtime
 from jaxpod.runtime import storage
 from jaxpod.models.llama.model import Llama
 from jaxpod.models.llama.tokenizer import Tokenizer
 from jaxpod.runtime.hooks import Hook, StepInfo
-from jaxpod.sample.config import EngineConfig, SamplingParams
-from jaxpod.sample.sampler import Sampler
+from jaxpod.runtime.mesh import MeshConfig
+from jaxpod.runtime.sharding import state_shardings
+from jaxpod.sample.config import MODES, EngineConfig, SamplingParams
+from jaxpod.sample.sampler import Sampler, make_sample_mesh
+
+
+def local_copy(params, mesh, local_mesh):
+  """A full copy of `params` (sharded over `mesh`) on this host's `local_mesh`, laid out by the sharding rules."""
+  whole = jax.jit(lambda p: p, out_shardings=NamedSharding(mesh, PartitionSpec()))(params)  # all-gather
+  shardings = jax.tree.leaves(state_shardings(params, local_mesh))
+  leaves, treedef = jax.tree.flatten(whole)
+  return jax.tree.unflatten(treedef, [jax.device_put(x.addressable_data(0), sh) for x, sh in zip(leaves, shardings)])
 
 
 class SampleHook(Hook):
@@ -38,8 +53,12 @@ class SampleHook(Hook):
   def __init__(self, every: int, prompts: Sequence[str], tokenizer: Tokenizer, graphdef,
                params_of: Callable[[Any], Any] = lambda state: state.params,
                engine: EngineConfig = EngineConfig(batch_size=8, max_prompt_len=64, max_new_tokens=32),
-               sampling: SamplingParams = SamplingParams(), seed: int = 0, file_name: str = "samples.jsonl"):
+               sampling: SamplingParams = SamplingParams(), seed: int = 0, file_name: str = "samples.jsonl",
+               mode: str = "global"):
+    if mode not in MODES:
+      raise ValueError(f"SampleHook mode={mode!r}; use one of {MODES}")
     self.every, self.prompts, self.tokenizer, self.graphdef = every, list(prompts), tokenizer, graphdef
+    self.mode = mode
     self.params_of, self.engine, self.sampling, self.seed, self.file_name = params_of, engine, sampling, seed, file_name
     self._ids: list[list[int]] | None = None
     self._sampler: Sampler | None = None
@@ -55,11 +74,15 @@ class SampleHook(Hook):
     ids = self._prompt_ids()
     params = self.params_of(info.state)
     jax.block_until_ready(params)
+    mesh = info.mesh
+    if self.mode == "replicated":
+      mesh = make_sample_mesh("replicated", MeshConfig())
+      params = local_copy(params, info.mesh, mesh)
     model: Llama = nnx.merge(self.graphdef, params)
     if self._sampler is None:
-      self._sampler = Sampler(model, info.mesh, self.engine, self.sampling, self.tokenizer.eos_ids, mode="global")
+      self._sampler = Sampler(model, mesh, self.engine, self.sampling, self.tokenizer.eos_ids, mode=self.mode)
     else:
-      self._sampler.params = nnx.split(model)[1]
+      self._sampler.update_params(nnx.split(model)[1])
     seeds = [self.seed + i for i in range(len(ids))]
     results = self._sampler.generate(ids, seeds)  # blocks: the tokens are on every host when it returns
     if runtime.is_leader():

@@ -7,7 +7,7 @@ Order of work, the same on every host:
      everywhere instead of leaving the others waiting;
   2. every host loads the checkpoint straight into its sharding (global: all devices;
      replicated: its own devices);
-  3. every host runs every chunk it owns (see `sampler.py`);
+  3. every host runs the continuous engine over the requests it takes part in (see `sampler.py`);
   4. the leader detokenizes and writes the JSONL once; a named barrier closes the job.
 """
 from __future__ import annotations
@@ -54,10 +54,14 @@ def _leader_plan(cfg: SampleConfig, mesh_for_check) -> tuple[dict[str, Any], Any
   if not prompts:
     raise ValueError(f"{cfg.prompts} holds no prompts")
   ids = [tok.encode(p) for p in prompts]
+  empty = [i for i, x in enumerate(ids) if not x]
+  if empty:
+    raise ValueError(f"{cfg.prompts}: prompt(s) {empty[:5]} are empty (0 tokens); remove them or give them text")
   too_long = [i for i, x in enumerate(ids) if len(x) > cfg.max_prompt_len]
   if too_long:
     raise ValueError(f"prompt(s) {too_long[:5]} exceed sample.max_prompt_len={cfg.max_prompt_len} tokens "
-                     f"(longest {max(len(ids[i]) for i in too_long)}); raise max_prompt_len or shorten them")
+                     f"(longest {max(len(ids[i]) for i in too_long)}); raise max_prompt_len or shorten them "
+                     f"(prompts are never truncated)")
   plan = {"model_cfg": model_cfg.to_hf_config() | {"dtype": model_cfg.dtype}, "prompts": prompts, "ids": ids,
           "seeds": [cfg.seed + i if s is None else int(s) for i, s in enumerate(seeds)],
           "stop_ids": sorted(set(tok.eos_ids) | set(cfg.stop_token_ids))}
@@ -86,18 +90,20 @@ def run(cfg: SampleConfig) -> list[dict[str, Any]] | None:
   model = hf_io.load(cfg.model, mesh, cfg=model_cfg)
   runtime.barrier("sample.loaded")  # a host whose load failed is named here, before any device collective
   sampler = Sampler(model, mesh, cfg.engine(), cfg.sampling(), plan["stop_ids"], mode=cfg.mode)
-  bar = _progress(len(plan["ids"]))
+  bar = _progress(len(plan["ids"]) * cfg.n)
   try:
-    results = sampler.generate(plan["ids"], plan["seeds"], on_chunk=lambda n: bar.update(advance=n))
+    results = sampler.generate(plan["ids"], plan["seeds"], on_chunk=lambda n: bar.update(advance=n), n=cfg.n)
   finally:
     bar.close()
   records = None
   if runtime.is_leader():
     tok = tok_box[0]
     version = cfg.weight_version or cfg.model
-    records = [{"index": i, "prompt": p, "completion": tok.decode(new), "token_ids": new,
-                "finish_reason": reason, "seed": seed, "weight_version": version}
-               for i, (p, (new, reason), seed) in enumerate(zip(plan["prompts"], results, plan["seeds"]))]
+    n = cfg.n
+    records = [{"index": k // n, **({"sample": k % n} if n > 1 else {}), "prompt": plan["prompts"][k // n],
+                "completion": tok.decode(new), "token_ids": new, "finish_reason": reason,
+                "seed": plan["seeds"][k // n], "weight_version": version}
+               for k, (new, reason) in enumerate(results)]
     with fsspec.open(cfg.out, "w") as f:
       f.writelines(json.dumps(r) + "\n" for r in records)
   runtime.barrier("sample.done")

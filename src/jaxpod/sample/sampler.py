@@ -1,14 +1,15 @@
 """`Sampler`: token-id prompts in, completions out, on every host at once; plus the memory check.
 
 Every host calls `Sampler.generate` with the same prompt ids (decided on the leader and
-broadcast); prompts are cut into fixed-shape chunks of `batch_size` rows, the last one
-padded with dummy rows, so every host compiles and runs the same program.
+broadcast). The continuous engine (`scheduler.py` over `runner.py`) decodes them in a
+fixed number of slots with a paged KV cache; shapes are static (slots, prefill buckets,
+power-of-two KV lengths), so every host compiles the same few programs.
 
-  global      the model is sharded over the mesh of all devices; every host runs every
-              chunk; each chunk's tokens are gathered with a device all-gather.
+  global      the model is sharded over the mesh of all devices; every host runs the same
+              scheduler on the same all-gathered tokens, hence the same programs in order.
   replicated  each host holds a full copy on its own devices (the mesh is built from
-              `jax.local_devices()`); host h decodes chunks h, h+n, ...; one all-gather of
-              the fixed-shape per-host results at the end brings them to every host.
+              `jax.local_devices()`) and schedules its share (requests h, h+H, ...) alone;
+              one all-gather of fixed-shape per-host results at the end brings them to every host.
 """
 from __future__ import annotations
 
@@ -20,16 +21,17 @@ import jax
 import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
+from jaxpod import runtime
 from jaxpod.models.llama.config import LlamaConfig
-from jaxpod.models.llama.model import CACHE_AXES, Llama, abstract
+from jaxpod.models.llama.model import PAGE_AXES, Llama, PagedKVCache, abstract
 from jaxpod.runtime import mesh as mesh_lib
 from jaxpod.runtime.sharding import DEFAULT as DEFAULT_RULES, state_shardings
 from jaxpod.sample import engine
 from jaxpod.sample.config import MODES, EngineConfig, SamplingParams
-
-Completion = tuple[list[int], str]  # (new token ids without the stop token, finish reason)
+from jaxpod.sample.runner import PagedRunner
+from jaxpod.sample.scheduler import Completion, Scheduler
 
 
 def make_sample_mesh(mode: str, mesh_cfg: mesh_lib.MeshConfig):
@@ -54,37 +56,41 @@ def device_memory_bytes() -> int:
 
 
 def memory_plan(cfg: LlamaConfig, ec: EngineConfig, mesh) -> dict[str, int]:
-  """Estimated bytes per device: weights, KV cache and prefill activations (the peak)."""
+  """Estimated bytes per device: weights, the KV page pool and prefill activations (the peak)."""
   _, abs_state = nnx.split(abstract(cfg))
   shardings = state_shardings(abs_state, mesh)
   weights = sum(_per_device_bytes(v.shape, v.dtype, s) for v, s in zip(
       jax.tree.leaves(abs_state), jax.tree.leaves(shardings)))
-  cache_shape = (cfg.num_hidden_layers, ec.batch_size, cfg.num_key_value_heads, ec.cache_len, cfg.head_dim_)
-  cache_sh = NamedSharding(mesh, DEFAULT_RULES.fitted_spec(CACHE_AXES, cache_shape, mesh, "kv_cache"))
-  cache = 2 * _per_device_bytes(cache_shape, cfg.dtype, cache_sh)
+  pool_shape = (cfg.num_hidden_layers, ec.pool_pages, ec.page_size, cfg.num_key_value_heads, cfg.head_dim_)
+  pool_sh = NamedSharding(mesh, DEFAULT_RULES.fitted_spec(PAGE_AXES, pool_shape, mesh, "kv_pool"))
+  cache = 2 * _per_device_bytes(pool_shape, cfg.dtype, pool_sh)
   dp = mesh.shape["data"] * mesh.shape["fsdp"]
-  rows = max(1, ec.batch_size // dp)
+  rows = max(1, max(ec.batch_size, ec.prefill_rows) // dp)
   tokens = rows * ec.max_prompt_len
   item = np.dtype(cfg.dtype).itemsize
   # one layer live at a time: residual, q/k/v/ctx, the mlp pair, and fp32 scores + probs over the prompt slots
   acts = tokens * (4 * cfg.hidden_size + 2 * cfg.num_attention_heads * cfg.head_dim_
                    + 2 * cfg.intermediate_size) * item
-  acts += 2 * rows * cfg.num_attention_heads * ec.max_prompt_len ** 2 * 4 // mesh.shape["model"]
+  acts += 2 * rows * cfg.num_attention_heads * ec.max_prompt_len * ec.pages_per_seq * ec.page_size * 4 \
+      // mesh.shape["model"]
   acts += rows * cfg.vocab_size * 4
   return {"weights": weights, "kv_cache": cache, "activations": acts}
 
 
 def check_memory(cfg: LlamaConfig, ec: EngineConfig, mesh, available: int | None = None) -> dict[str, int]:
-  """Raise before compiling if weights + KV cache + activations exceed the allowed device memory."""
+  """Raise before compiling if weights + KV page pool + activations exceed the allowed device memory."""
   plan = memory_plan(cfg, ec, mesh)
   total = sum(plan.values())
   limit = int((available or ec.device_memory_bytes or device_memory_bytes()) * ec.memory_fraction)
   if total <= limit:
     return plan
+  page = PagedKVCache.page_bytes(cfg, ec.page_size)
+  pages = "sample.num_pages" if ec.num_pages is not None else f"sample.batch_size={ec.batch_size}"
   knobs = {
       "weights": "shard the model more (mesh.model / mesh.fsdp, global mode) or use dtype=bfloat16",
-      "kv_cache": f"lower sample.batch_size={ec.batch_size} or sample.max_new_tokens={ec.max_new_tokens} "
-                  f"(cache slots = max_prompt_len + max_new_tokens = {ec.cache_len})",
+      "kv_cache": f"lower {pages} (the pool holds {ec.pool_pages} pages of {ec.page_size} tokens, "
+                  f"{page / 2**10:.0f} KiB each; one sequence of max_prompt_len + max_new_tokens = {ec.cache_len} "
+                  f"tokens needs {ec.pages_per_seq}; fits: {max(0, (limit - total + plan['kv_cache']) // page)} pages)",
       "activations": f"lower sample.max_prompt_len={ec.max_prompt_len} or sample.batch_size={ec.batch_size}",
   }
   worst = max(plan, key=plan.get)
@@ -95,11 +101,22 @@ def check_memory(cfg: LlamaConfig, ec: EngineConfig, mesh, available: int | None
 
 
 def check_batch(ec: EngineConfig, mesh) -> None:
-  """The batch splits evenly over the mesh's data-parallel axes."""
+  """The decode slots and the prefill rows split evenly over the mesh's data-parallel axes."""
   dp = mesh.shape["data"] * mesh.shape["fsdp"]
-  if ec.batch_size % dp:
-    raise ValueError(f"sample.batch_size={ec.batch_size} is not divisible by the mesh's data*fsdp={dp}; "
-                     f"use a multiple of {dp} (or set mesh.data/mesh.fsdp)")
+  for name, value in (("batch_size", ec.batch_size), ("prefill_batch", ec.prefill_rows)):
+    if value % dp:
+      raise ValueError(f"sample.{name}={value} is not divisible by the mesh's data*fsdp={dp}; "
+                       f"use a multiple of {dp} (or set mesh.data/mesh.fsdp)")
+
+
+def check_prompts(ids: Sequence[Sequence[int]], ec: EngineConfig) -> None:
+  """Every prompt has 1..max_prompt_len tokens (nothing is truncated)."""
+  for i, row in enumerate(ids):
+    if not row:
+      raise ValueError(f"prompt {i} is empty (0 tokens); every request needs at least one prompt token")
+    if len(row) > ec.max_prompt_len:
+      raise ValueError(f"prompt {i} has {len(row)} tokens > sample.max_prompt_len={ec.max_prompt_len}; "
+                       f"raise max_prompt_len or shorten the prompt (prompts are never truncated)")
 
 
 class Sampler:
@@ -112,58 +129,51 @@ class Sampler:
     check_batch(ec, mesh)
     self.mesh, self.ec, self.sp, self.mode = mesh, ec, sp, mode
     self.stop_ids = tuple(sorted(set(int(i) for i in stop_ids)))
-    self.graphdef, self.params = nnx.split(model)
-    self._fn = engine.compiled_generate(ec, sp, self.stop_ids)
-    self._batch_sh = NamedSharding(mesh, DEFAULT_RULES.spec(("batch", "seq"), mesh))
+    self.runner = PagedRunner(model, mesh, ec, sp, self.stop_ids, global_mode=mode == "global")
+    self.last: Scheduler | None = None  # the scheduler of the latest call (occupancy, pages, preemptions)
 
-  def _chunk_arrays(self, ids: Sequence[Sequence[int]], seeds: Sequence[int]):
-    b, p = self.ec.batch_size, self.ec.max_prompt_len
-    tokens = np.zeros((b, p), np.int32)
-    lengths = np.ones((b,), np.int32)
-    seeds_arr = np.zeros((b,), np.uint32)
-    for r, (row, seed) in enumerate(zip(ids, seeds)):
-      tokens[r, :len(row)], lengths[r], seeds_arr[r] = row, len(row), seed
+  def warmup(self, n: int = 1) -> int:
+    """Compile every program `generate(..., n=n)` may run, before timing or serving; returns how many."""
+    return self.runner.warmup(n)
 
-    def put(x):
-      sh = NamedSharding(self.mesh, PartitionSpec(*tuple(self._batch_sh.spec)[:x.ndim]))
-      return jax.make_array_from_callback(x.shape, sh, lambda idx: x[idx])
-    return put(tokens), put(lengths), put(seeds_arr)
-
-  def _run_chunk(self, ids, seeds) -> jax.Array:
-    with jax.set_mesh(self.mesh):
-      return self._fn(self.graphdef, self.params, *self._chunk_arrays(ids, seeds))
+  def update_params(self, params) -> None:
+    """Sample from these parameters from now on (same tree and shardings, e.g. the next training step)."""
+    self.runner.params = params
 
   def generate(self, ids: Sequence[Sequence[int]], seeds: Sequence[int],
-               on_chunk: Callable[[int], None] | None = None) -> list[Completion]:
-    """Completions for every prompt, on every host. `on_chunk(n_prompts)` reports progress."""
-    b, n = self.ec.batch_size, len(ids)
-    for i, row in enumerate(ids):
-      if not 1 <= len(row) <= self.ec.max_prompt_len:
-        raise ValueError(f"prompt {i} has {len(row)} tokens; prompts need 1..sample.max_prompt_len="
-                         f"{self.ec.max_prompt_len} tokens (raise max_prompt_len)")
-    chunks = [(ids[i:i + b], seeds[i:i + b]) for i in range(0, n, b)]
-    if self.mode == "global":
-      outs = []
-      for c_ids, c_seeds in chunks:
-        out = self._run_chunk(c_ids, c_seeds)
-        outs.append(np.asarray(multihost_utils.process_allgather(out, tiled=True)))
-        if on_chunk:
-          on_chunk(len(c_ids))
-      new = np.concatenate(outs) if outs else np.zeros((0, self.ec.max_new_tokens), np.int32)
-    else:
-      new = self._generate_replicated(chunks, on_chunk)
-    return [engine.trim(new[i], self.stop_ids) for i in range(n)]
+               on_chunk: Callable[[int], None] | None = None, n: int = 1) -> list[Completion]:
+    """n completions per prompt, request-major (sample j of prompt i at i*n+j), on every host.
 
-  def _generate_replicated(self, chunks, on_chunk) -> np.ndarray:
+    `on_chunk(k)` reports k more finished completions (global mode; replicated: this host's)."""
+    check_prompts(ids, self.ec)
+    if n < 1:
+      raise ValueError(f"sample.n={n} must be >= 1")
+    if self.mode == "replicated" and jax.process_count() > 1:
+      return self._generate_replicated(ids, seeds, n, on_chunk)
+    self.last = Scheduler(self.ec, self.stop_ids, self.runner)
+    out = self.last.run(ids, seeds, n, on_chunk)
+    if jax.process_count() > 1:  # invariant 1: every host must have taken the same schedule
+      seen = runtime.allgather(self.last.digest(), "sample.schedule")
+      bad = [h for h, d in enumerate(seen) if d != seen[0]]
+      if bad:
+        raise RuntimeError(f"sample: host(s) {bad} took a different schedule than host 0 "
+                           f"(rounds/occupancy/preemptions differ); their inputs or tokens differ")
+    return out
+
+  def _generate_replicated(self, ids, seeds, n, on_chunk) -> list[Completion]:
     hosts, me = jax.process_count(), jax.process_index()
-    rounds = -(-len(chunks) // hosts)
-    mine = np.full((rounds, self.ec.batch_size, self.ec.max_new_tokens), engine.NO_TOKEN, np.int32)
-    for r in range(rounds):
-      c = r * hosts + me
-      if c < len(chunks):
-        mine[r] = np.asarray(self._run_chunk(*chunks[c]))
-      if on_chunk:  # the leader reports the whole round: every host works at the same pace
-        on_chunk(sum(len(chunks[k][0]) for k in range(r * hosts, min((r + 1) * hosts, len(chunks)))))
-    every = np.asarray(multihost_utils.process_allgather(mine)) if hosts > 1 else mine[None]
-    order = every.transpose(1, 0, 2, 3).reshape(rounds * hosts * self.ec.batch_size, -1)  # chunk r*hosts+h
-    return order
+    mine = list(range(me, len(ids), hosts))
+    self.last = Scheduler(self.ec, self.stop_ids, self.runner)
+    got = self.last.run([ids[i] for i in mine], [seeds[i] for i in mine], n, on_chunk)
+    per_host = -(-len(ids) // hosts) * n
+    width = self.ec.max_new_tokens + 2  # [finish (1 = stop), length, tokens...]
+    table = np.full((per_host, width), engine.NO_TOKEN, np.int32)
+    for r, (new, reason) in enumerate(got):
+      table[r, :2], table[r, 2:2 + len(new)] = (reason == "stop", len(new)), new
+    every = np.asarray(multihost_utils.process_allgather(table))  # [hosts, per_host, width]
+    out: list[Completion] = []
+    for i in range(len(ids)):
+      for j in range(n):
+        row = every[i % hosts, (i // hosts) * n + j]
+        out.append(([int(t) for t in row[2:2 + row[1]]], "stop" if row[0] else "length"))
+    return out

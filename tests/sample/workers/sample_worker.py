@@ -4,8 +4,9 @@ SCENARIOS is a comma list, run in order in the same processes (one launch serves
   modes  `jaxpod.sample.run` in global then replicated mode; the leader writes OUT_DIR/<mode>.jsonl
   fail   a broken tokenizer on the leader, then an oversized config; prints `FAIL <case> <json>` on
          every host, which must all get there (no hang) and agree
-  hook   trains the tiny Llama 6 steps without, then with, a SampleHook every 2 steps; prints
-         `LOSSES <plain|hook> <hex of the float32 losses>`; samples go to OUT_DIR/samples.jsonl
+  hook   trains the tiny Llama 6 steps without, then with a SampleHook every 2 steps in global, then in
+         replicated mode; prints `LOSSES <plain|hook|hook_replicated> <hex of the float32 losses>`;
+         samples go to OUT_DIR/<hook|hook_replicated>.jsonl
 """
 import dataclasses
 import json
@@ -23,7 +24,7 @@ from jaxpod.runtime import MeshConfig, make_mesh  # noqa: E402
 from jaxpod.sample import EngineConfig, SampleConfig, run  # noqa: E402
 
 BASE = SampleConfig(model=ckpt, prompts=prompts, out=f"{out_dir}/x.jsonl", batch_size=4, max_prompt_len=32,
-                    max_new_tokens=8, temperature=0.8, top_k=20, top_p=0.9, seed=11)
+                    max_new_tokens=8, temperature=0.8, top_k=20, top_p=0.9, seed=11, n=2, page_size=4)
 GLOBAL_MESH = MeshConfig(data=2, model=2) if jax.device_count() == 4 else MeshConfig(data=-1)
 
 
@@ -85,11 +86,13 @@ for scenario in scenarios:
     from jaxpod.models.llama import ByteTokenizer
     from jaxpod.sample.hook import SampleHook
     graphdef, plain = train_tiny_lm([])
-    hook = SampleHook(every=2, prompts=["the quick", "lazy"], tokenizer=ByteTokenizer(), graphdef=graphdef,
-                      engine=EngineConfig(batch_size=2, max_prompt_len=16, max_new_tokens=8))
-    _, with_hook = train_tiny_lm([hook])
     print("LOSSES plain", plain.tobytes().hex(), flush=True)
-    print("LOSSES hook", with_hook.tobytes().hex(), flush=True)
+    for mode, name in (("global", "hook"), ("replicated", "hook_replicated")):
+      hook = SampleHook(every=2, prompts=["the quick", "lazy", "fox", "over the"], tokenizer=ByteTokenizer(),
+                        graphdef=graphdef, engine=EngineConfig(batch_size=2, max_prompt_len=16, max_new_tokens=8),
+                        mode=mode, file_name=f"{name}.jsonl")
+      _, with_hook = train_tiny_lm([hook])
+      print(f"LOSSES {name}", with_hook.tobytes().hex(), flush=True)
   runtime.barrier(f"sample_worker.{scenario}", 60)
   print(f"DONE {scenario}", flush=True)
 runtime.shutdown()

@@ -13,6 +13,14 @@ says which slots of each row hold real keys. RoPE uses `positions`, which need n
 slots: the sampler puts ragged prompts right-padded at slots 0.. and every decode step at
 one shared slot, with true per-row positions.
 
+With a `PagedKVCache` (pools [L, P, page_size, K, E] plus a page table [B, M] per row) a
+token's slot is its position: position p of row b lives in page `table[b, p // page_size]`
+at offset `p % page_size`. A call's T new tokens (at positions p0..p0+T-1 of each row)
+attend to the slots below p0 read from the pages, plus causally to each other; they come
+back staged in the returned cache, and the caller writes them (`commit`) when no later read
+of the pools remains in its program. Page 0 is a scratch page: table entries of unused
+pages point at it, and writes of padding land there.
+
 Captures (for activation extraction): `capture_layers=(i, ...)` and
 `capture_points=("resid", "attn_out", "mlp_out")` return `out.captures["resid.3"]` etc.,
 each [B, T, D] in the compute dtype:
@@ -35,6 +43,7 @@ from jaxpod.runtime.sharding import constrain
 
 CAPTURE_POINTS = ("resid", "attn_out", "mlp_out")
 CACHE_AXES = ("layers", "batch", "kv_heads", "cache_seq", "head_dim")
+PAGE_AXES = ("layers", None, None, "kv_heads", "head_dim")  # pages are not split over data: any row may use any
 _ACT = ("batch", "seq", "act_embed")
 
 
@@ -55,6 +64,66 @@ class KVCache(NamedTuple):
     """Bytes of a cache of this size (k and v)."""
     n = cfg.num_hidden_layers * batch * length * cfg.num_key_value_heads * cfg.head_dim_
     return 2 * n * jnp.dtype(cfg.jnp_dtype).itemsize
+
+
+class PagedKVCache(NamedTuple):
+  """Key/value page pools, each [L, P, page_size, K, E], and the page table [B, M] of the rows in this call.
+
+  Layers read the pools and stage their new keys/values; the caller writes them with `commit`
+  (or `write`) after the forward, where no read of the pools follows: a scatter into a pool
+  that other ops of the same program still read made XLA copy the whole pool."""
+
+  k: jax.Array
+  v: jax.Array
+  table_BxM: jax.Array
+  staged_k: tuple = ()  # per layer so far: new keys [B, T, K, E]
+  staged_v: tuple = ()
+
+  @classmethod
+  def zeros(cls, cfg: LlamaConfig, num_pages: int, page_size: int, table_BxM) -> "PagedKVCache":
+    shape = (cfg.num_hidden_layers, num_pages, page_size, cfg.num_key_value_heads, cfg.head_dim_)
+    z = constrain(jnp.zeros(shape, cfg.jnp_dtype), PAGE_AXES)
+    return cls(z, z, table_BxM)
+
+  @staticmethod
+  def page_bytes(cfg: LlamaConfig, page_size: int) -> int:
+    """Bytes of one page (k and v, all layers)."""
+    n = cfg.num_hidden_layers * page_size * cfg.num_key_value_heads * cfg.head_dim_
+    return 2 * n * jnp.dtype(cfg.jnp_dtype).itemsize
+
+  def stage(self, k_BxTxKxE, v_BxTxKxE) -> "PagedKVCache":
+    """Keep this layer's new keys/values for `commit`."""
+    return self._replace(staged_k=self.staged_k + (k_BxTxKxE.astype(self.k.dtype),),
+                         staged_v=self.staged_v + (v_BxTxKxE.astype(self.v.dtype),))
+
+  def slots(self, positions_BxT):
+    """(page, offset) of each position, each [B, T]."""
+    ps = self.k.shape[2]
+    return jnp.take_along_axis(self.table_BxM, positions_BxT // ps, axis=1, mode="clip"), positions_BxT % ps
+
+  def staged(self):
+    """Staged keys and values, each [L, B, T, K, E]."""
+    return jnp.stack(self.staged_k), jnp.stack(self.staged_v)
+
+  @staticmethod
+  def write(k_pool, v_pool, page_BxT, off_BxT, k_LxBxTxKxE, v_LxBxTxKxE):
+    """Pools with every layer's keys/values stored at (page, offset); one scatter per pool."""
+    return k_pool.at[:, page_BxT, off_BxT].set(k_LxBxTxKxE), v_pool.at[:, page_BxT, off_BxT].set(v_LxBxTxKxE)
+
+  def commit(self, positions_BxT) -> "PagedKVCache":
+    """Write the staged keys/values at their positions; the result has nothing staged."""
+    k, v = self.write(self.k, self.v, *self.slots(positions_BxT), *self.staged())
+    return PagedKVCache(k, v, self.table_BxM)
+
+  def read(self, layer: int, kv_len: int):
+    """Keys and values of slots 0..kv_len-1 (kv_len a multiple of page_size), each [B, K, S, E]."""
+    b, ps = self.table_BxM.shape[0], self.k.shape[2]
+    pages_BxM = self.table_BxM[:, :kv_len // ps]
+
+    def gather(pool):  # [B, M', ps, K, E] -> [B, K, S, E]
+      x = pool[layer][pages_BxM]
+      return x.reshape(b, kv_len, *x.shape[3:]).transpose(0, 2, 1, 3)
+    return gather(self.k), gather(self.v)
 
 
 class Output(NamedTuple):
@@ -107,16 +176,27 @@ class Attention(nnx.Module):
     q, k = rope(q, positions_BxT, inv_freq), rope(k, positions_BxT, inv_freq)
     k_BxKxTxE, v_BxKxTxE = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
     if cache is None:
-      keys_BxKxSxE, values_BxKxSxE, q_slots = k_BxKxTxE, v_BxKxTxE, jnp.arange(t)
+      keys_BxKxSxE, values_BxKxSxE = k_BxKxTxE, v_BxKxTxE
+      q_slots_BxT = jnp.broadcast_to(jnp.arange(t), (b, t))
+    elif isinstance(cache, PagedKVCache):
+      kv_len = cache.table_BxM.shape[1] * cache.k.shape[2] if kv_len is None else kv_len
+      old_k, old_v = cache.read(layer, kv_len)
+      keys_BxKxSxE = jnp.concatenate([old_k, k_BxKxTxE.astype(old_k.dtype)], axis=2)  # [B, K, kv_len + T, E]
+      values_BxKxSxE = jnp.concatenate([old_v, v_BxKxTxE.astype(old_v.dtype)], axis=2)
+      cache = cache.stage(k, v)
+      old_BxTxS = jnp.broadcast_to(jnp.arange(kv_len)[None, None, :] < positions_BxT[:, :1, None], (b, t, kv_len))
+      new_BxTxT = jnp.broadcast_to(jnp.arange(t)[None, :] <= jnp.arange(t)[:, None], (b, t, t))
+      mask_BxTxS = jnp.concatenate([old_BxTxS, new_BxTxT], axis=2)  # earlier slots + causal among new tokens
     else:
       start = (layer, 0, 0, cache_index, 0)
       cache = KVCache(jax.lax.dynamic_update_slice(cache.k, k_BxKxTxE[None].astype(cache.k.dtype), start),
                       jax.lax.dynamic_update_slice(cache.v, v_BxKxTxE[None].astype(cache.v.dtype), start))
       keys_BxKxSxE, values_BxKxSxE = cache.k[layer, :, :, :kv_len], cache.v[layer, :, :, :kv_len]
       kv_mask_BxS = kv_mask_BxS[:, :kv_len]
-      q_slots = cache_index + jnp.arange(t)
-    s = keys_BxKxSxE.shape[2]
-    mask_BxTxS = (jnp.arange(s)[None, :] <= q_slots[:, None])[None] & kv_mask_BxS[:, None, :]
+      q_slots_BxT = jnp.broadcast_to(cache_index + jnp.arange(t), (b, t))
+    if not isinstance(cache, PagedKVCache):
+      s = keys_BxKxSxE.shape[2]
+      mask_BxTxS = (jnp.arange(s)[None, None, :] <= q_slots_BxT[:, :, None]) & kv_mask_BxS[:, None, :]
     q_BxTxKxGxE = q.reshape(b, t, kvh, cfg.num_attention_heads // kvh, e)
     scores = jnp.einsum("btkge,bkse->bkgts", q_BxTxKxGxE, keys_BxKxSxE,
                         preferred_element_type=jnp.float32) * (1.0 / math.sqrt(e))
@@ -180,21 +260,22 @@ class Llama(nnx.Module):
     return constrain(jnp.einsum("btd,dv->btv", h_BxTxD, w, preferred_element_type=jnp.float32),
                      ("batch", "seq", "vocab"))
 
-  def __call__(self, tokens_BxT, positions_BxT=None, *, kv_mask_BxS=None, cache: KVCache | None = None,
+  def __call__(self, tokens_BxT, positions_BxT=None, *, kv_mask_BxS=None, cache: KVCache | PagedKVCache | None = None,
                cache_index=0, capture_layers: Sequence[int] = (), capture_points: Sequence[str] = (),
                logits_at_B=None, return_hidden: bool = False, kv_len: int | None = None) -> Output:
     """Run the decoder (see module docstring for slots, masks and captures).
 
     logits_at_B: if given, logits only at token index `logits_at_B[b]` of each row ([B, 1, V]).
     return_hidden: return final-normed hidden states instead of logits.
-    kv_len: with a cache, attend only to its first kv_len slots (static; e.g. prefill of P prompt slots).
+    kv_len: with a cache, attend only to its first kv_len slots (static; e.g. prefill of P prompt slots;
+      paged: a multiple of the page size, default the whole table).
     """
     cfg = self.cfg
     b, t = tokens_BxT.shape
     _check_captures(cfg, capture_layers, capture_points)
     if positions_BxT is None:
       positions_BxT = jnp.broadcast_to(cache_index + jnp.arange(t), (b, t))
-    if kv_mask_BxS is None:
+    if kv_mask_BxS is None and not isinstance(cache, PagedKVCache):
       kv_mask_BxS = jnp.ones((b, t if cache is None else cache.k.shape[3]), bool)
     inv_freq = jnp.asarray(cfg.inv_freq(), jnp.float32)
     table = constrain(self.embed_tokens[...], ("vocab", "act_embed"))  # FSDP: gather the embed dim first
