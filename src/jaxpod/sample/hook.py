@@ -28,7 +28,7 @@ from jaxpod.runtime import storage
 from jaxpod.models.llama.model import Llama
 from jaxpod.models.llama.tokenizer import Tokenizer
 from jaxpod.runtime.hooks import Hook, StepInfo
-from jaxpod.sample.config import EngineConfig, SamplingParams
+from jaxpod.sample.config import SamplingOptions
 from jaxpod.sample.sampler import Sampler
 
 
@@ -37,10 +37,11 @@ class SampleHook(Hook):
 
   def __init__(self, every: int, prompts: Sequence[str], tokenizer: Tokenizer, graphdef,
                params_of: Callable[[Any], Any] = lambda state: state.params,
-               engine: EngineConfig = EngineConfig(batch_size=8, max_prompt_len=64, max_new_tokens=32),
-               sampling: SamplingParams = SamplingParams(), seed: int = 0, file_name: str = "samples.jsonl"):
+               options: SamplingOptions = SamplingOptions(batch_size=8, max_prompt_len=64, max_new_tokens=32),
+               file_name: str = "samples.jsonl"):
     self.every, self.prompts, self.tokenizer, self.graphdef = every, list(prompts), tokenizer, graphdef
-    self.params_of, self.engine, self.sampling, self.seed, self.file_name = params_of, engine, sampling, seed, file_name
+    self.params_of, self.options, self.file_name = params_of, options, file_name
+    self.engine, self.sampling, self.seed = options.engine(), options.sampling(), options.seed
     self._ids: list[list[int]] | None = None
     self._sampler: Sampler | None = None
     self.history: list[tuple[int, list[str]]] = []  # (step, completions), on the leader
