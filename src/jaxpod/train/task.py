@@ -16,6 +16,7 @@ shardings, optimizer step, EMA, checkpoints, hooks, tracker. A task supplies:
     evaluator(graphdef, mesh, ema_sh, buffer_sh, batch_sh)   callable (params, buffers) -> eval dict
     hooks(graphdef, mesh, tcfg)    task-specific hooks, run after eval (LM: SampleHook)
     eval_summary(ev)               (label, value) rows for the end-of-run table
+    name, headline                 run-folder prefix; the eval metric logged first (optional)
 
 A task is two classes in one module of `jaxpod.tasks` (or any module imported before parsing):
 its config, registered with `@TaskConfig.register_subclass("name")`, whose `build(cfg)` returns
