@@ -123,7 +123,8 @@ def test_lm_task_on_two_hosts_matches_one_host(launch_hosts, bucket):
   runs = {}
   for hosts, dph in ((1, 1), (2, 2)):
     args = _lm_args(storage.join(bucket, "runs"), f"h{hosts}", steps=4, task__sample_every=2,
-                    task__prompts='["The old king", "A kind"]', task__data__text_chars=4_000_000)
+                    task__prompts='["The old king", "A kind"]', task__data__text_chars=4_000_000,
+                    task__data__eval_batch_size=512)  # ~12 eval batches, not ~380 cross-host dispatches
     r = launch_hosts(worker, hosts=hosts, devices_per_host=dph, args=["run", *args])
     assert r.returncode == 0, r.transcript
     runs[hosts] = json.loads(host_lines(r, 0, "SUMMARY")[0])
