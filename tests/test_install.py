@@ -53,7 +53,7 @@ class Block:
     if name.split(".")[0] in BLOCKED:
       raise ModuleNotFoundError(f"No module named {name!r} (blocked: not in the base install)", name=name)
 sys.meta_path.insert(0, Block())
-import jaxpod.train.trainer, jaxpod.train.lm_task, jaxpod.sample.run, jaxpod.extract.engine, jaxpod.runtime.doctor
+import jaxpod.train.trainer, jaxpod.tasks.trm_sudoku, jaxpod.tasks.causal_lm, jaxpod.sample.run, jaxpod.extract.engine, jaxpod.runtime.doctor
 from jaxpod.cli.main import main
 assert main(["train", "--help"]) == 0
 print("BASE_OK")

@@ -2,6 +2,7 @@
 
     cli                                  top: the command table, parse, call one workload
     bench                                benchmarks over the workloads
+    tasks                                what the trainer runs (TRM Sudoku, causal LM): composes train + sample
     train  sample  extract  transfer     the workloads: never import each other
     models  data  io  configs
     runtime                              bottom
@@ -11,10 +12,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-RANK = {"cli": 5, "bench": 4, "train": 3, "sample": 3, "extract": 3, "transfer": 3, "models": 2, "data": 2, "io": 2,
+RANK = {"cli": 6, "bench": 5, "tasks": 4, "train": 3, "sample": 3, "extract": 3, "transfer": 3, "models": 2, "data": 2, "io": 2,
         "configs": 2, "runtime": 1}
 WORKLOADS = {"train", "sample", "extract", "transfer"}
 
@@ -71,13 +71,8 @@ def test_no_module_imports_upward():
         continue
       if RANK[dst] > RANK[src]:
         bad.append(f"{module} ({src}) imports {target} ({dst})")
-  assert not bad, "imports must flow downward (cli > bench > workloads > models/data/io > runtime):\n" + \
+  assert not bad, "imports must flow downward (cli > bench > tasks > workloads > models/data/io > runtime):\n" + \
       "\n".join(bad)
-
-
-# The LM task (train/lm_task.py) wires sampling into training; it moves out of train/ with the
-# task plugins (issue 11 item 1, deferred until the 'Pod-faithful' trainer rewrite lands).
-KNOWN_CROSS_IMPORTS = {("jaxpod.train.lm_task", "jaxpod.sample.hook"), ("jaxpod.train.lm_task", "jaxpod.sample.config")}
 
 
 def _cross_workload_imports() -> set[tuple[str, str]]:
@@ -86,14 +81,9 @@ def _cross_workload_imports() -> set[tuple[str, str]]:
 
 
 def test_workloads_do_not_import_each_other():
-  bad = _cross_workload_imports() - KNOWN_CROSS_IMPORTS
+  """The LM task wires sampling into training from tasks/, a floor above both: train never imports sample."""
+  bad = _cross_workload_imports()
   assert not bad, "\n".join(f"{m} imports {t}" for m, t in sorted(bad))
-
-
-@pytest.mark.xfail(strict=True, reason="issue 11 item 1 (tasks as plugins) is deferred: train/lm_task.py "
-                   "still imports sample/ (SampleHook, SamplingParams)")
-def test_the_lm_task_does_not_import_sample():
-  assert not _cross_workload_imports() & KNOWN_CROSS_IMPORTS
 
 
 def test_runtime_state_does_not_import_the_start_up_module():
@@ -104,8 +94,6 @@ def test_runtime_state_does_not_import_the_start_up_module():
   assert "jaxpod.runtime.distributed" not in GRAPH["jaxpod.runtime.state"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11 item 1 (tasks as plugins) is deferred until the 'Pod-faithful' "
-                   "trainer rewrite lands: train/ still imports models.trm / models.llama")
 def test_the_trainer_imports_no_model_family():
   bad = [f"{m} imports {t}" for m, imported in GRAPH.items() if _room(m) == "train" for t in imported
          if t.startswith("jaxpod.models.") and t != "jaxpod.models"]

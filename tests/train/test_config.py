@@ -6,14 +6,15 @@ import pytest
 from jaxpod.cli.args import UsageError, parse
 from jaxpod.runtime import HostInfo, MeshConfig
 from jaxpod.train import TrainConfig
-from jaxpod.train.config import DataConfig, TrainerConfig, validate_for_hosts
+from jaxpod.tasks.trm_sudoku import SudokuData, TrmSudokuConfig
+from jaxpod.train.config import TrainerConfig, validate_for_hosts
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((REPO / "configs").glob("train_*.yaml")) + sorted((REPO / "configs").glob("trm_*.yaml"))
 
 
 def _cfg(**data):
-  return TrainConfig(data=DataConfig(**data))
+  return TrainConfig(task=TrmSudokuConfig(data=SudokuData(**data)))
 
 
 def test_batch_not_divisible_by_hosts_names_the_field():
@@ -39,11 +40,11 @@ def test_mesh_not_dividing_devices_names_the_mesh():
 
 
 @pytest.mark.parametrize("field,value,match", [
-    ("data.global_batch_size", 0, "data.global_batch_size"),
+    ("task.data.global_batch_size", 0, "task.data.global_batch_size"),
     ("trainer.steps", 0, "trainer.steps"),
     ("trainer.ema", 1.0, "trainer.ema"),
-    ("model.seq_len", 81, "model.seq_len=81 does not match data.box"),
-    ("data.global_batch_size", 4096, "exceeds data.num_train"),
+    ("task.model.seq_len", 81, "task.model.seq_len=81 does not match task.data.box"),
+    ("task.data.global_batch_size", 4096, "exceeds task.data.num_train"),
 ])
 def test_cli_errors_name_the_field(field, value, match, capsys):
   """Bad values end `jaxpod train` with one line naming the field (exit 2), before anything runs."""
@@ -78,8 +79,8 @@ def test_paper_recipe_config_matches_the_paper():
   from jaxpod.cli.train import load_config
   from jaxpod.models.trm import TRMConfig
   cfg = load_config(["--config_path", str(REPO / "configs" / "trm_sudoku_mlp.yaml"), "--trainer.seed=3"])
-  assert cfg.model == TRMConfig.sudoku_mlp() and cfg.data.box == "3x3"
-  assert cfg.data.global_batch_size == 768 and cfg.optim.lr == 1e-4 and cfg.trainer.ema == 0.999
+  assert cfg.task.model == TRMConfig.sudoku_mlp() and cfg.task.data.box == "3x3"
+  assert cfg.task.data.global_batch_size == 768 and cfg.task.optim.lr == 1e-4 and cfg.trainer.ema == 0.999
   assert cfg.trainer.steps == 65105 and cfg.trainer.seed == 3  # ceil(50000 * 1000 / 768); overrides still apply
 
 
@@ -87,7 +88,7 @@ def test_python_defaults_are_the_embedded_default():
   """`TrainConfig()` and `jaxpod train` with no arguments describe the same run."""
   from jaxpod.cli.train import load_config
   embedded, default = load_config([]), TrainConfig()
-  assert (embedded.data, embedded.model, embedded.optim) == (default.data, default.model, default.optim)
+  assert embedded.task == default.task and type(default.task).__name__ == "TrmSudokuConfig"
   assert embedded.trainer.steps == default.trainer.steps and embedded.trainer.ema == default.trainer.ema
 
 
@@ -100,3 +101,47 @@ def test_cli_reports_host_errors_in_one_line(capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert code == 2 and len(err) == 1 and "data.global_batch_size=32 is not divisible by the 3 hosts" in err[0]
   assert runtime.is_initialized() == was
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--model.hidden_size=32"], "--model.hidden_size moved under task: use --task.model.hidden_size"),
+    (["--data.box=2x3"], "--data.box moved under task: use --task.data.box"),
+    (["--lm.lr=0.1"], "use task (task: {type: causal_lm, ...}; lm.lr -> task.optim.lr"),
+    ("old.yaml", "top-level `model:` moved under `task:`"),
+])
+def test_old_keys_get_one_line_naming_the_new_key(argv, match, tmp_path, capsys):
+  """Configs written before `task:` (top-level data/model/optim/lm): exit 2, one line naming the new key."""
+  from jaxpod.cli.main import main
+  if argv == "old.yaml":
+    (tmp_path / "old.yaml").write_text("model:\n  hidden_size: 32\ntrainer:\n  steps: 3\n")
+    argv = ["--config_path", str(tmp_path / "old.yaml")]
+  assert main(["train", *argv]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and match in err[0], err
+
+
+def test_task_is_chosen_by_type_in_yaml_or_on_the_command_line(tmp_path):
+  """`task: {type: NAME}` in a file, `--task.type NAME` on the command line; unknown names are refused."""
+  from jaxpod.cli.train import load_config
+  from jaxpod.tasks.causal_lm import CausalLMConfig
+  cfg = load_config(["--task.type", "causal_lm", "--task.optim.warmup_steps", "3"])
+  assert isinstance(cfg.task, CausalLMConfig) and cfg.task.optim.warmup_steps == 3
+  (tmp_path / "lm.yaml").write_text("task:\n  type: causal_lm\n  data: {seq_len: 64}\n")
+  assert load_config(["--config_path", str(tmp_path / "lm.yaml")]).task.data.seq_len == 64
+  with pytest.raises(SystemExit) as e:
+    load_config(["--task.type", "no_such_task"])
+  assert e.value.code == 2
+
+
+def test_run_id_is_a_hash_of_the_config_without_the_ignored_fields():
+  """Same recipe, same run folder; the ignored fields (where, how often) do not count; the task type does."""
+  from jaxpod.tasks.causal_lm import CausalLMConfig
+  from jaxpod.train.config import run_id
+  base = TrainConfig()
+  moved = TrainConfig(trainer=TrainerConfig(runs_dir="/elsewhere", steps=7, log_every=3, eval_every=2),
+                      task=TrmSudokuConfig(data=SudokuData(cache_dir="/c", eval_batch_size=100),
+                                           bar_metrics=("loss",)))
+  assert run_id(base, "trm") == run_id(moved, "trm") == run_id(TrainConfig(), "trm")
+  assert run_id(base, "trm") != run_id(TrainConfig(task=TrmSudokuConfig(data=SudokuData(seed=1))), "trm")
+  assert run_id(TrainConfig(trainer=TrainerConfig(steps=100)), "x") != run_id(
+      TrainConfig(task=CausalLMConfig(), trainer=TrainerConfig(steps=100)), "x")

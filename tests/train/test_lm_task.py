@@ -13,10 +13,10 @@ REPO = Path(__file__).resolve().parents[2]
 def _lm_args(runs_dir, name: str, steps: int = 30, **overrides) -> list[str]:
   """`jaxpod train` arguments for a tiny byte-level Llama on a short built-in text."""
   values = {
-      "data.global_batch_size": 16, "data.eval_batch_size": 16, "lm.text_chars": 40000, "lm.seq_len": 32,
-      "lm.model.hidden_size": 32, "lm.model.intermediate_size": 64, "lm.model.num_hidden_layers": 2,
-      "lm.model.num_attention_heads": 2, "lm.model.num_key_value_heads": 1, "lm.lr": 1e-2, "lm.warmup_steps": 3,
-      "lm.sample_max_new_tokens": 8,
+      "task.data.global_batch_size": 16, "task.data.eval_batch_size": 16, "task.data.text_chars": 40000,
+      "task.data.seq_len": 32, "task.model.hidden_size": 32, "task.model.intermediate_size": 64,
+      "task.model.num_hidden_layers": 2, "task.model.num_attention_heads": 2, "task.model.num_key_value_heads": 1,
+      "task.optim.lr": 1e-2, "task.optim.warmup_steps": 3, "task.sample.max_new_tokens": 8,
       "trainer.steps": steps, "trainer.log_every": 1, "trainer.ema": 0.5, "trainer.run_name": name,
       "trainer.runs_dir": str(runs_dir), "trainer.progress": "false", "trainer.plot": "false",
       "tracker.tensorboard": "false",
@@ -42,8 +42,8 @@ def _losses(run_dir) -> list[tuple[int, float, float]]:
 def runs(tmp_path_factory):
   """The same tiny LM run without prompts and with a SampleHook every 2 steps."""
   root = tmp_path_factory.mktemp("lm_runs")
-  plain = train(_lm_config(root, "plain", lm__prompts="[]"))
-  hooked = train(_lm_config(root, "hooked", lm__sample_every=2, lm__prompts='["The old king", "A kind"]'))
+  plain = train(_lm_config(root, "plain", task__prompts="[]"))
+  hooked = train(_lm_config(root, "hooked", task__sample_every=2, task__prompts='["The old king", "A kind"]'))
   return plain, hooked
 
 
@@ -84,8 +84,8 @@ def test_lm_tiny_yaml_parses():
   from jaxpod.cli.train import load_config
   from jaxpod.train.task import make_task
   cfg = load_config(["--config_path", str(REPO / "configs" / "lm_tiny.yaml")])
-  assert cfg.lm is not None and cfg.lm.tokenizer == "byte" and cfg.lm.model.hidden_size == 128
-  assert cfg.lm.model.eos_token_id == (257,) and cfg.lm.prompts and cfg.lm.sample_every > 0
+  assert cfg.task.data.tokenizer == "byte" and cfg.task.model.hidden_size == 128
+  assert cfg.task.model.eos_token_id == (257,) and cfg.task.prompts and cfg.task.sample_every > 0
   assert type(make_task(cfg)).__name__ == "LMTask"
 
 
@@ -122,9 +122,9 @@ def test_lm_task_on_two_hosts_matches_one_host(launch_hosts, bucket):
   worker = Path(__file__).parent / "workers" / "train_worker.py"
   runs = {}
   for hosts, dph in ((1, 1), (2, 2)):
-    args = _lm_args(storage.join(bucket, "runs"), f"h{hosts}", steps=4, lm__sample_every=2,
-                    lm__prompts='["The old king", "A kind"]', lm__text_chars=4_000_000,
-                    lm__eval_fraction=0.001)  # the usual ~8 eval batches, not 400
+    args = _lm_args(storage.join(bucket, "runs"), f"h{hosts}", steps=4, task__sample_every=2,
+                    task__prompts='["The old king", "A kind"]', task__data__text_chars=4_000_000,
+                    task__data__eval_fraction=0.001)  # the usual ~8 eval batches, not 400
     r = launch_hosts(worker, hosts=hosts, devices_per_host=dph, args=["run", *args])
     assert r.returncode == 0, r.transcript
     runs[hosts] = json.loads(host_lines(r, 0, "SUMMARY")[0])
@@ -141,14 +141,14 @@ def test_lm_task_on_two_hosts_matches_one_host(launch_hosts, bucket):
 
 @pytest.mark.slow
 def test_lm_task_with_a_bpe_tokenizer_trained_offline(tmp_path):
-  """`lm.tokenizer: FOLDER` (a tokenizer.json trained offline with `tokenizers`): ids within the model's vocab,
+  """`task.data.tokenizer: FOLDER` (a tokenizer.json trained offline with `tokenizers`): ids within the model's vocab,
   BOS/EOS per line, training runs and SampleHook decodes its completions with that tokenizer."""
   from jaxpod.data.text import grammar_text, train_bpe_tokenizer
-  from jaxpod.train.lm_task import LMTask
+  from jaxpod.tasks.causal_lm import LMTask
   folder = train_bpe_tokenizer(grammar_text(0, 40000), 384, str(tmp_path / "tok"))
-  overrides = dict(lm__tokenizer=folder, lm__model__vocab_size=384, lm__model__bos_token_id=1,
-                   lm__model__eos_token_id="[2]", lm__model__pad_token_id=0)
-  cfg = _lm_config(tmp_path, "bpe", steps=4, lm__sample_every=2, lm__prompts='["The old king"]', **overrides)
+  overrides = dict(task__data__tokenizer=folder, task__model__vocab_size=384, task__model__bos_token_id=1,
+                   task__model__eos_token_id="[2]", task__model__pad_token_id=0)
+  cfg = _lm_config(tmp_path, "bpe", steps=4, task__sample_every=2, task__prompts='["The old king"]', **overrides)
   tokens = LMTask(cfg).tokenize()
   assert tokens.max() < 384 and tokens[0] == 1 and (tokens == 2).sum() == (tokens == 1).sum() > 10
   summary = train(cfg)
@@ -171,25 +171,25 @@ def test_lm_run_interrupted_and_resumed_equals_uninterrupted(tmp_path):
       if info.step == 5:
         raise KeyboardInterrupt("stop")
 
-  full = train(_lm_config(tmp_path, "full", steps=8, trainer__checkpoint_every=3, lm__prompts="[]"))
+  full = train(_lm_config(tmp_path, "full", steps=8, trainer__checkpoint_every=3, task__prompts="[]"))
   with pytest.raises(KeyboardInterrupt):
-    train(_lm_config(tmp_path, "cut", steps=8, trainer__checkpoint_every=3, lm__prompts="[]"), extra_hooks=[Stop()])
-  again = train(_lm_config(tmp_path, "cut", steps=8, trainer__checkpoint_every=3, lm__prompts="[]"))
+    train(_lm_config(tmp_path, "cut", steps=8, trainer__checkpoint_every=3, task__prompts="[]"), extra_hooks=[Stop()])
+  again = train(_lm_config(tmp_path, "cut", steps=8, trainer__checkpoint_every=3, task__prompts="[]"))
   assert again.resumed and again.start_step == 3
   assert _losses(again.run_dir) == _losses(full.run_dir)
 
 
 def test_lm_task_reads_a_text_file_and_rejects_ids_beyond_the_vocab(tmp_path):
-  """`lm.text_path`: every non-empty line is one document (BOS ... EOS); an id the model cannot embed is an
-  error naming lm.model.vocab_size, raised on the leader before any training."""
-  from jaxpod.train.lm_task import LMTask
+  """`task.data.text_path`: every non-empty line is one document (BOS ... EOS); an id the model cannot embed is an
+  error naming task.model.vocab_size, raised on the leader before any training."""
+  from jaxpod.tasks.causal_lm import LMTask
   path = tmp_path / "t.txt"
   path.write_text("ab\n\nc\n", encoding="utf-8")
-  tokens = LMTask(_lm_config(tmp_path, "f", lm__text_path=str(path))).tokenize()
+  tokens = LMTask(_lm_config(tmp_path, "f", task__data__text_path=str(path))).tokenize()
   assert tokens.tolist() == [256, 97, 98, 257, 256, 99, 257]
-  with pytest.raises(ValueError, match="lm.model.vocab_size"):
-    LMTask(_lm_config(tmp_path, "f", lm__text_path=str(path), lm__tokenizer=str(_bpe(tmp_path)),
-                      lm__model__vocab_size=3)).tokenize()  # BPE ids run to 299: a 3-row embedding cannot hold them
+  with pytest.raises(ValueError, match="task.model.vocab_size"):
+    LMTask(_lm_config(tmp_path, "f", task__data__text_path=str(path), task__data__tokenizer=str(_bpe(tmp_path)),
+                      task__model__vocab_size=3)).tokenize()  # BPE ids run to 299: a 3-row embedding cannot hold them
 
 
 def _bpe(tmp_path):

@@ -82,7 +82,7 @@ def test_rerunning_the_same_command_continues_the_same_run(tmp_path, data_dir):
   again finds it; more steps continue it; another recipe is another run."""
   first = train(tiny_config(tmp_path, data_dir, steps=3, trainer__checkpoint_every=3, trainer__run_name=None))
   longer = train(tiny_config(tmp_path, data_dir, steps=4, trainer__run_name=None))
-  other = train(tiny_config(tmp_path, data_dir, steps=3, optim__lr=1e-3, trainer__run_name=None))
+  other = train(tiny_config(tmp_path, data_dir, steps=3, task__optim__lr=1e-3, trainer__run_name=None))
   assert longer.run_dir == first.run_dir and longer.resumed and longer.start_step == 3
   assert other.run_dir != first.run_dir and not other.resumed
   again = train(tiny_config(tmp_path, data_dir, steps=4, trainer__run_name=None))  # finished: nothing to do

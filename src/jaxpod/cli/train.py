@@ -1,18 +1,26 @@
 """`jaxpod train [--config_path FILE] [--section.field value ...]`: run the trainer.
 
 With no `--config_path`, the embedded default (`jaxpod/configs/train_default.yaml`: 4x4 Sudoku,
-a small TRM, minutes on a laptop CPU) is the base; dotted overrides apply on top of either.
+a small TRM, minutes on a laptop CPU) is the base (with `--task.type OTHER`, that task's own
+defaults are); dotted overrides apply on top of either.
 A TRM model file (`configs/trm_*.yaml`: `model:`, `optim:` and a reference-style `train:`
-section) is accepted too and translated by `jaxpod.train.config.from_trm_yaml`.
+section) is accepted too and translated by `jaxpod.tasks.trm_sudoku.from_trm_yaml`. The task's
+sections live under `task:` (`task: {type: trm_sudoku, data: ..., model: ..., optim: ...}`);
+a file or an option that still uses the old top-level `data:`/`model:`/`optim:`/`lm:` gets one
+line naming the new key.
 """
 from __future__ import annotations
 
 import tempfile
 from importlib import resources
 
-from jaxpod.cli.args import normalise, check_config_file, config_path_of, parse
+from jaxpod.cli.args import fail, normalise, check_config_file, config_path_of, parse
 
 DEFAULT_CONFIG = "train_default.yaml"
+# Sections that moved under `task:` (issue 11): old key -> what to write instead.
+MOVED = {"data": "task.data", "model": "task.model", "optim": "task.optim",
+         "lm": "task (task: {type: causal_lm, ...}; lm.lr -> task.optim.lr, lm.text_path -> task.data.text_path, "
+               "lm.sample_max_new_tokens -> task.sample.max_new_tokens; see configs/lm_tiny.yaml)"}
 
 
 def default_config_path() -> str:
@@ -28,11 +36,42 @@ def load_config(argv: list[str]):
     return parse(TrainConfig, ["--help"], "jaxpod train")
   path = config_path_of(normalise(argv))
   if path is None:
-    argv = ["--config_path", default_config_path(), *argv]
+    if _task_type_of(normalise(argv)) in (None, "trm_sudoku"):  # another task: its own defaults
+      argv = ["--config_path", default_config_path(), *argv]
   else:
     check_config_file(path, "jaxpod train")
   with tempfile.TemporaryDirectory() as tmp:
-    return parse(TrainConfig, _translate_trm_yaml(argv, tmp), "jaxpod train")
+    argv = _translate_trm_yaml(argv, tmp)
+    _refuse_moved_keys(argv)
+    return parse(TrainConfig, argv, "jaxpod train")
+
+
+def _task_type_of(argv: list[str]) -> str | None:
+  """The value of `--task.type` in (normalised) argv, if any."""
+  for i, a in enumerate(argv):
+    name, eq, value = a.partition("=")
+    if name == "--task.type":
+      return value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+  return None
+
+
+def _refuse_moved_keys(argv: list[str]) -> None:
+  """An old top-level section in the config file or an option: one line naming the new key, exit 2."""
+  import yaml
+  for a in normalise(argv):
+    head = a[2:].partition("=")[0].split(".")[0] if a.startswith("--") and "." in a else None
+    if head in MOVED:
+      name = a[2:].partition("=")[0]
+      new = f"--task.{name}" if head != "lm" else MOVED["lm"]
+      raise fail("jaxpod train", f"--{name} moved under task: use {new}")
+  path = config_path_of(normalise(argv))
+  if path:
+    with open(path) as f:
+      raw = yaml.safe_load(f) or {}
+    for key in MOVED:
+      if key in raw:
+        raise fail("jaxpod train", f"{path}: top-level `{key}:` moved under `task:`; write it as {MOVED[key]} "
+                   "(task: {type: trm_sudoku, data: ..., model: ..., optim: ...})")
 
 
 def run(cfg) -> int:
@@ -48,7 +87,7 @@ def run(cfg) -> int:
 def _translate_trm_yaml(argv: list[str], tmp: str) -> list[str]:
   """Replace a `--config_path` naming a TRM model file by its translation into a TrainConfig file."""
   import yaml
-  from jaxpod.train.config import from_trm_yaml
+  from jaxpod.tasks.trm_sudoku import from_trm_yaml
   out = list(argv)
   for i, a in enumerate(out):
     name, eq, value = a.partition("=")

@@ -11,7 +11,13 @@ The interface:
       def __call__(self, info: StepInfo) -> dict | None:
         ...                                # read info.state (global arrays), info.step, ...
         return {"my/metric": 1.0}          # optional: logged by the tracker at info.step
+      def on_metrics(self, step, metrics): # optional: every step's host-side training metrics
+      def on_results(self, step, results): # optional: what the due hooks returned at a step
       def close(self): ...                 # optional: called once when the run ends
+
+Progress bars and trackers are hooks that only listen (`due` is always False): the loop hands
+them each step's metrics as soon as it has read them (one step behind the dispatch, so they
+never make the host wait on the device) and the due hooks' results right after those ran.
 
 Rules every hook follows:
 - It runs on every host, at the same steps, in the same order (the loop calls hooks in list
@@ -54,8 +60,29 @@ class Hook:
   def __call__(self, info: StepInfo) -> dict | None:  # pragma: no cover - interface
     raise NotImplementedError
 
+  def on_metrics(self, step: int, metrics: dict) -> None:
+    """The host-side training metrics of `step`, when the loop has read them (default: nothing)."""
+
+  def on_results(self, step: int, results: dict) -> None:
+    """What the due hooks returned at `step` (eval/*, sample/*), after they ran (default: nothing)."""
+
   def close(self) -> None:
     """Called once when the run ends (after the last step's hooks)."""
+
+
+class Listener(Hook):
+  """A hook that is never due: it only receives `on_metrics` / `on_results` (progress bars, trackers)."""
+
+  def due(self, step: int, final: bool) -> bool:
+    return False
+
+  def __call__(self, info: StepInfo) -> None:
+    return None
+
+
+def find_hook(hooks, kind: type):
+  """The first hook of type `kind` in `hooks` (results are looked up by type, never by position); None if absent."""
+  return next((h for h in hooks if isinstance(h, kind)), None)
 
 
 def run_hooks(hooks: list[Hook], info: StepInfo) -> dict:

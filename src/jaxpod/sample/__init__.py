@@ -8,11 +8,12 @@ or, with a model already in memory (e.g. during training), on every host:
     completions = sampler.generate(prompt_ids, seeds)   # [(new ids, "stop" | "length"), ...]
     completions = sampler.generate(prompt_ids, seeds, n=4)  # 4 per prompt sharing its prefill, request-major
 
-during training (imports the trainer's Hook, so it is not re-exported here):
+during training (a `jaxpod.runtime.hooks.Hook`):
     from jaxpod.sample.hook import SampleHook
-    train(cfg, extra_hooks=[SampleHook(every=N, prompts=[...], tokenizer=tok, graphdef=graphdef)])
+    train(cfg, extra_hooks=[SampleHook(every=N, prompts=[...], tokenizer=tok, graphdef=graphdef,
+                                       options=SamplingOptions(max_new_tokens=32))])
 """
-from jaxpod.sample.config import MODES, EngineConfig, SampleConfig, SamplingParams
+from jaxpod.sample.config import MODES, EngineConfig, SampleConfig, SamplingOptions, SamplingParams
 from jaxpod.sample.engine import generate, sample_tokens
 from jaxpod.sample.run import read_prompts, run
 from jaxpod.sample.sampler import Sampler, check_batch, check_memory, check_prompts, make_sample_mesh, memory_plan

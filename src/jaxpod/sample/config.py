@@ -1,4 +1,4 @@
-"""`SampleConfig`: every size the sampler uses, fixed here (never derived per host)."""
+"""`SamplingOptions` (the knobs, declared once), `SampleConfig`: every size the sampler uses, fixed here (never derived per host)."""
 from __future__ import annotations
 
 import dataclasses
@@ -84,13 +84,9 @@ class EngineConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class SampleConfig:
-  """`jaxpod sample`: a checkpoint, a prompt file, an output JSONL."""
+class SamplingOptions:
+  """Every sampling knob a user sets, declared once: `jaxpod sample`, `SampleHook` and the LM task use it."""
 
-  model: str = ""  # HF checkpoint folder or fsspec URL (config.json + safetensors + tokenizer files)
-  prompts: str = ""  # .txt (one prompt per line) or .jsonl ({"prompt": ..., optional "seed": ...})
-  out: str = ""  # JSONL written once by the leader
-  mode: str = "global"  # global: model sharded over all hosts | replicated: a full copy per host
   max_new_tokens: int = 64  # tokens generated per prompt at most
   max_prompt_len: int = 128  # longest prompt in tokens (static shape)
   batch_size: int = 8  # decode slots
@@ -98,15 +94,41 @@ class SampleConfig:
   page_size: int = 16  # tokens per KV page
   num_pages: int | None = None  # KV pool size in pages; None: every slot at full length (the static layout)
   temperature: float = 0.0  # 0: greedy
-  top_k: int = 0
-  top_p: float = 1.0
-  seed: int = 0  # request i uses seed + i unless its JSONL line sets "seed"
+  top_k: int = 0  # keep the k most likely tokens (0: all)
+  top_p: float = 1.0  # keep the smallest set whose probability reaches top_p (1: all)
+  seed: int = 0  # request i uses seed + i (jaxpod sample: unless its JSONL line sets "seed")
   stop_token_ids: tuple[int, ...] = ()  # extra stop ids besides EOS
+  memory_fraction: float = 0.9  # share of device memory the memory check allows
+  device_memory_bytes: int | None = None  # override the per-device memory the check compares with
+
+  def __post_init__(self):
+    if self.n < 1:
+      raise ValueError(f"sample.n={self.n} must be >= 1 (completions per prompt)")
+    self.engine(), self.sampling()  # validates those fields with their own messages
+
+  def engine(self) -> EngineConfig:
+    """The engine's static shapes."""
+    return EngineConfig(batch_size=self.batch_size, max_prompt_len=self.max_prompt_len,
+                        max_new_tokens=self.max_new_tokens, stop_token_ids=tuple(self.stop_token_ids),
+                        memory_fraction=self.memory_fraction, device_memory_bytes=self.device_memory_bytes,
+                        page_size=self.page_size, num_pages=self.num_pages)
+
+  def sampling(self) -> SamplingParams:
+    """How the next token is chosen."""
+    return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleConfig(SamplingOptions):
+  """`jaxpod sample`: a checkpoint, a prompt file, an output JSONL (and the `SamplingOptions` fields)."""
+
+  model: str = ""  # HF checkpoint folder or fsspec URL (config.json + safetensors + tokenizer files)
+  prompts: str = ""  # .txt (one prompt per line) or .jsonl ({"prompt": ..., optional "seed": ...})
+  out: str = ""  # JSONL written once by the leader
+  mode: str = "global"  # global: model sharded over all hosts | replicated: a full copy per host
   dtype: str | None = None  # compute dtype override: float32 | bfloat16 (None: the checkpoint's)
   weight_version: str = ""  # recorded with each output; "" means the checkpoint path
   mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)  # over all devices (global) or a host's
-  memory_fraction: float = 0.9
-  device_memory_bytes: int | None = None  # override the per-device memory the check compares with
   runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)  # how this process joins the job
 
   def __post_init__(self):
@@ -115,9 +137,7 @@ class SampleConfig:
     for name in ("model", "prompts", "out"):
       if not getattr(self, name):
         raise ValueError(f"sample.{name} is required (--{name.replace('_', '-')} ...)")
-    if self.n < 1:
-      raise ValueError(f"sample.n={self.n} must be >= 1 (completions per prompt)")
-    self.engine(), self.sampling()  # validates those fields with their own messages
+    super().__post_init__()
 
   def check_files(self) -> None:
     """Invariant 7: the checkpoint config and the prompt file exist (before JAX initialises)."""
@@ -127,12 +147,3 @@ class SampleConfig:
       if not fs.exists(p):
         raise FileNotFoundError(f"sample.{field}: {path} does not exist; point --{field} at "
                                 f"{'a HF checkpoint folder' if field == 'model' else 'a .txt or .jsonl file'}")
-
-  def engine(self) -> EngineConfig:
-    return EngineConfig(batch_size=self.batch_size, max_prompt_len=self.max_prompt_len,
-                        max_new_tokens=self.max_new_tokens, stop_token_ids=tuple(self.stop_token_ids),
-                        memory_fraction=self.memory_fraction, device_memory_bytes=self.device_memory_bytes,
-                        page_size=self.page_size, num_pages=self.num_pages)
-
-  def sampling(self) -> SamplingParams:
-    return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)

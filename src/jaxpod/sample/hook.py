@@ -35,7 +35,7 @@ from jaxpod.models.llama.tokenizer import Tokenizer
 from jaxpod.runtime.hooks import Hook, StepInfo
 from jaxpod.runtime.mesh import MeshConfig
 from jaxpod.runtime.sharding import state_shardings
-from jaxpod.sample.config import MODES, EngineConfig, SamplingParams
+from jaxpod.sample.config import MODES, SamplingOptions
 from jaxpod.sample.sampler import Sampler, make_sample_mesh
 
 
@@ -52,14 +52,14 @@ class SampleHook(Hook):
 
   def __init__(self, every: int, prompts: Sequence[str], tokenizer: Tokenizer, graphdef,
                params_of: Callable[[Any], Any] = lambda state: state.params,
-               engine: EngineConfig = EngineConfig(batch_size=8, max_prompt_len=64, max_new_tokens=32),
-               sampling: SamplingParams = SamplingParams(), seed: int = 0, file_name: str = "samples.jsonl",
-               mode: str = "global"):
+               options: SamplingOptions = SamplingOptions(batch_size=8, max_prompt_len=64, max_new_tokens=32),
+               file_name: str = "samples.jsonl", mode: str = "global"):
     if mode not in MODES:
       raise ValueError(f"SampleHook mode={mode!r}; use one of {MODES}")
     self.every, self.prompts, self.tokenizer, self.graphdef = every, list(prompts), tokenizer, graphdef
     self.mode = mode
-    self.params_of, self.engine, self.sampling, self.seed, self.file_name = params_of, engine, sampling, seed, file_name
+    self.params_of, self.options, self.file_name = params_of, options, file_name
+    self.engine, self.sampling, self.seed = options.engine(), options.sampling(), options.seed
     self._ids: list[list[int]] | None = None
     self._sampler: Sampler | None = None
     self.history: list[tuple[int, list[str]]] = []  # (step, completions), on the leader

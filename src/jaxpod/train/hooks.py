@@ -1,12 +1,13 @@
-"""The trainer's hooks (eval, checkpoint); the interface `Hook`/`StepInfo` is `jaxpod.runtime.hooks`.
+"""The trainer's hooks: eval, checkpoint, tracker, progress; the interface `Hook`/`StepInfo` is `jaxpod.runtime.hooks`.
 
-Rules every hook follows are in that module's docstring.
+Rules every hook follows are in that module's docstring. The trainer finds these by type
+(`find_hook(hooks, EvalHook).history`), never by their position in the list.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from jaxpod.runtime.hooks import Hook, StepInfo, run_hooks  # noqa: F401 - the interface, re-exported
+from jaxpod.runtime.hooks import Hook, Listener, StepInfo, find_hook, run_hooks  # noqa: F401 - re-exported
 from jaxpod.runtime.log import get_logger
 
 log = get_logger("train.hooks")
@@ -15,16 +16,16 @@ log = get_logger("train.hooks")
 class EvalHook(Hook):
   """Full test-set evaluation (the task's evaluator) with the EMA weights; returns `eval/*` metrics."""
 
-  def __init__(self, evaluator: Callable[[Any, Any], dict], every: int):
-    self.evaluator, self.every = evaluator, every
+  def __init__(self, evaluator: Callable[[Any, Any], dict], every: int, headline: str | None = None):
+    self.evaluator, self.every, self.headline = evaluator, every, headline  # headline: the metric logged first
     self.history: list[tuple[int, dict]] = []
 
   def __call__(self, info: StepInfo) -> dict:
     results = self.evaluator(info.state.ema_params, info.state.buffers)
     self.history.append((info.step, results))
-    if "exact_accuracy" in results:
-      log.info("eval at step %d: exact accuracy %.4f over %d puzzles", info.step, results["exact_accuracy"],
-               results["count"])
+    if self.headline in results:
+      log.info("eval at step %d: %s %.4f over %d examples", info.step, self.headline, results[self.headline],
+               results.get("count", 0))
     else:
       log.info("eval at step %d: %s", info.step, {k: round(v, 4) for k, v in results.items()})
     return {f"eval/{k}": v for k, v in results.items()}
@@ -51,3 +52,34 @@ class CheckpointHook(Hook):
 
   def close(self) -> None:
     self.checkpointer.close()
+
+
+class TrackerHook(Listener):
+  """Training metrics every `log_every` steps (and the last), every due hook's results, to a `Tracker`."""
+
+  def __init__(self, tracker, log_every: int, last_step: int):
+    self.tracker, self.log_every, self.last_step = tracker, max(log_every, 1), last_step
+
+  def on_metrics(self, step: int, metrics: dict) -> None:
+    if step % self.log_every == 0 or step == self.last_step:
+      self.tracker.log(step, metrics)
+
+  def on_results(self, step: int, results: dict) -> None:
+    self.tracker.log(step, results)
+
+  def close(self) -> None:
+    self.tracker.close()
+
+
+class ProgressHook(Listener):
+  """The leader's progress bar (`progress.ProgressDisplay`); records the time to the first finished step."""
+
+  def __init__(self, display):
+    self.display = display
+
+  def on_metrics(self, step: int, metrics: dict) -> None:
+    self.display.first_step_done()
+    self.display.update(step, metrics)
+
+  def close(self) -> None:
+    self.display.close()

@@ -1,8 +1,14 @@
-"""`jaxpod plot RUN_DIR`: training loss and accuracy curves (plus eval accuracy) to a PNG."""
+"""`jaxpod plot RUN_DIR`: the task's metric curves (train and eval) to a PNG.
+
+The panels are the task's `plot_metrics` read from the run's config.json (TRM: loss, and exact
+and cell accuracy; LM: loss and perplexity): one panel per entry, every space-separated name
+in it drawn as its training series and its `eval/<name>` series when logged.
+"""
 from __future__ import annotations
 
 import dataclasses
 import io
+import json
 
 from jaxpod.runtime import storage
 from jaxpod.train.tracker import read_metrics
@@ -25,8 +31,21 @@ def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
   return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def plot_run(run_dir: str, out: str | None = None) -> str:
-  """Draw loss (left) and accuracy (right) against step; returns the PNG path."""
+DEFAULT_PANELS = ("loss",)  # a run folder without a config.json (or an older one)
+
+
+def panels_of(run_dir: str) -> tuple[str, ...]:
+  """The `task.plot_metrics` of the run's config.json, else DEFAULT_PANELS."""
+  url = storage.join(run_dir, "config.json")
+  try:
+    panels = json.loads(storage.read_text(url))["task"]["plot_metrics"] if storage.exists(url) else None
+  except (ValueError, KeyError, TypeError):
+    panels = None
+  return tuple(panels) if panels else DEFAULT_PANELS
+
+
+def plot_run(run_dir: str, out: str | None = None, panels: tuple[str, ...] | None = None) -> str:
+  """Draw one panel per entry of `panels` (default: the run's task.plot_metrics) against step; returns the PNG path."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -37,27 +56,23 @@ def plot_run(run_dir: str, out: str | None = None) -> str:
                      "'step'); is it a jaxpod run's metrics file?")
   records = [r for r in records if isinstance(r, dict) and "step" in r]
   out = out or storage.join(run_dir, "metrics.png")
-  fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
-  for key, label, style in (("loss", "train loss", "-"), ("lm_loss", "train lm loss", "-"),
-                            ("eval/loss", "eval loss (held out)", "o-")):  # eval/loss: the LM task
-    x, y = _series(records, key)
-    if x:
-      ax_loss.plot(x, y, style, label=label)
-  ax_loss.set_xlabel("step")
-  ax_loss.set_ylabel("loss")
-  ax_loss.set_yscale("log")
-  ax_loss.legend()
-  for key, label, style in (("exact_accuracy", "train exact (halted rows)", "-"), ("accuracy", "train cell", "-"),
-                            ("eval/exact_accuracy", "eval exact (EMA, held out)", "o-"),
-                            ("eval/accuracy", "eval cell", "s--")):
-    x, y = _series(records, key)
-    if x:
-      ax_acc.plot(x, y, style, label=label)
-  ax_acc.set_xlabel("step")
-  ax_acc.set_ylabel("accuracy")
-  ax_acc.set_ylim(0, 1.02)
-  if ax_acc.get_legend_handles_labels()[0]:  # the LM task logs no accuracy
-    ax_acc.legend(loc="lower right")
+  panels = panels or panels_of(run_dir)
+  fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+  for ax, panel in zip(axes[0], panels):
+    names = panel.split()
+    for name in names:
+      for key, label, style in ((name, f"train {name}", "-"), (f"eval/{name}", f"eval {name} (held out)", "o-")):
+        x, y = _series(records, key)
+        if x:
+          ax.plot(x, y, style, label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel(names[0] if len(names) == 1 else panel.replace(" ", ", "))
+    if any("loss" in n or "perplexity" in n for n in names):
+      ax.set_yscale("log")
+    elif all("accuracy" in n for n in names):
+      ax.set_ylim(0, 1.02)
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend()
   fig.suptitle(storage.name(run_dir))
   fig.tight_layout()
   png = io.BytesIO()

@@ -1,8 +1,7 @@
 """The train step: a pure `(state, batch) -> (state, metrics)`, jitted once with shardings and donation.
 
-One call is one loss evaluation of the task and one optimizer update (TRM: one ACT step, as in
-the reference: halted rows of the persistent carry take their data from `batch`, running rows
-keep theirs). The rng of step
+One call is one loss evaluation of the task and one optimizer update (the task's carry, e.g. TRM's
+ACT carry, goes from step to step inside the state). The rng of step
 k is `fold_in(state.rng, k)`, so a resumed run draws exactly what an uninterrupted one does.
 
 Metrics come back as raw sums (replicated global scalars). The loop reads step N-1's metrics
@@ -19,7 +18,6 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxpod import runtime
-from jaxpod.models import trm
 from jaxpod.train.state import TrainState, batch_sharding
 
 
@@ -74,18 +72,3 @@ def global_batch(local: dict, shardings: dict) -> dict:
 def host_metrics(metrics: dict) -> dict:
   """Replicated device scalars -> Python numbers (blocks until the step that made them is done)."""
   return {k: np.asarray(v.addressable_data(0)).item() for k, v in metrics.items()}
-
-
-HALTED_ROW_METRICS = ("accuracy", "exact_accuracy", "q_halt_accuracy", "steps")
-
-
-def normalize(raw: dict, global_batch_size: int) -> dict:
-  """What the reference logs: losses / global batch, halted-row metrics / halted count."""
-  extra = {k: raw[k] for k in ("lr", "grad_norm") if k in raw}
-  out = trm.normalize_metrics({k: v for k, v in raw.items() if k not in extra}, global_batch_size)
-  out["count"] = raw["count"]
-  if not raw["count"]:  # no row halted this step: halted-row metrics are undefined, not zero
-    for k in HALTED_ROW_METRICS:
-      out.pop(k, None)
-  out.update(extra)
-  return out

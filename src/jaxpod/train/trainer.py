@@ -22,13 +22,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from jaxpod import runtime
 from jaxpod.runtime import storage
 from jaxpod.runtime.log import get_logger
 from jaxpod.train.config import TrainConfig, run_id, validate_for_hosts, validate_storage
-from jaxpod.train.hooks import CheckpointHook, EvalHook, Hook, StepInfo, run_hooks
+from jaxpod.train.hooks import (CheckpointHook, EvalHook, Hook, ProgressHook, StepInfo, TrackerHook, find_hook,
+                                run_hooks)
 from jaxpod.train.preemption import Preempted, PreemptionWatch
 
 log = get_logger("train")
@@ -74,8 +75,27 @@ def wait_ready(arrays, where: str) -> None:
     sleep = min(sleep * 2, POLL_S)
 
 
-def _to_dict(cfg) -> dict:
-  return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+def _to_dict(cfg: TrainConfig) -> dict:
+  from jaxpod.train.config import task_type
+  out = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+  out["task"] = {"type": task_type(cfg.task), **out["task"]}  # the registry name, as in YAML
+  return out
+
+
+@dataclasses.dataclass
+class Loop:
+  """What the step loop needs, gathered once by `_run`."""
+
+  task: Any  # the Task (normalises the metrics)
+  step_fn: Callable  # jitted (state, batch) -> (state, metric sums)
+  iterator: Any  # the task's checkpointable train iterator
+  batch_sh: dict  # {batch key: NamedSharding}
+  hooks: list  # due hooks (eval, sampling, checkpoint, ...) and listeners (progress, tracker), in call order
+  run_dir: str
+  mesh: Any
+  preemption: PreemptionWatch
+  steps: int  # the last step (trainer.steps)
+  global_batch: int  # rows per step over all hosts
 
 
 def train(cfg: TrainConfig, extra_hooks: Sequence[Hook] = ()) -> RunSummary:
@@ -105,7 +125,7 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
   from jaxpod.train.tracker import Tracker
 
   host = runtime.host_info()
-  tcfg, dcfg = cfg.trainer, cfg.data
+  tcfg, dcfg = cfg.trainer, cfg.task.data
   task.setup(prepared, host.process_index, host.process_count)
   mesh = runtime.mesh_from_config(cfg.mesh)
   log.info("run %s: task %s, mesh %s", run_dir, task.name, runtime.describe_mesh(mesh))
@@ -150,14 +170,16 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
     step_fn = sp.jit_train_step(sp.train_step_fn(task.loss_fn(graphdef), tx, tcfg.ema, lr_fn), shardings,
                                 batch_sh, mesh)
     evaluator = task.evaluator(graphdef, mesh, shardings.ema_params, shardings.buffers, batch_sh)
-    checkpoint_hook = CheckpointHook(ckpt, tcfg.checkpoint_every, st.to_nested, before_save=tracker.sync)
-    hooks: list[Hook] = [EvalHook(evaluator, tcfg.eval_every), *task.hooks(graphdef, mesh, tcfg), *extra_hooks,
-                         checkpoint_hook]
-    progress = ProgressDisplay(tcfg.steps, start, host.is_leader and tcfg.progress, start_time=t_start)
-    preemption = PreemptionWatch(host.multi_process, tcfg.preemption_check_every)
+    progress = ProgressDisplay(tcfg.steps, start, host.is_leader and tcfg.progress, start_time=t_start,
+                               metrics=cfg.task.bar_metrics)
+    hooks: list[Hook] = [EvalHook(evaluator, tcfg.eval_every, getattr(task, "headline", None)),
+                         *task.hooks(graphdef, mesh, tcfg), *extra_hooks,
+                         CheckpointHook(ckpt, tcfg.checkpoint_every, st.to_nested, before_save=tracker.sync),
+                         ProgressHook(progress), TrackerHook(tracker, tcfg.log_every, tcfg.steps)]
+    loop = Loop(task, step_fn, iterator, batch_sh, hooks, run_dir, mesh,
+                PreemptionWatch(host.multi_process, tcfg.preemption_check_every), tcfg.steps, dcfg.global_batch_size)
     try:
-      last = _loop(cfg, task, state, start, step_fn, iterator, batch_sh, hooks, tracker, progress, run_dir, mesh,
-                   preemption, checkpoint_hook)
+      last = _loop(loop, state, start)
     except Preempted as e:
       progress.close()
       tracker.close()
@@ -169,15 +191,13 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
       _on_failure(e, host, ckpt)
       raise
     finally:
-      preemption.close()
-    progress.close()
+      loop.preemption.close()
   for hook in hooks:
     hook.close()
-  tracker.close()
   wall = time.monotonic() - t_start
   steps_done = tcfg.steps - start
   loop_s = max(wall - (progress.first_step_s or 0.0), 1e-9)
-  eval_hist = hooks[0].history
+  eval_hist = find_hook(hooks, EvalHook).history
   summary = RunSummary(run_dir=run_dir, start_step=start, final_step=tcfg.steps, final_metrics=last,
                        eval=eval_hist[-1][1] if eval_hist else {},
                        time_to_first_step_s=progress.first_step_s or 0.0, wall_s=wall,
@@ -224,49 +244,46 @@ def _restore(tcfg, ckpt, target):
   return restored
 
 
-def _loop(cfg, task, state, start, step_fn, iterator, batch_sh, hooks, tracker, progress, run_dir, mesh,
-          preemption, checkpoint_hook):
-  """Steps start..steps-1; returns the last host-side normalised training metrics."""
+def _loop(loop: Loop, state, start: int) -> dict:
+  """Steps start+1..steps; returns the last host-side normalised training metrics (with the last hook results)."""
   from jaxpod.train import step as sp
-  tcfg, gb = cfg.trainer, cfg.data.global_batch_size
   pending = None  # (step number, device metrics) of the step whose metrics are still on the device
   latest: dict = {}
 
-  def drain(pending):
+  def drain(pending) -> dict:
     step, metrics = pending
     wait_ready(metrics, f"train step {step}")
-    values = task.normalize(sp.host_metrics(metrics), gb)
-    progress.first_step_done()
-    if step % max(tcfg.log_every, 1) == 0 or step == tcfg.steps:
-      tracker.log(step, values)
+    values = loop.task.normalize(sp.host_metrics(metrics), loop.global_batch)
+    for hook in loop.hooks:
+      hook.on_metrics(step, values)
     return values
 
-  for step in range(start + 1, tcfg.steps + 1):
-    batch = sp.global_batch(next(iterator), batch_sh)
-    state, metrics = step_fn(state, batch)
+  for step in range(start + 1, loop.steps + 1):
+    batch = sp.global_batch(next(loop.iterator), loop.batch_sh)
+    state, metrics = loop.step_fn(state, batch)
     if pending is not None:
       latest = drain(pending)
     pending = (step, metrics)
-    progress.update(step - 1 if step > start + 1 else start, latest)
-    final = step == tcfg.steps
-    preempted = preemption.reached(step)
-    due = [h for h in hooks if h.due(step, final)]
+    final = step == loop.steps
+    preempted = loop.preemption.reached(step)
+    due = [h for h in loop.hooks if h.due(step, final)]
     if due or preempted:
       latest = drain(pending)
       pending = None
-      info = StepInfo(step=step, state=state, final=final, run_dir=run_dir, mesh=mesh, metrics=latest,
-                      extras={"data_state": iterator.get_state})
+      info = StepInfo(step=step, state=state, final=final, run_dir=loop.run_dir, mesh=loop.mesh, metrics=latest,
+                      extras={"data_state": loop.iterator.get_state})
       out = run_hooks(due, info)
       if out:
-        tracker.log(step, out)
+        for hook in loop.hooks:
+          hook.on_results(step, out)
         latest = {**latest, **out}
       if preempted:
-        checkpoint_hook(info)
-        checkpoint_hook.checkpointer.wait()
+        checkpoint = find_hook(loop.hooks, CheckpointHook)
+        checkpoint(info)
+        checkpoint.checkpointer.wait()
         raise Preempted(step)
   if pending is not None:
     latest = drain(pending)
-  progress.update(tcfg.steps, latest)
   return latest
 
 

@@ -21,7 +21,7 @@ scenarios, ckpt, prompts, out_dir, bad_ckpt = sys.argv[1].split(","), *sys.argv[
 host = runtime.init(runtime.RuntimeConfig(control_timeout_s=90))
 
 from jaxpod.runtime import MeshConfig, make_mesh  # noqa: E402
-from jaxpod.sample import EngineConfig, SampleConfig, run  # noqa: E402
+from jaxpod.sample import SampleConfig, SamplingOptions, run  # noqa: E402
 
 BASE = SampleConfig(model=ckpt, prompts=prompts, out=f"{out_dir}/x.jsonl", batch_size=4, max_prompt_len=32,
                     max_new_tokens=8, temperature=0.8, top_k=20, top_p=0.9, seed=11, n=2, page_size=4)
@@ -89,7 +89,7 @@ for scenario in scenarios:
     print("LOSSES plain", plain.tobytes().hex(), flush=True)
     for mode, name in (("global", "hook"), ("replicated", "hook_replicated")):
       hook = SampleHook(every=2, prompts=["the quick", "lazy", "fox", "over the"], tokenizer=ByteTokenizer(),
-                        graphdef=graphdef, engine=EngineConfig(batch_size=2, max_prompt_len=16, max_new_tokens=8),
+                        graphdef=graphdef, options=SamplingOptions(batch_size=2, max_prompt_len=16, max_new_tokens=8),
                         mode=mode, file_name=f"{name}.jsonl")
       _, with_hook = train_tiny_lm([hook])
       print(f"LOSSES {name}", with_hook.tobytes().hex(), flush=True)

@@ -1,4 +1,4 @@
-"""Evaluation over the full test set with the EMA weights.
+"""TRM on Sudoku: evaluation over the full test set with the EMA weights (`trm_sudoku` task).
 
 Each test batch starts from a fresh carry (every row halted, so every row takes its puzzle)
 and runs exactly `halt_max_steps` eval-mode ACT steps inside one jitted function; metrics are

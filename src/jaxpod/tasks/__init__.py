@@ -1,0 +1,10 @@
+"""jaxpod.tasks: the workloads the one trainer runs, one module per task (the floor above train and sample).
+
+    trm_sudoku   TRM on generated (or given) Sudoku puzzles: ACT carry, exact-accuracy eval (the default)
+    causal_lm    a Llama on a text file: next-token loss, perplexity eval, samples while training
+
+A task module holds its config class, registered for `task: {type: NAME}` by one line,
+`@TaskConfig.register_subclass("NAME")` (draccus's PluginRegistry imports every module of this
+package when a name is looked up), and the `jaxpod.train.task.Task` its `build` returns. The
+trainer never imports a task; a task imports the trainer's generic parts (and sample's hook).
+"""

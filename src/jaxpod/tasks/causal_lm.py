@@ -1,0 +1,277 @@
+"""`causal_lm`: causal-LM training of a Llama on a text file, for the one trainer (`jaxpod.train.task`).
+
+    jaxpod train --config_path configs/lm_tiny.yaml      # task: {type: causal_lm, data, model, optim, sample}
+
+- Tokens: the leader reads the text (`data.text_path`, or the built-in toy-grammar text from
+  `jaxpod.data.text`), encodes every line with the tokenizer (BOS from the tokenizer, EOS
+  appended) and writes the stream once into shared storage (`<data cache>/lm-tokens-<key>.npy`,
+  named by the text and tokenizer, so a rerun reuses it); only its URL and sha256 travel over
+  the control plane (invariant 2). Every host reads it, checks the hash, packs the same rows.
+- Tokenizer (`data.tokenizer`): `byte` (ids 0..255, BOS 256, EOS 257, PAD 258) or a folder holding a
+  `tokenizer.json` trained offline (`jaxpod.models.llama.load_tokenizer`).
+- Loss: mean next-token cross-entropy over the global batch (`models/llama/loss.py`);
+  logged as loss and perplexity. AdamW with warmup + cosine, global-norm clipping.
+- Eval: held-out rows (the tail of the stream), loss and perplexity with the EMA weights.
+- Samples: with `prompts`, a `SampleHook` every `sample_every` steps writes `<run>/samples.jsonl`
+  on the leader, with the `sample:` options (`jaxpod sample`'s; greedy by default; its batch size
+  is set from the prompts and the mesh; invariant 6: training is unchanged).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import math
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from jaxpod.models.llama.config import LlamaConfig
+from jaxpod.runtime import storage
+from jaxpod.sample.config import SamplingOptions
+from jaxpod.train.config import DataConfig, TaskConfig, TrainConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class TextData(DataConfig):
+  """The token stream: a text file (or the built-in text), its tokenizer, the row length."""
+
+  global_batch_size: int = 16  # rows per training step over all hosts
+  eval_batch_size: int = 32  # rows per evaluation step over all hosts (last batch padded)
+  text_path: str | None = None  # a UTF-8 text file (one document per line); None: the built-in toy-grammar text
+  text_chars: int = 300_000  # size of the built-in text (ignored with text_path)
+  tokenizer: str = "byte"  # "byte" (ids 0..255, BOS 256, EOS 257, PAD 258) or a folder with tokenizer.json
+  seq_len: int = 128  # tokens per training row
+  eval_fraction: float = 0.05  # share of the rows held out for eval loss / perplexity
+
+  def __post_init__(self):
+    super().__post_init__()
+    for name in ("seq_len", "text_chars"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"task.data.{name}={getattr(self, name)}: expected a positive integer")
+    if not 0.0 < self.eval_fraction < 1.0:
+      raise ValueError(f"task.data.eval_fraction={self.eval_fraction}: expected a value in (0, 1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdamWConfig:
+  """AdamW (b1 0.9, b2 0.95) with linear warmup, cosine decay to trainer.steps and global-norm clipping."""
+
+  lr: float = 3e-3  # peak learning rate
+  warmup_steps: int = 50  # linear warmup from 0
+  lr_min_ratio: float = 0.1  # cosine decay to lr * lr_min_ratio at trainer.steps
+  weight_decay: float = 0.01  # decoupled weight decay (not on norm weights)
+  grad_clip: float = 1.0  # global-norm clip (0: none)
+
+  def __post_init__(self):
+    if self.lr <= 0 or self.warmup_steps < 0 or self.weight_decay < 0 or self.grad_clip < 0:
+      raise ValueError("task.optim.lr must be > 0 and task.optim.warmup_steps, weight_decay, grad_clip >= 0")
+    if not 0.0 <= self.lr_min_ratio <= 1.0:
+      raise ValueError(f"task.optim.lr_min_ratio={self.lr_min_ratio}: expected a value in [0, 1]")
+
+
+def _default_model() -> LlamaConfig:
+  return LlamaConfig(vocab_size=259, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+                     num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+                     tie_word_embeddings=True, bos_token_id=256, eos_token_id=(257,), pad_token_id=258)
+
+
+@TaskConfig.register_subclass("causal_lm")
+@dataclasses.dataclass(frozen=True)
+class CausalLMConfig(TaskConfig):
+  """A Llama on a text file: next-token loss, held-out loss/perplexity, samples while training."""
+
+  bar_metrics: tuple[str, ...] = ("loss", "perplexity")
+  plot_metrics: tuple[str, ...] = ("loss", "perplexity")
+  data: TextData = dataclasses.field(default_factory=TextData)
+  model: LlamaConfig = dataclasses.field(default_factory=_default_model)
+  optim: AdamWConfig = dataclasses.field(default_factory=AdamWConfig)
+  sample: SamplingOptions = dataclasses.field(default_factory=SamplingOptions)  # SampleHook's options
+  sample_every: int = 0  # SampleHook cadence in steps (0: only at the end; no prompts: no sampling)
+  prompts: tuple[str, ...] = ()  # prompts completed by SampleHook into <run>/samples.jsonl
+
+  prefix = "lm"
+
+  def __post_init__(self):
+    d, m, smp = self.data, self.model, self.sample
+    if d.seq_len > m.max_position_embeddings:
+      raise ValueError(f"task.data.seq_len={d.seq_len} exceeds task.model.max_position_embeddings="
+                       f"{m.max_position_embeddings}; lower seq_len or raise max_position_embeddings")
+    if smp.max_prompt_len + smp.max_new_tokens > m.max_position_embeddings:
+      raise ValueError(f"task.sample.max_prompt_len + task.sample.max_new_tokens = "
+                       f"{smp.max_prompt_len + smp.max_new_tokens} exceeds task.model.max_position_embeddings="
+                       f"{m.max_position_embeddings}; lower one of them")
+    if self.sample_every < 0:
+      raise ValueError(f"task.sample_every={self.sample_every}: expected >= 0 (0: only at the end)")
+    if d.tokenizer == "byte" and m.vocab_size < 259:
+      raise ValueError(f"task.model.vocab_size={m.vocab_size} is too small for the byte tokenizer; "
+                       "set it to at least 259")
+
+  def check(self, cfg: TrainConfig) -> None:
+    if self.optim.warmup_steps >= cfg.trainer.steps:
+      raise ValueError(f"task.optim.warmup_steps={self.optim.warmup_steps} must be below trainer.steps="
+                       f"{cfg.trainer.steps}")
+
+  def build(self, cfg: TrainConfig) -> "LMTask":
+    return LMTask(cfg)
+
+
+def _load_tokenizer(spec: str):
+  from jaxpod.models.llama.tokenizer import ByteTokenizer, load_tokenizer
+  if spec == "byte":
+    return ByteTokenizer()
+  if not Path(spec).exists():
+    raise FileNotFoundError(f"task.data.tokenizer={spec!r}: no such folder; use 'byte' or a folder with "
+                            "tokenizer.json")
+  return load_tokenizer(spec)
+
+
+class LMTask:
+  """Next-token loss on a packed text stream; eval = held-out loss/perplexity; SampleHook."""
+
+  name = CausalLMConfig.prefix
+  headline = "loss"  # the eval metric logged first
+  batch_ndims = {"tokens": 2, "mask": 2}  # mask: real tokens (all ones in training; eval pads its last batch)
+
+  def __init__(self, cfg: TrainConfig):
+    self.cfg, self.lm = cfg, cfg.task
+    self.tokenizer = _load_tokenizer(self.lm.data.tokenizer)
+    self.loader = None
+
+  # ---------------------------------------------------------------- data
+  def read_text(self) -> str:
+    """The training text (leader only)."""
+    d = self.lm.data
+    if d.text_path:
+      return storage.read_text(d.text_path)
+    from jaxpod.data.text import grammar_text
+    return grammar_text(d.seed, d.text_chars)
+
+  def _tokenizer_key(self) -> str:
+    if self.lm.data.tokenizer == "byte":
+      return "byte"
+    return hashlib.sha256(Path(self.lm.data.tokenizer, "tokenizer.json").read_bytes()).hexdigest()
+
+  def prepare(self) -> dict:
+    """Leader: tokenize once into shared storage; returns {"url", "sha256", "tokens"} (what every host receives)."""
+    from jaxpod.train.data import cache_root
+    text = self.read_text()
+    key = hashlib.sha256(f"{self._tokenizer_key()}\n{self.tokenizer.eos_ids}\n".encode() + text.encode()).hexdigest()
+    url = storage.join(cache_root(self.lm.data, self.cfg.trainer.runs_dir), f"lm-tokens-{key[:16]}.npy")
+    if not storage.exists(url):
+      buf = io.BytesIO()
+      np.save(buf, self.tokenize(text), allow_pickle=False)
+      storage.write_bytes(url, buf.getvalue())
+    blob = storage.read_bytes(url)
+    return {"url": url, "sha256": hashlib.sha256(blob).hexdigest(), "tokens": int(np.load(io.BytesIO(blob)).size)}
+
+  def tokenize(self, text: str | None = None) -> np.ndarray:
+    """The text (default: `read_text()`) as one token stream, uint16 when the ids fit."""
+    from jaxpod.data.text import tokenize_documents
+    eos = self.tokenizer.eos_ids[0] if self.tokenizer.eos_ids else None
+    tokens = tokenize_documents(self.read_text() if text is None else text, self.tokenizer.encode, eos)
+    top = int(tokens.max()) if len(tokens) else 0
+    if top >= self.lm.model.vocab_size:
+      raise ValueError(f"the tokenizer produced id {top} but task.model.vocab_size={self.lm.model.vocab_size}; "
+                       f"set task.model.vocab_size >= {top + 1}")
+    return tokens.astype(np.uint16) if top < 2 ** 16 else tokens
+
+  def setup(self, prepared: dict, host_index: int, host_count: int) -> None:
+    from jaxpod.data.text import TextLoader
+    blob = storage.read_bytes(prepared["url"])
+    if hashlib.sha256(blob).hexdigest() != prepared["sha256"]:
+      raise ValueError(f"{prepared['url']} changed since the leader wrote it (sha256 differs); another run is "
+                       "writing the same data cache? rerun, or set task.data.cache_dir to a folder of this run's own")
+    tokens = np.load(io.BytesIO(blob), allow_pickle=False)
+    d = self.lm.data
+    self.loader = TextLoader(np.asarray(tokens, np.int32), d.seq_len, d.global_batch_size,
+                             d.eval_batch_size, eval_fraction=d.eval_fraction, seed=d.seed,
+                             shard_index=host_index, shard_count=host_count, pad_id=self.tokenizer.pad_id)
+
+  def train_iter(self):
+    return self.loader.train_iter()
+
+  # ---------------------------------------------------------------- model and loss
+  def abstract_model(self, seed: int):
+    from flax import nnx
+    from jaxpod.models.llama import abstract
+    graphdef, params = nnx.split(abstract(self.lm.model))
+    return graphdef, params, {}
+
+  def init_model(self, seed: int):
+    from flax import nnx
+    from jaxpod.models.llama import Llama
+    return nnx.split(Llama(self.lm.model, rngs=nnx.Rngs(params=seed)))[1], {}
+
+  def init_carry(self, global_batch: int):
+    return ()
+
+  def optimizer(self):
+    import jax
+    import optax
+    lm, steps = self.lm.optim, self.cfg.trainer.steps
+    sched = optax.warmup_cosine_decay_schedule(0.0, lm.lr, lm.warmup_steps, steps, end_value=lm.lr * lm.lr_min_ratio)
+    decay_mask = lambda params: jax.tree.map(lambda x: x.ndim > 1, params)  # no decay on norm weights
+    adamw = optax.adamw(sched, b1=0.9, b2=0.95, weight_decay=lm.weight_decay, mask=decay_mask)
+    tx = optax.chain(optax.clip_by_global_norm(lm.grad_clip), adamw) if lm.grad_clip else adamw
+    return tx, sched
+
+  def loss_fn(self, graphdef) -> Callable:
+    import jax.numpy as jnp
+    from jaxpod.models.llama.loss import next_token_loss
+
+    def loss(params, buffers, batch, rng, carry):
+      value, sums = next_token_loss(graphdef, params, batch["tokens"], batch["mask"] > 0)
+      return value, (carry, {"loss_sum": sums["loss_sum"], "tokens": sums["tokens"].astype(jnp.float32)})
+
+    return loss
+
+  def normalize(self, raw: dict, global_batch: int) -> dict:
+    loss = raw["loss_sum"] / max(raw["tokens"], 1.0)
+    out = {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "tokens": raw["tokens"]}
+    out.update({k: raw[k] for k in ("lr", "grad_norm") if k in raw})
+    return out
+
+  # ---------------------------------------------------------------- eval and hooks
+  def evaluator(self, graphdef, mesh, ema_sh, buffer_sh, batch_sh):
+    from jax.sharding import NamedSharding, PartitionSpec
+    from jaxpod import runtime
+    from jaxpod.train.step import global_batch, host_metrics
+    loss = self.loss_fn(graphdef)
+
+    def sums(params, buffers, batch):
+      _, (_, metrics) = loss(params, buffers, batch, None, ())
+      return metrics
+
+    fn = runtime.jit(sums, name="lm_eval_batch", in_shardings=(ema_sh, buffer_sh, batch_sh),
+                     out_shardings=NamedSharding(mesh, PartitionSpec()))
+
+    def evaluate(params, buffers) -> dict:
+      pending = [fn(params, buffers, global_batch(b, batch_sh)) for b in self.loader.eval_iter()]
+      total = tokens = 0.0
+      for m in pending:
+        h = host_metrics(m)
+        total, tokens = total + h["loss_sum"], tokens + h["tokens"]
+      loss_value = total / max(tokens, 1.0)
+      return {"loss": loss_value, "perplexity": math.exp(min(loss_value, 50.0)), "count": int(tokens)}
+
+    return evaluate
+
+  def hooks(self, graphdef, mesh, tcfg) -> list:
+    if not self.lm.prompts:
+      return []
+    from jaxpod.sample.hook import SampleHook
+    dp = math.prod(mesh.shape[a] for a in mesh.axis_names if a in ("data", "fsdp"))
+    rows = -(-len(self.lm.prompts) // dp) * dp
+    options = dataclasses.replace(self.lm.sample, batch_size=rows)
+    hook = SampleHook(self.lm.sample_every, self.lm.prompts, self.tokenizer, graphdef, options=options)
+    longest = max(len(ids) for ids in hook._prompt_ids())  # leader tokenizes, every host gets the ids: now
+    if longest > options.max_prompt_len:                  # (before training), not at the first sampling step
+      raise ValueError(f"task.prompts: a prompt has {longest} tokens but task.sample.max_prompt_len="
+                       f"{options.max_prompt_len}; raise it or shorten the prompt")
+    return [hook]
+
+  def eval_summary(self, ev: dict) -> list[tuple[str, str]]:
+    return [("eval loss", f"{ev.get('loss', float('nan')):.4f} on {ev.get('count', 0)} held-out tokens"),
+            ("eval perplexity", f"{ev.get('perplexity', float('nan')):.3f}")]
