@@ -1,7 +1,7 @@
 """Fixtures for parity with the reference PyTorch TRM (an unmodified export, outside the repository).
 
-The reference folder is `$JAXPOD_TRM_REFERENCE`, else `/work/shared/reference/trm_pytorch`, else
-`<repo>/../shared/reference/trm_pytorch`. Its files are loaded in place, never copied.
+The reference folder is `$JAXPOD_TRM_REFERENCE`, else `<repo>/../shared/reference/trm_pytorch` (the
+team's shared folder beside the checkout, as CI has it). Its files are loaded in place, never copied.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 _REPO = Path(__file__).resolve().parents[3]
-_CANDIDATES = (Path("/work/shared/reference/trm_pytorch"), _REPO.parent / "shared" / "reference" / "trm_pytorch")
+_CANDIDATES = (_REPO.parent / "shared" / "reference" / "trm_pytorch",)
 
 
 def find_reference() -> Path | None:
