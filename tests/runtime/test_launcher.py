@@ -123,8 +123,9 @@ def test_hosts_are_isolated_by_default_like_vms_of_a_pod(tmp_path):
   assert (mine0, mine1, shared0) == ("0", "1", "-")
 
 
-def test_shared_local_disk_is_an_explicit_choice(tmp_path):
+def test_shared_local_disk_is_an_explicit_choice(tmp_path, monkeypatch):
   """`--shared-local-disk true`: one working directory and HOME, and JAXPOD_SHARED_LOCAL_DISK=1 tells jaxpod."""
+  monkeypatch.chdir(tmp_path)  # the hosts write mine.txt into the shared working directory
   r, out = _run(_WHERE, log_dir=str(tmp_path / "logs"), shared_local_disk=True)
   assert r.returncode == 0, out
   w0, w1 = _where(out, 0), _where(out, 1)
