@@ -87,13 +87,18 @@ def comma_lists(cls: type, argv: list[str]) -> list[str]:
   return out
 
 
-def config_path_of(argv: list[str]) -> str | None:
-  """The value of `--config_path` in (normalised) argv, if any."""
+def option_value(argv: list[str], option: str) -> str | None:
+  """The value of `option` (`--name=value` or `--name value`) in (normalised) argv, if any."""
   for i, a in enumerate(argv):
     name, eq, value = a.partition("=")
-    if name == "--config_path":
+    if name == option:
       return value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
   return None
+
+
+def config_path_of(argv: list[str]) -> str | None:
+  """The value of `--config_path` in (normalised) argv, if any."""
+  return option_value(argv, "--config_path")
 
 
 def check_config_file(path: str, prog: str) -> None:

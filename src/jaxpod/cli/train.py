@@ -14,7 +14,7 @@ from __future__ import annotations
 import tempfile
 from importlib import resources
 
-from jaxpod.cli.args import fail, normalise, check_config_file, config_path_of, parse
+from jaxpod.cli.args import check_config_file, config_path_of, fail, normalise, option_value, parse
 
 DEFAULT_CONFIG = "train_default.yaml"
 # Sections that moved under `task:` (issue 11): old key -> what to write instead.
@@ -36,7 +36,7 @@ def load_config(argv: list[str]):
     return parse(TrainConfig, ["--help"], "jaxpod train")
   path = config_path_of(normalise(argv))
   if path is None:
-    if _task_type_of(normalise(argv)) in (None, "trm_sudoku"):  # another task: its own defaults
+    if option_value(normalise(argv), "--task.type") in (None, "trm_sudoku"):  # another task: its own defaults
       argv = ["--config_path", default_config_path(), *argv]
   else:
     check_config_file(path, "jaxpod train")
@@ -44,15 +44,6 @@ def load_config(argv: list[str]):
     argv = _translate_trm_yaml(argv, tmp)
     _refuse_moved_keys(argv)
     return parse(TrainConfig, argv, "jaxpod train")
-
-
-def _task_type_of(argv: list[str]) -> str | None:
-  """The value of `--task.type` in (normalised) argv, if any."""
-  for i, a in enumerate(argv):
-    name, eq, value = a.partition("=")
-    if name == "--task.type":
-      return value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-  return None
 
 
 def _refuse_moved_keys(argv: list[str]) -> None:
