@@ -179,13 +179,23 @@ def move(src: str, dst: str) -> None:
     fs.mv(src_path, dst_path, recursive=True)
 
 
-def upload(local_dir: str, url: str) -> None:
-  """Copy every file under a local folder to the same relative paths under `url` (each file one PUT)."""
+def upload(local_dir: str, url: str, sent: dict | None = None) -> None:
+  """Copy every file under a local folder to the same relative paths under `url` (each file one PUT).
+
+  With `sent` (a dict the caller keeps between calls), files whose size and mtime are unchanged since
+  the last upload are skipped.
+  """
   for root, _, files in os.walk(local_dir):
     for f in files:
-      rel = os.path.relpath(os.path.join(root, f), local_dir)
-      with open(os.path.join(root, f), "rb") as fh:
+      path = os.path.join(root, f)
+      stat = os.stat(path)
+      if sent is not None and sent.get(path) == (stat.st_size, stat.st_mtime_ns):
+        continue
+      rel = os.path.relpath(path, local_dir)
+      with open(path, "rb") as fh:
         write_bytes(join(url, *rel.split(os.sep)), fh.read())
+      if sent is not None:
+        sent[path] = (stat.st_size, stat.st_mtime_ns)
 
 
 def check_url(url: str, field: str) -> None:

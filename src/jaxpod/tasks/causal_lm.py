@@ -159,11 +159,13 @@ class LMTask:
     text = self.read_text()
     key = hashlib.sha256(f"{self._tokenizer_key()}\n{self.tokenizer.eos_ids}\n".encode() + text.encode()).hexdigest()
     url = storage.join(cache_root(self.lm.data, self.cfg.trainer.runs_dir), f"lm-tokens-{key[:16]}.npy")
-    if not storage.exists(url):
+    if storage.exists(url):
+      blob = storage.read_bytes(url)  # built by an earlier run: reuse it
+    else:
       buf = io.BytesIO()
       np.save(buf, self.tokenize(text), allow_pickle=False)
-      storage.write_bytes(url, buf.getvalue())
-    blob = storage.read_bytes(url)
+      blob = buf.getvalue()
+      storage.write_bytes(url, blob)
     return {"url": url, "sha256": hashlib.sha256(blob).hexdigest(), "tokens": int(np.load(io.BytesIO(blob)).size)}
 
   def tokenize(self, text: str | None = None) -> np.ndarray:

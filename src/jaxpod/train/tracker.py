@@ -34,6 +34,7 @@ class Tracker:
     self._jsonl = self._tb = self._wandb = None
     self._staging = None
     self._last_sync = time.monotonic()
+    self._uploaded: dict = {}  # staged file -> (size, mtime) last uploaded: unchanged files are not sent again
     if not self.enabled:
       return
     if storage.is_remote(run_dir):
@@ -88,7 +89,7 @@ class Tracker:
     self._jsonl.flush()
     if self._tb is not None:
       self._tb.flush()
-    storage.upload(self._staging, self.run_dir)
+    storage.upload(self._staging, self.run_dir, self._uploaded)
     self._last_sync = time.monotonic()
 
   def close(self) -> None:
