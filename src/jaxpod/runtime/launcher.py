@@ -44,7 +44,7 @@ class LaunchConfig:
   grace_s: float = 5.0  # seconds between SIGTERM and SIGKILL when stopping hosts
   timeout_s: float | None = None  # stop everything after this many seconds (None: no limit)
   shared_local_disk: bool = False  # hosts share HOME, TMPDIR and working dir (declare an NFS/gcsfuse setup)
-  hosts_root: str | None = None  # parent of the private host_<i>/ roots; default: a new temporary folder
+  hosts_root: str | None = None  # parent of the private host_<i>/ roots; default: <log_dir>/hosts
 
   def __post_init__(self):
     if self.hosts < 1:
@@ -201,7 +201,8 @@ def launch(cmd: list[str], cfg: LaunchConfig, sink: TextIO | None = sys.stdout, 
   lock = threading.Lock()
   start = time.monotonic()
   procs: list[_Host] = []
-  hosts_root = None if cfg.shared_local_disk else (cfg.hosts_root or tempfile.mkdtemp(prefix="jaxpod-hosts-"))
+  # One folder per launch holds the logs and the hosts' private disks, so nothing else piles up in /tmp.
+  hosts_root = None if cfg.shared_local_disk else (cfg.hosts_root or str(log_dir / "hosts"))
   if hosts_root is not None:
     cmd = _program_paths_absolute(cmd)
   for i in range(cfg.hosts):

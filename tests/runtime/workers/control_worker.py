@@ -13,7 +13,9 @@ from jaxpod import runtime
 from jaxpod.runtime import kv
 
 scenario = sys.argv[1]
-host = runtime.init(runtime.RuntimeConfig(control_timeout_s=60))
+# barrier_timeout leaves host 1 asleep: a short shutdown barrier lets host 0 end soon after reporting.
+host = runtime.init(runtime.RuntimeConfig(control_timeout_s=60,
+                                          shutdown_timeout_s=2 if scenario == "barrier_timeout" else None))
 me, n = host.process_index, host.process_count
 
 
