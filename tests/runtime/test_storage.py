@@ -1,5 +1,6 @@
 """The storage layer: URL paths, atomic writes, one-line errors for unusable URLs, shared-storage rule."""
 import os
+import socket
 import subprocess
 import sys
 
@@ -40,6 +41,18 @@ def test_unusable_urls_give_one_line_naming_field_and_fix(gcs, url, match):
     storage.check_url(url, "trainer.runs_dir")
   assert "trainer.runs_dir" in str(e.value) and "\n" not in str(e.value)
 
+
+def test_an_unreachable_store_fails_within_the_deadline_naming_the_field():
+  """gcsfs retries a dead endpoint for about a minute; the check gives up at its deadline instead."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    closed = s.getsockname()[1]  # nothing listens here once the socket is closed
+  code = ("from jaxpod.runtime import storage\n"
+          "try:\n  storage.check_url('gs://some-bucket/runs', 'trainer.runs_dir', timeout_s=1)\n"
+          "except storage.StorageError as e:\n  print(e)\n")
+  env = dict(os.environ, STORAGE_EMULATOR_HOST=f"http://127.0.0.1:{closed}")
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120).stdout
+  assert out.startswith("trainer.runs_dir=gs://some-bucket/runs: the store did not answer within 1 s"), out
 
 def test_several_hosts_need_shared_storage(monkeypatch):
   """Invariant 8: a local path (or memory://) is private to each host of a pod unless declared shared."""

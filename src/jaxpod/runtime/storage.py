@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import threading
 import uuid
 
 import fsspec
@@ -198,11 +199,31 @@ def upload(local_dir: str, url: str, sent: dict | None = None) -> None:
         sent[path] = (stat.st_size, stat.st_mtime_ns)
 
 
-def check_url(url: str, field: str) -> None:
+def _answer_within(fn, timeout_s: float):
+  """fn() in a daemon thread; (True, result or exception) if it returned in time, else (False, None).
+
+  Object-store clients retry an unreachable endpoint for minutes (gcsfs: about 66 s); a daemon
+  thread lets the caller give up on time and exit without waiting for the retries."""
+  box = []
+
+  def call():
+    try:
+      box.append(fn())
+    except Exception as e:  # noqa: BLE001 - handed to the caller
+      box.append(e)
+
+  worker = threading.Thread(target=call, daemon=True, name="jaxpod-storage-check")
+  worker.start()
+  worker.join(timeout_s)
+  return (True, box[0]) if box else (False, None)
+
+
+def check_url(url: str, field: str, timeout_s: float = 20.0) -> None:
   """Fail early, in one line naming `field`, the URL and the fix, if `url` cannot be written.
 
-  Checks that the scheme has a backend and, for buckets, that the bucket exists and answers.
-  Local folders are created on first write, so only their parent's writability is checked.
+  Checks that the scheme has a backend and, for buckets, that the bucket exists and answers
+  within `timeout_s`. Local folders are created on first write, so only their parent's
+  writability is checked.
   """
   if not is_remote(url):
     parent = absolute(url)
@@ -218,11 +239,14 @@ def check_url(url: str, field: str) -> None:
   bucket = path.split("/", 1)[0]
   if scheme(url) == "memory" or not bucket:
     return
-  try:
-    found = fs.exists(bucket)
-  except Exception as e:  # unreachable endpoint, refused credentials: fsspec backends raise many types
+  answered, found = _answer_within(lambda: fs.exists(bucket), timeout_s)
+  if not answered:
+    raise StorageError(f"{field}={url}: the store did not answer within {timeout_s:g} s; check the network, the "
+                       "endpoint (STORAGE_EMULATOR_HOST, proxies) and credentials")
+  if isinstance(found, Exception):  # refused credentials, bad endpoint: fsspec backends raise many types
+    e = found
     raise StorageError(f"{field}={url}: cannot reach the store ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
-                       "check the network and credentials") from None
+                       "check the network and credentials")
   if not found:
     raise StorageError(f"{field}={url}: bucket '{bucket}' does not exist; create it or fix the URL")
 
