@@ -73,15 +73,20 @@ def test_two_hosts_both_modes_match_one_host(two_hosts, tiny_ckpt):
 
 def test_leader_tokenizer_error_and_oversized_config_fail_on_every_host(two_hosts):
   """Invariants 3 and 7: the leader's tokenizer error and the memory check reach every host
-  (as the error itself on the leader, PeerFailed elsewhere) before anything compiles; no hang."""
+  (as the error itself on the leader, PeerFailed elsewhere) before anything compiles; no hang.
+  Invariant 8: each host tokenizes the prompt file itself (ids do not ride the control plane), so a
+  file that differs on host 1 is named on every host."""
   r, _, _ = two_hosts
   for h in range(2):
     got = {l.split(" ", 1)[0]: json.loads(l.split(" ", 1)[1]) for l in _lines(r, h, "FAIL")}
-    assert set(got) == {"tokenizer", "memory"}, r.transcript
+    assert set(got) == {"tokenizer", "memory", "prompts"}, r.transcript
     assert got["tokenizer"]["type"] == ("ValueError" if h == 0 else "PeerFailed")
     assert "tokenizer.json cannot be read" in got["tokenizer"]["message"]
     assert got["memory"]["type"] == ("ValueError" if h == 0 else "PeerFailed")
     assert "the largest part is kv_cache: lower sample.batch_size=4096" in got["memory"]["message"]
+    assert got["prompts"]["type"] == "ValueError", got["prompts"]  # every host names host 1
+    assert got["prompts"]["message"].startswith("host 1: sample.prompts=") and "differ from the leader's 1" in \
+        got["prompts"]["message"]
 
 
 def test_sample_hook_leaves_training_bit_identical(two_hosts):

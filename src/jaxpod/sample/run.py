@@ -2,9 +2,10 @@
 
 Order of work, the same on every host:
   1. the leader reads config.json, the prompt file and the tokenizer, tokenizes, and runs
-     the memory check; the result (or its exception) reaches every host through
-     `runtime.broadcast_call`, so a tokenizer error or an oversized config raises
-     everywhere instead of leaving the others waiting;
+     the memory check; the model config and a digest of the prompt ids (or the exception)
+     reach every host through `runtime.broadcast_call`, so a tokenizer error or an oversized
+     config raises everywhere instead of leaving the others waiting; then every host
+     tokenizes the same file itself and checks the digest (data never rides the control plane);
   2. every host loads the checkpoint straight into its sharding (global: all devices;
      replicated: its own devices);
   3. every host runs the continuous engine over the requests it takes part in (see `sampler.py`);
@@ -12,12 +13,14 @@ Order of work, the same on every host:
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
 import fsspec
 
 from jaxpod import runtime
+from jaxpod.runtime import storage
 from jaxpod.runtime.console import Bar
 from jaxpod.models.llama import LlamaConfig, hf_io, load_tokenizer
 from jaxpod.sample.config import SampleConfig
@@ -45,11 +48,8 @@ def read_prompts(path: str) -> tuple[list[str], list[int | None]]:
   return prompts, [None] * len(prompts)
 
 
-def _leader_plan(cfg: SampleConfig, mesh_for_check) -> tuple[dict[str, Any], Any]:
-  """On the leader: model config, tokenized prompts, seeds, stop ids; raises on any problem."""
-  model_cfg = hf_io.load_config(cfg.model, **({"dtype": cfg.dtype} if cfg.dtype else {}))
-  check_memory(model_cfg, cfg.engine(), mesh_for_check)
-  tok = load_tokenizer(cfg.model)
+def tokenized_prompts(cfg: SampleConfig, tok) -> tuple[list[str], list[list[int]], list[int]]:
+  """(prompts, token ids, seeds) from the prompt file; raises on empty or too-long prompts."""
   prompts, seeds = read_prompts(cfg.prompts)
   if not prompts:
     raise ValueError(f"{cfg.prompts} holds no prompts")
@@ -62,10 +62,43 @@ def _leader_plan(cfg: SampleConfig, mesh_for_check) -> tuple[dict[str, Any], Any
     raise ValueError(f"prompt(s) {too_long[:5]} exceed sample.max_prompt_len={cfg.max_prompt_len} tokens "
                      f"(longest {max(len(ids[i]) for i in too_long)}); raise max_prompt_len or shorten them "
                      f"(prompts are never truncated)")
-  plan = {"model_cfg": model_cfg.to_hf_config() | {"dtype": model_cfg.dtype}, "prompts": prompts, "ids": ids,
-          "seeds": [cfg.seed + i if s is None else int(s) for i, s in enumerate(seeds)],
-          "stop_ids": sorted(set(tok.eos_ids) | set(cfg.stop_token_ids))}
-  return plan, tok
+  return prompts, ids, [cfg.seed + i if s is None else int(s) for i, s in enumerate(seeds)]
+
+
+def _digest(ids: list[list[int]], seeds: list[int]) -> str:
+  return hashlib.sha256(json.dumps([ids, seeds]).encode()).hexdigest()
+
+
+def _leader_plan(cfg: SampleConfig, mesh_for_check):
+  """On the leader: model config, stop ids and the digest of the tokenized prompts; raises on any problem."""
+  model_cfg = hf_io.load_config(cfg.model, **({"dtype": cfg.dtype} if cfg.dtype else {}))
+  check_memory(model_cfg, cfg.engine(), mesh_for_check)
+  tok = load_tokenizer(cfg.model)
+  prompts, ids, seeds = tokenized_prompts(cfg, tok)
+  plan = {"model_cfg": model_cfg.to_hf_config() | {"dtype": model_cfg.dtype}, "num_prompts": len(ids),
+          "digest": _digest(ids, seeds), "stop_ids": sorted(set(tok.eos_ids) | set(cfg.stop_token_ids))}
+  return plan, (tok, prompts, ids, seeds)
+
+
+def _same_prompts_everywhere(cfg: SampleConfig, plan: dict, mine):
+  """Every host tokenizes the prompt file itself (prompt ids never ride the control plane) and
+  must get the leader's ids; any host that cannot is named on every host."""
+  problem = None
+  if mine is None:
+    try:
+      tok = load_tokenizer(cfg.model)
+      mine = (tok, *tokenized_prompts(cfg, tok))
+      if _digest(mine[2], mine[3]) != plan["digest"]:
+        problem = (f"sample.prompts={cfg.prompts} gives {len(mine[2])} prompts whose token ids differ from the "
+                   f"leader's {plan['num_prompts']}; every host must read the same file: use a bucket URL or copy "
+                   "the same file and checkpoint to every host")
+    except Exception as e:  # noqa: BLE001 - reported on every host below
+      problem = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+  problems = runtime.allgather(problem, "sample.prompts")
+  bad = [(h, p) for h, p in enumerate(problems) if p]
+  if bad:
+    raise ValueError("; ".join(f"host {h}: {p}" for h, p in bad[:3]))
+  return mine
 
 
 def _progress(total: int) -> Bar:
@@ -79,32 +112,31 @@ def run(cfg: SampleConfig) -> list[dict[str, Any]] | None:
   runtime.init(cfg.runtime)
   mesh = make_sample_mesh(cfg.mode, cfg.mesh)
   check_batch(cfg.engine(), mesh)  # same mesh shape on every host: the same verdict everywhere
-  tok_box: list = []
+  leader_box: list = []
 
   def plan_fn():
-    plan, tok = _leader_plan(cfg, mesh)
-    tok_box.append(tok)
+    plan, mine = _leader_plan(cfg, mesh)
+    leader_box.append(mine)
     return plan
   plan = runtime.broadcast_call(plan_fn, "sample.plan")
+  tok, prompts, ids, seeds = _same_prompts_everywhere(cfg, plan, leader_box[0] if leader_box else None)
   model_cfg = LlamaConfig.from_hf_config(plan["model_cfg"], dtype=plan["model_cfg"]["dtype"])
   model = hf_io.load(cfg.model, mesh, cfg=model_cfg)
   runtime.barrier("sample.loaded")  # a host whose load failed is named here, before any device collective
   sampler = Sampler(model, mesh, cfg.engine(), cfg.sampling(), plan["stop_ids"], mode=cfg.mode)
-  bar = _progress(len(plan["ids"]) * cfg.n)
+  bar = _progress(len(ids) * cfg.n)
   try:
-    results = sampler.generate(plan["ids"], plan["seeds"], on_chunk=lambda n: bar.update(advance=n), n=cfg.n)
+    results = sampler.generate(ids, seeds, on_chunk=lambda n: bar.update(advance=n), n=cfg.n)
   finally:
     bar.close()
   records = None
   if runtime.is_leader():
-    tok = tok_box[0]
     version = cfg.weight_version or cfg.model
     n = cfg.n
-    records = [{"index": k // n, **({"sample": k % n} if n > 1 else {}), "prompt": plan["prompts"][k // n],
+    records = [{"index": k // n, **({"sample": k % n} if n > 1 else {}), "prompt": prompts[k // n],
                 "completion": tok.decode(new), "token_ids": new, "finish_reason": reason,
-                "seed": plan["seeds"][k // n], "weight_version": version}
+                "seed": seeds[k // n], "weight_version": version}
                for k, (new, reason) in enumerate(results)]
-    with fsspec.open(cfg.out, "w") as f:
-      f.writelines(json.dumps(r) + "\n" for r in records)
+    storage.write_text(cfg.out, "".join(json.dumps(r) + "\n" for r in records))  # atomic: no half file
   runtime.barrier("sample.done")
   return records

@@ -2,8 +2,8 @@
 
 SCENARIOS is a comma list, run in order in the same processes (one launch serves several tests):
   modes  `jaxpod.sample.run` in global then replicated mode; the leader writes OUT_DIR/<mode>.jsonl
-  fail   a broken tokenizer on the leader, then an oversized config; prints `FAIL <case> <json>` on
-         every host, which must all get there (no hang) and agree
+  fail   a broken tokenizer on the leader, an oversized config, then a prompt file that differs on
+         host 1; prints `FAIL <case> <json>` on every host, which must all get there (no hang)
   hook   trains the tiny Llama 6 steps without, then with a SampleHook every 2 steps in global, then in
          replicated mode; prints `LOSSES <plain|hook|hook_replicated> <hex of the float32 losses>`;
          samples go to OUT_DIR/<hook|hook_replicated>.jsonl
@@ -82,6 +82,10 @@ for scenario in scenarios:
   elif scenario == "fail":
     fail("tokenizer", dataclasses.replace(BASE, model=bad_ckpt))
     fail("memory", dataclasses.replace(BASE, batch_size=4096, max_new_tokens=1_000_000))  # TBs of KV cache
+    mine = f"{out_dir}/prompts_{host.process_index}.txt"  # host 1's copy of the prompt file differs
+    with open(mine, "w") as f:
+      f.write("same first line\n" + ("" if host.process_index == 0 else "a line only host 1 has\n"))
+    fail("prompts", dataclasses.replace(BASE, prompts=mine))
   elif scenario == "hook":
     from jaxpod.models.llama import ByteTokenizer
     from jaxpod.sample.hook import SampleHook
