@@ -36,6 +36,8 @@ BENCHES = {
                        "jaxpod.bench.barrier:cli", "jaxpod.bench.barrier:BarrierBench", relaunch=True),
     "trm-step": Command("TRM train-step throughput against this machine's fp32 matmul ceiling",
                         "jaxpod.bench.trm_step:cli", "jaxpod.bench.trm_step:TRMStepBench"),
+    "trm-parity": Command("TRM convergence vs the reference PyTorch TRM: same data and batches, N seeds, one PNG",
+                          "jaxpod.bench.trm_parity:cli", "jaxpod.bench.trm_parity:TRMParityBench"),
     "sample": Command("jaxpod's sampler vs HF generate; --hosts N: global vs replicated mode",
                       "jaxpod.bench.sample:cli", "jaxpod.bench.sample:SampleBench", relaunch=True),
     "extract": Command("extraction tokens/s vs transformers output_hidden_states",
