@@ -230,10 +230,27 @@ def test_coordinator_creation_race(ray_address, tmp_path):
   assert sorted(int(count) for *_, count in lines) == list(range(1, n + 1))
   store = coordinators.RayStore(name, namespace, timeout_s=10)
   assert store.get("callers") == n
-  ray.kill(store.actor, no_restart=True)
+  old = store.actor
+  ray.kill(old, no_restart=True)
+  _wait_dead(old)  # ray.kill is asynchronous: a put could still land on the dying actor
   store.put("after", 1)  # the dead handle is re-resolved to a new actor
   assert store.get("after") == 1 and store.get("callers") is None
   ray.kill(store.actor, no_restart=True)
+
+
+def _wait_dead(actor, timeout_s: float = 30.0) -> None:
+  """Poll a call on `actor` until Ray reports it dead (RayActorError), or fail at the deadline."""
+  import ray
+  deadline = time.monotonic() + timeout_s
+  while time.monotonic() < deadline:
+    try:
+      ray.get(actor.get.remote("callers"), timeout=5)
+    except ray.exceptions.RayActorError:
+      return
+    except ray.exceptions.GetTimeoutError:
+      pass
+    time.sleep(0.05)
+  raise AssertionError(f"actor still answers {timeout_s}s after ray.kill")
 
 
 def _params_bytes(seed: int) -> int:
