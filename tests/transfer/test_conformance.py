@@ -161,6 +161,32 @@ def test_client_killed_mid_pull(mode, pool, fresh, tmp_path, ray_namespace):
   expect(client.call("receive", wait=WAIT_S), 2, 2)
 
 
+def test_stalled_client_blocks_nobody(pool, fresh, tmp_path, ray_namespace):
+  """Fan-out, arrow_flight: a client that stops reading mid-stream does not hold up the trainer
+  (which keeps publishing and retires that version) or another client; its own receive ends at
+  its deadline with None."""
+  trainer, client, _ = fresh
+  cfg = config("arrow_flight", tmp_path, ray_namespace, keep_n=1, receive_timeout_s=3.0)
+  trainer.call("server", config=cfg)
+  trainer.call("publish", weight_id=1, seed=1)
+  slow, marker = pool.take(), tmp_path / "stalled"
+  try:
+    slow.call("client", config=cfg)
+    slow.send("stall_mid_pull", marker=str(marker), stall_s=120)
+    deadline = time.monotonic() + 60
+    while not marker.exists():
+      assert time.monotonic() < deadline and slow.proc.poll() is None, slow.tail()
+      time.sleep(0.02)
+    for k in (2, 3):
+      trainer.call("publish", weight_id=k, seed=k)
+    client.call("client", config=cfg)
+    expect(client.call("receive", wait=WAIT_S), 3, 3)
+    reply = slow._reply("stall_mid_pull", timeout_s=60)  # its deadline (3 s), far before the 120 s stall
+    assert reply["update"] is None and reply["metrics"]["failed"] == 1, reply
+  finally:
+    slow.kill()
+
+
 @pytest.mark.parametrize("mode", [m for m in MODES if m != "checkpoint"])  # checkpoint: no actor
 def test_coordinator_actor_restart(mode, fresh, tmp_path, ray_namespace):
   """The Ray coordinator actor dies and Ray restarts it empty (a new epoch, seq from 1 again):

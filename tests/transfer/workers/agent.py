@@ -91,6 +91,21 @@ def handle(req: dict) -> dict:
     die_mid_pull(req["mode"])
     STATE["client"].receive(client_like(), wait=req.get("wait"))
     return {"error": "receive finished without the injected death"}
+  if op == "stall_mid_pull":  # arrow_flight: read one chunk of each stream, then stop reading
+    import time
+
+    import pyarrow.flight as fl
+
+    from jaxpod.transfer import flight
+
+    def stalled(self, address, ticket, dst, deadline):
+      reader = self._conn(address).do_get(fl.Ticket(json.dumps(ticket).encode()))
+      reader.read_chunk()
+      open(req["marker"], "a").close()
+      time.sleep(req["stall_s"])
+    flight.Client._stream = stalled
+    update = STATE["client"].receive(client_like())
+    return {"update": None if update is None else update.weight_id, "metrics": STATE["client"].metrics()}
   if op == "pull_unregistered":  # jax_transfer: a pull nobody registered must end at our deadline
     import time
 
