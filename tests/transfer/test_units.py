@@ -154,3 +154,22 @@ def test_publish_hook_runs_under_the_trainers_hook_loop():
   for step in (1, 2, 3):
     hooks.run_hooks([hook], hooks.StepInfo(step=step, state=state, final=step == 3, run_dir="", mesh=None))
   assert published == [(2, {"w": 1}), (3, {"w": 1})]
+
+
+def test_flight_serves_the_trainers_buffers_without_a_copy_and_survives_donation(tmp_path):
+  """arrow_flight keeps a numpy view of the published jax buffer (no copy); the trainer's next step
+  donating that array does not overwrite it (JAX skips donating a buffer with an external
+  reference), so the client still receives the published values."""
+  from jaxpod.transfer import create_client, create_server
+  cfg = TransferConfig(mode="arrow_flight", coordinator="filesystem", folder=str(tmp_path / "w"), keep_n=1)
+  x = jnp.arange(4096.0, dtype=jnp.float32).reshape(64, 64)
+  step = jax.jit(lambda a: a * 2 + 1, donate_argnums=0)
+  with create_server(cfg) as server, create_client(cfg) as client:
+    server.publish(1, {"w": x})
+    (served,) = server.versions[max(server.versions)]
+    assert served.ctypes.data == x.unsafe_buffer_pointer()  # zero-copy: the trainer's own buffer
+    y = jax.block_until_ready(step(x))  # the trainer's next step donates its params
+    jax.block_until_ready([jnp.zeros((64, 64)) for _ in range(8)])  # reuse any freed memory
+    update = client.receive({"w": jax.ShapeDtypeStruct((64, 64), jnp.float32)})
+    np.testing.assert_array_equal(np.asarray(update.params["w"]), np.arange(4096.0).reshape(64, 64))
+    np.testing.assert_array_equal(np.asarray(y), np.arange(4096.0).reshape(64, 64) * 2 + 1)

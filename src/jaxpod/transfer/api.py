@@ -105,7 +105,7 @@ class _Endpoint:
 class ServerBase(_Endpoint):
   """Publish = flatten (replica 0) -> reserve seq -> transport stages -> leader commits."""
 
-  keeps_pieces = False  # True: the transport serves the pieces after publish returns (so must own them)
+  keeps_pieces = False  # True: the transport serves the pieces after publish returns (see flatten._host)
 
   def __init__(self, config: TransferConfig, coordinator: coordinators.Coordinator | None = None):
     self.config = config

@@ -64,9 +64,15 @@ def _norm_index(index: tuple, shape: tuple[int, ...]) -> Index:
 
 
 def _host(x: Any, wire: np.dtype, own: bool) -> np.ndarray:
-  """C-contiguous host copy in the wire dtype; `own` forces a copy even where numpy could view."""
+  """C-contiguous host data in the wire dtype, without a copy where numpy can view.
+
+  A numpy view of a jax.Array is served as is even with `own`: the view keeps the buffer alive,
+  and JAX does not donate (reuse) a buffer that has an external reference, so a trainer step
+  that donates the published params writes new buffers instead (checked on CPU by a test; on
+  accelerators `np.asarray` is already a host copy). With `own`, a caller's numpy array is
+  copied (the caller may write into it later)."""
   data = np.asarray(x).astype(wire, copy=False)
-  if own and not data.flags.owndata:
+  if own and isinstance(x, np.ndarray) and np.may_share_memory(data, x):
     out = aligned_empty(data.nbytes).view(wire).reshape(data.shape)
     np.copyto(out, data)
     return out
@@ -77,7 +83,7 @@ def to_pieces(params: Any, wire_dtype: str | None = None, leader: bool = True,
               own: bool = False) -> tuple[dict, list[Piece]]:
   """(parameter table, this process's pieces): replica 0 of each addressable shard only; arrays
   that live on one process (fully addressable) are sent by the `leader` only. With `own`, the
-  pieces never alias the trainer's buffers (which its next step may donate)."""
+  pieces stay valid after publish returns (see `_host`)."""
   table, pieces = {}, []
   for name, leaf in leaf_names(params):
     shape, dtype = tuple(np.shape(leaf)), np.dtype(leaf.dtype) if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
@@ -156,6 +162,34 @@ class Assembler:
     """A writable uint8 buffer for one piece's bytes (filled by the transport, then `put`)."""
     return aligned_empty(meta["nbytes"])
 
+  def target(self, meta: dict, block: Index) -> np.ndarray | None:
+    """A writable uint8 view of the parameter buffer where `block` of `meta`'s piece belongs, when
+    that is one run of bytes (then the transport writes there and calls `mark`), else None."""
+    name = meta["name"]
+    info = self.table[name]
+    shape = tuple(info["shape"])
+    index = tuple((s + a, s + b) for (a, b), (s, _) in zip(block, meta["index"]))
+    dims = [(a, b, n) for (a, b), n in zip(index, shape)]
+    while dims and dims[0][1] - dims[0][0] == 1:
+      dims.pop(0)
+    if not all(a == 0 and b == n for a, b, n in dims[1:]):
+      return None
+    wire = _dtype(info["wire"])
+    buf = self.buffers.get(name)
+    if buf is None:
+      buf = self.buffers[name] = aligned_empty(int(np.prod(shape, dtype=np.int64)) * wire.itemsize).view(wire).reshape(shape)
+    start = sum(a * int(np.prod(shape[d + 1:], dtype=np.int64)) for d, (a, _) in enumerate(index))
+    flat = buf.reshape(-1).view(np.uint8)
+    return flat[start * wire.itemsize:(start + _volume(index)) * wire.itemsize]
+
+  def mark(self, meta: dict, block: Index) -> None:
+    """Count a block the transport wrote straight into `target(meta, block)`."""
+    index = tuple((s + a, s + b) for (a, b), (s, _) in zip(block, meta["index"]))
+    for region in self.regions[meta["name"]]:
+      hit = _intersect(index, region)
+      if hit is not None:
+        self.filled[(meta["name"], region)] += _volume(hit)
+
   def put_bytes(self, meta: dict, raw: np.ndarray | memoryview | bytes) -> None:
     """Add a whole piece given as raw bytes in the wire dtype (only its wanted blocks are kept)."""
     info = self.table[meta["name"]]
@@ -188,10 +222,7 @@ class Assembler:
         nbytes = int(np.prod(shape, dtype=np.int64)) * wire.itemsize
         buf = self.buffers[name] = aligned_empty(nbytes).view(wire).reshape(shape)
       buf[tuple(slice(a, b) for a, b in index)] = data
-    for region in self.regions[name]:
-      hit = _intersect(index, region)
-      if hit is not None:
-        self.filled[(name, region)] += _volume(hit)
+    self.mark(meta, block)
 
   def finish(self) -> Any:
     """The pytree of jax.Arrays on `like`'s shardings; raises if any needed element never arrived."""

@@ -141,15 +141,19 @@ class Client(api.ClientBase):
       raise api.TransferError(f"stream for piece {ticket['piece']} ended at byte {off} of {end}")
 
   def _fetch(self, record: dict, asm: flatten.Assembler, m: TransferMetrics, deadline: float) -> None:
-    jobs, buffers = [], []
+    jobs, buffers, marks = [], [], []
     for part in record["meta"]["parts"]:
       addresses = part["addresses"]
       for i, meta in enumerate(part["pieces"]):
         itemsize = meta["nbytes"] // max(1, int(np.prod([b - a for a, b in meta["index"]], dtype=np.int64)))
         for block in asm.blocks(meta):
+          dst = asm.target(meta, block)  # straight into the parameter's buffer when contiguous there
+          if dst is None:
+            dst = flatten.aligned_empty(asm.block_bytes(meta, block))
+            buffers.append((meta, block, dst))
+          else:
+            marks.append((meta, block))
           block = [list(x) for x in block]
-          dst = flatten.aligned_empty(asm.block_bytes(meta, block))
-          buffers.append((meta, block, dst))
           for ticket, off, n in tickets(record["seq"], i, meta, block, itemsize, self.config.stream_bytes):
             jobs.append((addresses[len(jobs) % len(addresses)], ticket, dst[off:off + n]))
     with m.phase("fetch"):
@@ -164,6 +168,8 @@ class Client(api.ClientBase):
     with m.phase("decode"):
       for meta, block, dst in buffers:
         asm.put_block_bytes(meta, block, dst)
+      for meta, block in marks:
+        asm.mark(meta, block)
 
   def _close(self) -> None:
     self.pool.shutdown(wait=False, cancel_futures=True)
