@@ -126,7 +126,8 @@ def test_bf16_on_the_wire(mode, fresh, tmp_path, ray_namespace):
 
 
 def test_trainer_killed_and_restarted(mode, pool, fresh, tmp_path, ray_namespace):
-  """Fail loudly, never hang: clients outlive a killed trainer and pick up its successor's weights."""
+  """Fail loudly, never hang: clients outlive a killed trainer and pick up its successor's weights.
+  arrow_flight: the trainer dies mid-serve (after the first batch of a stream the client asked for)."""
   restarted, client, _ = fresh
   cfg = config(mode, tmp_path, ray_namespace, receive_timeout_s=2.0)
   doomed = pool.take()
@@ -135,8 +136,13 @@ def test_trainer_killed_and_restarted(mode, pool, fresh, tmp_path, ray_namespace
   doomed.call("publish", weight_id=1, seed=1)
   expect(client.call("receive", wait=WAIT_S), 1, 1)
   doomed.call("publish", weight_id=2, seed=2)
-  doomed.kill()
+  if mode == "arrow_flight":
+    doomed.call("die_mid_serve")
+  else:
+    doomed.kill()
   reply = client.call("receive")  # version 2's server died with it: a failed receive, not a hang
+  if mode == "arrow_flight":
+    assert doomed.proc.wait(timeout=60) == 18, doomed.tail()  # it did die inside do_get
   if mode == "checkpoint" or (mode == "ray" and reply["update"] is not None):
     expect(reply, 2, 2)  # files survive; Ray may still hold a copy of the dead owner's objects
   else:

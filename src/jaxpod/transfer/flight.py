@@ -37,17 +37,16 @@ class _FlightServer(fl.FlightServerBase):
     pieces = self.versions.get(req["seq"])
     if pieces is None:
       raise fl.FlightServerError(f"version seq={req['seq']} is not served (pruned or from another trainer)")
-    piece = pieces[req["piece"]]
-    block = piece[tuple(slice(a, b) for a, b in req["block"])]
+    block = pieces[req["piece"]][tuple(slice(a, b) for a, b in req["block"])]
     data = np.ascontiguousarray(block).reshape(-1).view(np.uint8)  # a view unless the block is strided
-    start, end, step = req["start"], req["end"], self.chunk_bytes
+    return fl.GeneratorStream(_SCHEMA, self.batches(data, req["start"], req["end"]))
 
-    def batches():
-      for off in range(start, end, step):
-        n = min(step, end - off)
-        col = pa.Array.from_buffers(pa.uint8(), n, [None, pa.py_buffer(data[off:off + n])])  # zero-copy
-        yield pa.RecordBatch.from_arrays([col], schema=_SCHEMA)
-    return fl.GeneratorStream(_SCHEMA, batches())
+  def batches(self, data: np.ndarray, start: int, end: int):
+    """Record batches of `chunk_bytes` over data[start:end], each a view (no copy)."""
+    for off in range(start, end, self.chunk_bytes):
+      n = min(self.chunk_bytes, end - off)
+      col = pa.Array.from_buffers(pa.uint8(), n, [None, pa.py_buffer(data[off:off + n])])
+      yield pa.RecordBatch.from_arrays([col], schema=_SCHEMA)
 
 
 def _contiguous(block, shape) -> bool:

@@ -91,6 +91,15 @@ def handle(req: dict) -> dict:
     die_mid_pull(req["mode"])
     STATE["client"].receive(client_like(), wait=req.get("wait"))
     return {"error": "receive finished without the injected death"}
+  if op == "die_mid_serve":  # arrow_flight trainer: exit (code 18) after the first batch of the next stream
+    from jaxpod.transfer import flight
+    orig = flight._FlightServer.batches
+
+    def batches_then_die(self, *args):
+      yield next(orig(self, *args))
+      os._exit(18)
+    flight._FlightServer.batches = batches_then_die
+    return {"ok": True}
   if op == "stall_mid_pull":  # arrow_flight: read one chunk of each stream, then stop reading
     import time
 
