@@ -19,7 +19,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "wor
 import transfer_common as common  # noqa: E402
 
 # ray: objects are all-or-nothing (a client host gets whole overlapping pieces), jax_transfer:
-# a pull moves every array a trainer host registered; both work multi-host but fetch more.
+# a pull moves every array a trainer host registered; both work multi-host but fetch more, and
+# are left out here to keep this launch short (jax_transfer's dead trainer costs a whole
+# receive_timeout_s; ray needs Ray in 4 more processes).
 RESHARD_MODES = ("arrow_flight", "checkpoint")
 
 
