@@ -2,9 +2,10 @@
 
 Layout: `<folder>/v<seq>/host<i>.safetensors` holds host i's pieces as uint8 tensors of the
 piece's shape with the last dimension in bytes (dtype and shape live in the version record), so
-a client reads only the slices its devices need: a sliced read of the mapped file when local,
-ranged reads (whole rows of the first dimension) from a bucket. The record in `<folder>/_coord/v/<seq>.json`
-is the commit marker, written only after every file is complete; clients read only versions
+a client reads only the slices its devices need: views of the mapped file when local, ranged
+reads (whole rows of the first dimension) from a bucket; each block is copied once, into the
+parameter buffer. The record in `<folder>/_coord/v/<seq>.json` is the commit marker, written
+only after every file is complete; clients read only versions
 that have a record, so a half-written version is never loaded. The last `keep_n` versions
 are kept; older folders (and orphans left by a killed trainer) are removed on each commit.
 """
@@ -17,7 +18,6 @@ import time
 import fsspec
 import numpy as np
 from safetensors import numpy as st_numpy
-from safetensors import safe_open
 
 from jaxpod.transfer import api, flatten
 from jaxpod.transfer.metrics import TransferMetrics
@@ -99,47 +99,48 @@ class Client(api.ClientBase):
       wanted = [(i, meta, blocks) for i, meta in enumerate(part["pieces"]) if (blocks := asm.blocks(meta))]
       if not wanted:
         continue  # none of this host's slices are in that trainer host's file
-      path = f"{self.root}/{part['file']}"
       try:
         with m.phase("fetch"):
-          if _is_local(self.fs):  # sliced reads straight from the mapped file
-            with safe_open(path, framework="numpy") as f:
-              for i, meta, blocks in wanted:
-                sl, size = f.get_slice(str(i)), _itemsize(meta)
-                for block in blocks:
-                  asm.put_block_bytes(meta, block, np.ascontiguousarray(sl[_byte_slices(block, size)]))
-          else:
-            self._fetch_ranges(path, wanted, asm)
+          self._read(f"{self.root}/{part['file']}", wanted, asm)
       except FileNotFoundError as e:
         raise api.TransferError(f"version seq={record['seq']} was pruned while reading: {e}") from None
 
-  def _fetch_ranges(self, path: str, wanted: list, asm: flatten.Assembler) -> None:
-    """Ranged reads from a bucket: per wanted block, the rows of its first dimension."""
-    head = self.fs.cat_file(path, start=0, end=8)
-    size = int.from_bytes(head, "little")
-    header = json.loads(self.fs.cat_file(path, start=8, end=8 + size))
-    base = 8 + size
-    jobs = []
+  def _read(self, path: str, wanted: list, asm: flatten.Assembler) -> None:
+    """Per wanted block, the rows of its first dimension: views of the mapped file when local,
+    ranged reads from a bucket; each block is copied once, into the parameter buffer."""
+    local = _is_local(self.fs)
+    if local:
+      mapped = np.memmap(path, np.uint8, mode="r")
+      size = int.from_bytes(mapped[:8].tobytes(), "little")
+      header = json.loads(mapped[8:8 + size].tobytes())
+    else:
+      size = int.from_bytes(self.fs.cat_file(path, start=0, end=8), "little")
+      header = json.loads(self.fs.cat_file(path, start=8, end=8 + size))
+    base, jobs = 8 + size, []
     for i, meta, blocks in wanted:
       start, end = header[str(i)]["data_offsets"]
       logical = [b - a for a, b in meta["index"]]
       row = int(np.prod(logical[1:], dtype=np.int64)) * _itemsize(meta)  # bytes per index of dim 0
       for block in blocks:
-        if not block:  # a scalar
-          jobs.append((meta, block, 0, base + start, base + end))
-          continue
-        a, b = block[0]
-        jobs.append((meta, block, a, base + start + a * row, base + start + b * row))
-    blobs = self.fs.cat_ranges([path] * len(jobs), [j[3] for j in jobs], [j[4] for j in jobs])
+        a, b = block[0] if block else (0, 1)
+        jobs.append((meta, block, a, base + start + a * row, base + start + (b * row if block else end - start)))
+    if local:
+      blobs = [mapped[s:e] for *_, s, e in jobs]
+    else:
+      blobs = self.fs.cat_ranges([path] * len(jobs), [j[3] for j in jobs], [j[4] for j in jobs])
     for (meta, block, a, _, _), blob in zip(jobs, blobs):
       if isinstance(blob, Exception):
         raise blob
       stored = np.frombuffer(blob, np.uint8)
       if block:
         rows = stored.reshape(-1, *_as_stored_shape(meta)[1:])
-        sl = _byte_slices([[0, block[0][1] - a], *block[1:]], _itemsize(meta))
-        stored = np.ascontiguousarray(rows[sl])
-      asm.put_block_bytes(meta, block, stored)
+        stored = rows[_byte_slices([[0, block[0][1] - a], *block[1:]], _itemsize(meta))]
+      dst = asm.target(meta, block)
+      if dst is None:
+        asm.put_block_bytes(meta, block, np.ascontiguousarray(stored))
+      else:
+        np.copyto(dst, stored.reshape(-1))  # contiguous in the parameter, so contiguous here too
+        asm.mark(meta, block)
 
 
 def _itemsize(meta: dict) -> int:

@@ -59,7 +59,7 @@ def die_mid_pull(mode: str) -> None:
     from jaxpod.transfer import jax_transfer
     jax_transfer.Client._pull = boom  # after the trainer registered the pull, before pulling
   else:
-    flatten.Assembler.put_block = boom  # after the first block's bytes arrived
+    flatten.Assembler.mark = boom  # after the first block's bytes arrived
 
 
 def handle(req: dict) -> dict:
