@@ -15,6 +15,8 @@ import os
 import sys
 import threading
 
+import pytest
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers"))
 import transfer_common as common  # noqa: E402
 
@@ -25,7 +27,10 @@ import transfer_common as common  # noqa: E402
 RESHARD_MODES = ("arrow_flight", "checkpoint")
 
 
+@pytest.mark.slow
 def test_two_host_trainer_to_two_host_client(launch_hosts, bucket, tmp_path):
+  """Invariant 4 (each trainer host serves its own replica-0 shards, each client host fetches its own
+  slices) and invariant 1 (every client host takes the same version or none: the leader picks it)."""
   configs = [{"mode": mode, "name": f"w_{mode}", "coordinator": "filesystem", "folder": f"{bucket}/{mode}",
               "keep_n": 2, "chunk_bytes": common.CHUNK_BYTES, "stream_bytes": common.STREAM_BYTES,
               "receive_timeout_s": 10.0, "publish_timeout_s": 30.0, "poll_interval_s": 0.02}

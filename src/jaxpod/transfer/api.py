@@ -12,6 +12,12 @@ before `receive_timeout_s` (its trainer died, it was pruned): the failure is cou
 `client.metrics()` and the next call retries. `wait` bounds the polling for a newer version;
 each fetch attempt is bounded separately by `receive_timeout_s`. Coordinator errors raise.
 
+The version record the coordinator holds per publication says which trainer host serves which
+slice of which array: {seq, weight_id, epoch, meta: {table: name -> {shape, dtype, wire},
+parts: [{host, pieces: [{name, index: [[start, stop] per dim], nbytes}], + the transport's
+addresses / file / refs}]}}. Every trainer host stages only its own replica-0 shards; only this
+metadata goes through the leader. A client fetches the blocks its own devices need from it.
+
 The older-id rule: the newest *publication* wins, not the largest weight id. Each publish
 gets a sequence number from the coordinator, strictly larger than every earlier one, and a
 client rolls to any version whose (coordinator epoch, seq) it has not seen yet, even when
