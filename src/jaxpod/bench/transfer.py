@@ -96,10 +96,10 @@ def _start_trainer(cfg_json: str, size: int, sync: str, total: int, hosts: int, 
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
     return proc.poll, proc.wait
   from jaxpod.runtime.launcher import LaunchConfig, launch
+  env = {k: v for k, v in env.items() if k != "JAX_NUM_CPU_DEVICES"}  # the launcher sets devices per host
   token = os.path.expanduser("~/.ray/auth_token")  # isolated hosts have their own HOME (see the launcher)
   if os.path.isfile(token):
-    env = dict(env, RAY_AUTH_TOKEN_PATH=token)
-  env.pop("JAX_NUM_CPU_DEVICES", None)
+    env["RAY_AUTH_TOKEN_PATH"] = token
   cfg = LaunchConfig(hosts=hosts, devices_per_host=1, log_dir=os.path.join(sync, "trainer_logs"), timeout_s=1800)
   box: list = []
   thread = threading.Thread(target=lambda: box.append(launch(argv, cfg, sink=io.StringIO(), summary=io.StringIO(),
