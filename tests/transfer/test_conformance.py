@@ -126,7 +126,8 @@ def test_bf16_on_the_wire(mode, fresh, tmp_path, ray_namespace):
 
 
 def test_trainer_killed_and_restarted(mode, pool, fresh, tmp_path, ray_namespace):
-  """Fail loudly, never hang: clients outlive a killed trainer and pick up its successor's weights."""
+  """Fail loudly, never hang: clients outlive a killed trainer and pick up its successor's weights.
+  arrow_flight: the trainer dies mid-serve (after the first batch of a stream the client asked for)."""
   restarted, client, _ = fresh
   cfg = config(mode, tmp_path, ray_namespace, receive_timeout_s=2.0)
   doomed = pool.take()
@@ -135,8 +136,13 @@ def test_trainer_killed_and_restarted(mode, pool, fresh, tmp_path, ray_namespace
   doomed.call("publish", weight_id=1, seed=1)
   expect(client.call("receive", wait=WAIT_S), 1, 1)
   doomed.call("publish", weight_id=2, seed=2)
-  doomed.kill()
+  if mode == "arrow_flight":
+    doomed.call("die_mid_serve")
+  else:
+    doomed.kill()
   reply = client.call("receive")  # version 2's server died with it: a failed receive, not a hang
+  if mode == "arrow_flight":
+    assert doomed.proc.wait(timeout=60) == 18, doomed.tail()  # it did die inside do_get
   if mode == "checkpoint" or (mode == "ray" and reply["update"] is not None):
     expect(reply, 2, 2)  # files survive; Ray may still hold a copy of the dead owner's objects
   else:
@@ -159,6 +165,32 @@ def test_client_killed_mid_pull(mode, pool, fresh, tmp_path, ray_namespace):
   trainer.call("publish", weight_id=2, seed=2, timeout_s=cfg["publish_timeout_s"] + 10)
   client.call("client", config=cfg)
   expect(client.call("receive", wait=WAIT_S), 2, 2)
+
+
+def test_stalled_client_blocks_nobody(pool, fresh, tmp_path, ray_namespace):
+  """Fan-out, arrow_flight: a client that stops reading mid-stream does not hold up the trainer
+  (which keeps publishing and retires that version) or another client; its own receive ends at
+  its deadline with None."""
+  trainer, client, _ = fresh
+  cfg = config("arrow_flight", tmp_path, ray_namespace, keep_n=1, receive_timeout_s=3.0)
+  trainer.call("server", config=cfg)
+  trainer.call("publish", weight_id=1, seed=1)
+  slow, marker = pool.take(), tmp_path / "stalled"
+  try:
+    slow.call("client", config=cfg)
+    slow.send("stall_mid_pull", marker=str(marker), stall_s=120)
+    deadline = time.monotonic() + 60
+    while not marker.exists():
+      assert time.monotonic() < deadline and slow.proc.poll() is None, slow.tail()
+      time.sleep(0.02)
+    for k in (2, 3):
+      trainer.call("publish", weight_id=k, seed=k)
+    client.call("client", config=cfg)
+    expect(client.call("receive", wait=WAIT_S), 3, 3)
+    reply = slow._reply("stall_mid_pull", timeout_s=60)  # its deadline (3 s), far before the 120 s stall
+    assert reply["update"] is None and reply["metrics"]["failed"] == 1, reply
+  finally:
+    slow.kill()
 
 
 @pytest.mark.parametrize("mode", [m for m in MODES if m != "checkpoint"])  # checkpoint: no actor
@@ -230,10 +262,27 @@ def test_coordinator_creation_race(ray_address, tmp_path):
   assert sorted(int(count) for *_, count in lines) == list(range(1, n + 1))
   store = coordinators.RayStore(name, namespace, timeout_s=10)
   assert store.get("callers") == n
-  ray.kill(store.actor, no_restart=True)
+  old = store.actor
+  ray.kill(old, no_restart=True)
+  _wait_dead(old)  # ray.kill is asynchronous: a put could still land on the dying actor
   store.put("after", 1)  # the dead handle is re-resolved to a new actor
   assert store.get("after") == 1 and store.get("callers") is None
   ray.kill(store.actor, no_restart=True)
+
+
+def _wait_dead(actor, timeout_s: float = 30.0) -> None:
+  """Poll a call on `actor` until Ray reports it dead (RayActorError), or fail at the deadline."""
+  import ray
+  deadline = time.monotonic() + timeout_s
+  while time.monotonic() < deadline:
+    try:
+      ray.get(actor.get.remote("callers"), timeout=5)
+    except ray.exceptions.RayActorError:
+      return
+    except ray.exceptions.GetTimeoutError:
+      pass
+    time.sleep(0.05)
+  raise AssertionError(f"actor still answers {timeout_s}s after ray.kill")
 
 
 def _params_bytes(seed: int) -> int:

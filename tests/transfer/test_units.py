@@ -63,6 +63,44 @@ def test_assembler_refuses_a_different_model_and_missing_bytes():
     asm.finish()
 
 
+def test_assembler_takes_only_the_slices_this_host_needs():
+  """A client host that holds rows 2..6 of a (8, 4) array (as on a 2-host client mesh) wants only
+  the overlapping blocks of each trainer piece, and is complete once those arrive."""
+  w = np.arange(32, dtype=np.float32).reshape(8, 4)
+  meta = [{"name": "w", "index": [[0, 4], [0, 4]], "nbytes": 64}, {"name": "w", "index": [[4, 8], [0, 4]], "nbytes": 64},
+          {"name": "w", "index": [[0, 8], [0, 1]], "nbytes": 32}]
+  table = {"w": {"shape": [8, 4], "dtype": "float32", "wire": "float32"}}
+  asm = flatten.Assembler(table, {"w": jax.ShapeDtypeStruct((8, 4), jnp.float32)})
+  assert asm.blocks(meta[0]) == [((0, 4), (0, 4))]  # one host needs everything: whole pieces
+  asm.regions["w"] = [((2, 6), (0, 4))]  # what needed_regions gives a host of a multi-host mesh
+  asm.filled = {("w", ((2, 6), (0, 4))): 0}
+  assert asm.blocks(meta[0]) == [((2, 4), (0, 4))] and asm.blocks(meta[1]) == [((0, 2), (0, 4))]
+  assert asm.blocks(meta[2]) == [((2, 6), (0, 1))] and asm.wanted_bytes(meta[0]) == 32
+  for m in meta[:2]:
+    piece = w[tuple(slice(a, b) for a, b in m["index"])]
+    (block,) = asm.blocks(m)
+    asm.put_block_bytes(m, block, np.ascontiguousarray(piece[tuple(slice(a, b) for a, b in block)]).tobytes())
+  np.testing.assert_array_equal(asm.buffers["w"][2:6], w[2:6])
+  assert asm.filled[("w", ((2, 6), (0, 4)))] == 16
+  meta_far = {"name": "w", "index": [[6, 8], [0, 4]], "nbytes": 32}
+  assert asm.blocks(meta_far) == []  # nothing of it is needed: never fetched
+
+
+@pytest.mark.parametrize("block", [[[0, 8], [0, 16]], [[2, 5], [0, 16]], [[0, 8], [4, 12]], [[3, 4], [5, 9]]])
+def test_flight_tickets_cover_a_block_exactly(block):
+  """Tickets for a block (contiguous: byte ranges; strided: row groups) rebuild the block's bytes."""
+  from jaxpod.transfer import flight
+  piece = np.arange(128, dtype=np.float32).reshape(8, 16)
+  meta = {"name": "w", "index": [[0, 8], [0, 16]], "nbytes": piece.nbytes}
+  want = np.ascontiguousarray(piece[tuple(slice(a, b) for a, b in block)])
+  dst = np.zeros(want.nbytes, np.uint8)
+  tickets = list(flight.tickets(1, 0, meta, block, 4, stream_bytes=40))
+  for ticket, off, n in tickets:  # what the server sends for each ticket
+    sent = np.ascontiguousarray(piece[tuple(slice(a, b) for a, b in ticket["block"])]).reshape(-1).view(np.uint8)
+    dst[off:off + n] = sent[ticket["start"]:ticket["end"]]
+  assert dst.tobytes() == want.tobytes() and (len(tickets) > 1 or want.nbytes <= 40)
+
+
 def test_publish_hook_every_n():
   published = []
 
@@ -116,3 +154,22 @@ def test_publish_hook_runs_under_the_trainers_hook_loop():
   for step in (1, 2, 3):
     hooks.run_hooks([hook], hooks.StepInfo(step=step, state=state, final=step == 3, run_dir="", mesh=None))
   assert published == [(2, {"w": 1}), (3, {"w": 1})]
+
+
+def test_flight_serves_the_trainers_buffers_without_a_copy_and_survives_donation(tmp_path):
+  """arrow_flight keeps a numpy view of the published jax buffer (no copy); the trainer's next step
+  donating that array does not overwrite it (JAX skips donating a buffer with an external
+  reference), so the client still receives the published values."""
+  from jaxpod.transfer import create_client, create_server
+  cfg = TransferConfig(mode="arrow_flight", coordinator="filesystem", folder=str(tmp_path / "w"), keep_n=1)
+  x = jnp.arange(4096.0, dtype=jnp.float32).reshape(64, 64)
+  step = jax.jit(lambda a: a * 2 + 1, donate_argnums=0)
+  with create_server(cfg) as server, create_client(cfg) as client:
+    server.publish(1, {"w": x})
+    (served,) = server.versions[max(server.versions)]
+    assert served.ctypes.data == x.unsafe_buffer_pointer()  # zero-copy: the trainer's own buffer
+    y = jax.block_until_ready(step(x))  # the trainer's next step donates its params
+    jax.block_until_ready([jnp.zeros((64, 64)) for _ in range(8)])  # reuse any freed memory
+    update = client.receive({"w": jax.ShapeDtypeStruct((64, 64), jnp.float32)})
+    np.testing.assert_array_equal(np.asarray(update.params["w"]), np.arange(4096.0).reshape(64, 64))
+    np.testing.assert_array_equal(np.asarray(y), np.arange(4096.0).reshape(64, 64) * 2 + 1)

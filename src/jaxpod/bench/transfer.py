@@ -1,13 +1,17 @@
-"""`jaxpod bench transfer --size 1GiB [--modes ...] [--json PATH]`: weight transfer per mode.
+"""`jaxpod bench transfer --size 1GiB [--trainer-hosts 2] [--clients 4] [--modes ...]`: weight transfer.
 
-A trainer subprocess publishes a model of `size` bytes (16 fp32 parameters) and this process
-receives it, `rounds` times per mode after WARMUP untimed rounds. Reported per mode (medians): the
-whole transfer (publish + receive, seconds and GB/s) and every phase on both sides, beside
-this machine's memcpy and one-stream loopback TCP throughput measured in the same run.
+A trainer (one process, or `trainer_hosts` simulated hosts under jaxpod's launcher, each serving
+its own shards) publishes a model of `size` bytes (16 fp32 parameters) and `clients` client
+processes receive it at once, `rounds` times per mode after WARMUP untimed rounds (see
+`transfer_roles`). Reported per mode (medians over rounds): publish seconds; receive GB/s in
+aggregate (every client's bytes over the span from the first fetch start to the last client
+done) and per client; the whole transfer (publish + that span); every phase on both sides;
+beside this machine's memcpy and one-stream loopback TCP throughput measured in the same run.
 """
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import re
@@ -24,7 +28,6 @@ import numpy as np
 from jaxpod.bench import common
 from jaxpod.runtime.extras import require
 
-N_PARAMS = 16
 # Untimed rounds first: connections, compilation, and the first touch of the shared-memory and
 # page-cache pages that later rounds reuse (a fresh 1 GiB buffer costs ~0.5 s of page faults
 # here); the timed rounds are the steady state of a trainer that publishes every few steps.
@@ -82,94 +85,106 @@ def loopback_tcp_gbps(size: int, repeats: int = 3) -> float:
   return size / statistics.median(times) / 1e9
 
 
-def _shapes(size: int) -> list[tuple[int, int]]:
-  rows = max(1, size // (N_PARAMS * 1024 * 4))
-  return [(rows, 1024)] * N_PARAMS
-
-
-def serve() -> None:
-  """Trainer subprocess: `publish` each weight id read from stdin, reply with the metrics."""
-  import jax
-  import jax.numpy as jnp
-  from jaxpod import transfer
-  cfg = transfer.TransferConfig(**json.loads(sys.argv[1]))
-  if os.environ.get("JAXPOD_BENCH_RAY"):
-    import ray
-    ray.init(address=os.environ["JAXPOD_BENCH_RAY"], log_to_driver=False)
-  params = {f"layer{i}": jnp.full(s, float(i), jnp.float32) for i, s in enumerate(_shapes(int(sys.argv[2])))}
-  params = jax.block_until_ready(params)
-  with transfer.create_server(cfg) as server:
-    print("@@ready", flush=True)
-    for line in sys.stdin:
-      m = server.publish(int(line), params)
-      print("@@" + json.dumps(m.as_dict()), flush=True)
-  os._exit(0)
-
-
-def _reply(proc) -> str:
-  for raw in proc.stdout:
-    line = raw.decode()
-    if line.startswith("@@"):
-      return line[2:].strip()
-  raise RuntimeError(f"bench trainer exited with {proc.wait()}")
-
-
 def _median_phases(ms: list[dict]) -> dict[str, float]:
   return {k: statistics.median(m["phases"].get(k, 0.0) for m in ms) for k in ms[0]["phases"]}
 
 
-def bench_mode(mode: str, size: int, rounds: int, folder: str, ray_address: str | None) -> dict:
-  """Median whole-transfer and per-phase figures of one mode."""
-  import jax
-  from jaxpod import transfer
-  cfg = dict(mode=mode, name=f"bench_{os.getpid()}_{mode}", ray_namespace="jaxpod_bench", folder=os.path.join(folder, mode), keep_n=1,
-             receive_timeout_s=300.0, publish_timeout_s=300.0)
-  env = dict(os.environ, JAXPOD_BENCH_RAY=ray_address or "")
-  proc = subprocess.Popen([sys.executable, "-c", "from jaxpod.bench.transfer import serve; serve()",
-                           json.dumps(cfg), str(size)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+def _start_trainer(cfg_json: str, size: int, sync: str, total: int, hosts: int, env: dict):
+  """The trainer: a subprocess, or `hosts` simulated hosts (1 device each) under jaxpod's launcher."""
+  argv = [sys.executable, "-m", "jaxpod.bench.transfer_roles", "trainer", cfg_json, str(size), sync, str(total)]
+  if hosts == 1:
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
+    return proc.poll, proc.wait
+  from jaxpod.runtime.launcher import LaunchConfig, launch
+  env = {k: v for k, v in env.items() if k != "JAX_NUM_CPU_DEVICES"}  # the launcher sets devices per host
+  token = os.path.expanduser("~/.ray/auth_token")  # isolated hosts have their own HOME (see the launcher)
+  if os.path.isfile(token):
+    env["RAY_AUTH_TOKEN_PATH"] = token
+  cfg = LaunchConfig(hosts=hosts, devices_per_host=1, log_dir=os.path.join(sync, "trainer_logs"), timeout_s=1800)
+  box: list = []
+  thread = threading.Thread(target=lambda: box.append(launch(argv, cfg, sink=io.StringIO(), summary=io.StringIO(),
+                                                              env=env)), daemon=True)
+  thread.start()
+
+  def wait(timeout=None):
+    thread.join(timeout)
+    if box and box[0].returncode != 0:
+      raise RuntimeError(f"bench trainer hosts failed: {box[0].all_output[-2000:]}")
+  return (lambda: None if thread.is_alive() else (box[0].returncode if box else 1)), wait
+
+
+def bench_mode(mode: str, size: int, rounds: int, folder: str, ray_address: str | None, trainer_hosts: int = 1,
+               clients: int = 1) -> dict:
+  """Median figures of one mode: a trainer of `trainer_hosts` hosts, `clients` clients receiving at once."""
+  from jaxpod.bench import transfer_roles as roles
+  total = rounds + WARMUP
+  cfg = json.dumps(dict(mode=mode, name=f"bench_{os.getpid()}_{mode}", ray_namespace="jaxpod_bench",
+                        folder=os.path.join(folder, mode), keep_n=2, receive_timeout_s=300.0, publish_timeout_s=300.0,
+                        **({"coordinator": "filesystem"} if mode != "ray" else {})))
+  sync = tempfile.mkdtemp(prefix=f"jaxpod-bench-{mode}-")
+  env = dict(os.environ, JAXPOD_BENCH_RAY=(ray_address or "") if mode == "ray" else "", JAX_PLATFORMS="cpu",
+             JAX_NUM_CPU_DEVICES="1")
+  trainer_poll, trainer_wait = _start_trainer(cfg, size, sync, total, trainer_hosts, env)
+  procs = [subprocess.Popen([sys.executable, "-m", "jaxpod.bench.transfer_roles", "client", cfg, str(size), sync,
+                             str(total), str(i)], env=env, stdout=subprocess.DEVNULL) for i in range(clients)]
+  alive = lambda: trainer_poll() is None and all(p.poll() is None or p.returncode == 0 for p in procs)  # noqa: E731
+  rows = []
   try:
-    _reply(proc)
-    like = {f"layer{i}": jax.ShapeDtypeStruct(s, np.float32, sharding=jax.sharding.SingleDeviceSharding(
-        jax.devices()[0])) for i, s in enumerate(_shapes(size))}
-    servers, clients = [], []
-    with transfer.create_client(transfer.TransferConfig(**cfg)) as client:
-      for r in range(rounds + WARMUP):
-        proc.stdin.write(f"{r + 1}\n".encode())
-        proc.stdin.flush()
-        server_m = json.loads(_reply(proc))
-        update = client.receive(like, wait=120.0)
-        if update is None or update.weight_id != r + 1:
-          raise RuntimeError(f"mode {mode}: round {r + 1} not received")
-        if r >= WARMUP:
-          servers.append(server_m)
-          clients.append(update.metrics.as_dict())
-        del update
+    for i in range(clients):
+      roles.wait_file(os.path.join(sync, f"ready_{i}"), 300, alive)
+    for r in range(1, total + 1):
+      open(os.path.join(sync, f"round_{r}"), "w").close()
+      pubs = [_load(os.path.join(sync, f"published_{r}_{h}.json"), alive) for h in range(trainer_hosts)]
+      got = [_load(os.path.join(sync, f"client_{i}_{r}.json"), alive) for i in range(clients)]
+      if r > WARMUP:
+        rows.append((pubs, got))
   finally:
-    proc.stdin.close()
-    proc.wait(timeout=60)
-  nbytes = servers[0]["bytes"]
-  totals = [s["seconds"] + c["seconds"] for s, c in zip(servers, clients)]
-  total = statistics.median(totals)
-  sp, cp = _median_phases(servers), _median_phases(clients)
-  return {"mode": mode, "bytes": nbytes, "seconds": total, "gb_per_s": nbytes / total / 1e9,
-          "publish_s": statistics.median(s["seconds"] for s in servers),
-          "receive_s": statistics.median(c["seconds"] for c in clients),
+    open(os.path.join(sync, "stop"), "w").close()
+    for p in procs:
+      p.wait(timeout=120)
+    trainer_wait(120)
+  return _summary(mode, trainer_hosts, clients, rows)
+
+
+def _load(path: str, alive) -> dict:
+  from jaxpod.bench.transfer_roles import wait_file
+  wait_file(path, 600, alive)
+  with open(path) as f:
+    return json.load(f)
+
+
+def _summary(mode: str, trainer_hosts: int, clients: int, rows: list) -> dict:
+  nbytes = sum(p["bytes"] for p in rows[0][0])
+  publish = [max(p["seconds"] for p in pubs) for pubs, _ in rows]
+  spans = [max(c["end"] for c in got) - min(c["end"] - c["seconds"] for c in got) for _, got in rows]
+  per_client = [nbytes / c["seconds"] / 1e9 for _, got in rows for c in got]
+  whole = [p + s for p, s in zip(publish, spans)]
+  servers = [pubs[0] for pubs, _ in rows]
+  client_ms = [c for _, got in rows for c in got]
+  sp, cp = _median_phases(servers), _median_phases(client_ms)
+  return {"mode": mode, "trainer_hosts": trainer_hosts, "clients": clients, "bytes": nbytes,
+          "seconds": statistics.median(whole), "gb_per_s": nbytes / statistics.median(whole) / 1e9,
+          "publish_s": statistics.median(publish), "receive_span_s": statistics.median(spans),
+          "aggregate_gb_per_s": statistics.median(clients * nbytes / s / 1e9 for s in spans),
+          "per_client_gb_per_s": statistics.median(per_client), "per_client_min_gb_per_s": min(per_client),
           "server_phases_s": sp, "client_phases_s": cp,
-          "server_phases_gb_per_s": {k: nbytes / v / 1e9 for k, v in sp.items() if v > 0},
+          "server_phases_gb_per_s": {k: servers[0]["bytes"] / v / 1e9 for k, v in sp.items() if v > 0},
           "client_phases_gb_per_s": {k: nbytes / v / 1e9 for k, v in cp.items() if v > 0},
-          "rounds": len(totals), "round_seconds": totals}
+          "rounds": len(rows), "round_seconds": whole}
 
 
 def run(size_bytes: int, modes: list[str] | tuple[str, ...] | None = None, json_path: str | None = None,
-        rounds: int = 3, folder: str | None = None) -> dict:
+        rounds: int = 3, folder: str | None = None, trainer_hosts: int = 1, clients: int = 1) -> dict:
   """Benchmark every mode at `size_bytes`; prints a table, writes JSON, returns the results."""
   from jaxpod.transfer.config import MODES
   modes = list(modes or MODES)
-  results = {"size_bytes": size_bytes, "machine": common.machine(),
+  if trainer_hosts < 1 or clients < 1:
+    raise ValueError(f"--trainer-hosts={trainer_hosts} and --clients={clients} must be >= 1")
+  results = {"size_bytes": size_bytes, "machine": common.machine(), "trainer_hosts": trainer_hosts, "clients": clients,
              "memcpy_gb_per_s": memcpy_gbps(size_bytes), "loopback_tcp_gb_per_s": loopback_tcp_gbps(size_bytes),
              "modes": {}}
   ray_address = None
-  needs_ray = any(m != "checkpoint" for m in modes)
+  needs_ray = "ray" in modes
   if needs_ray:
     ray = require("ray", "`jaxpod bench transfer` modes other than checkpoint")
     ray.init(num_cpus=1, include_dashboard=False, object_store_memory=max(5 * size_bytes, 1 << 30),
@@ -180,7 +195,7 @@ def run(size_bytes: int, modes: list[str] | tuple[str, ...] | None = None, json_
   results["checkpoint_folder"] = folder
   try:
     for mode in modes:
-      results["modes"][mode] = bench_mode(mode, size_bytes, rounds, folder, ray_address)
+      results["modes"][mode] = bench_mode(mode, size_bytes, rounds, folder, ray_address, trainer_hosts, clients)
   finally:
     if needs_ray:
       ray.shutdown()
@@ -194,13 +209,15 @@ def _phases(d: dict) -> str:
 
 
 def _print(results: dict) -> None:
-  rows = [["memcpy (baseline)", "", f"{results['memcpy_gb_per_s']:.2f}", "", ""],
-          ["loopback TCP, 1 stream", "", f"{results['loopback_tcp_gb_per_s']:.2f}", "", ""]]
+  rows = [["memcpy (baseline)", "", "", f"{results['memcpy_gb_per_s']:.2f}", "", ""],
+          ["loopback TCP, 1 stream", "", "", f"{results['loopback_tcp_gb_per_s']:.2f}", "", ""]]
   for mode, r in results["modes"].items():
-    rows.append([mode, f"{r['seconds']:.3f}", f"{r['gb_per_s']:.2f}",
-                 _phases(r["server_phases_gb_per_s"]), _phases(r["client_phases_gb_per_s"])])
-  common.print_table(f"weight transfer, {results['size_bytes'] / 2**30:.2f} GiB (medians; phases in GB/s)",
-                     ["mode", "seconds", "GB/s", "trainer phases", "client phases"], rows)
+    rows.append([mode, f"{r['publish_s']:.3f}", f"{r['gb_per_s']:.2f}", f"{r['aggregate_gb_per_s']:.2f}",
+                 f"{r['per_client_gb_per_s']:.2f} (min {r['per_client_min_gb_per_s']:.2f})",
+                 _phases(r["client_phases_gb_per_s"])])
+  common.print_table(f"weight transfer, {results['size_bytes'] / 2**30:.2f} GiB, trainer hosts "
+                     f"{results['trainer_hosts']}, clients {results['clients']} (medians; GB/s)",
+                     ["mode", "publish s", "whole GB/s", "aggregate GB/s", "per client GB/s", "client phases"], rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,12 +226,15 @@ class TransferBench:
 
   size: str = "1GiB"  # model bytes (16 fp32 parameters)
   modes: str = "checkpoint,ray,jax_transfer,arrow_flight"  # comma-separated modes
-  rounds: int = 3  # timed rounds per mode (after one warm-up)
+  rounds: int = 3  # timed rounds per mode (after the warm-up rounds)
+  trainer_hosts: int = 1  # trainer hosts (simulated by jaxpod's launcher), each serving its own shards
+  clients: int = 1  # client processes receiving every version at once (fan-out)
   json: str | None = None  # write the results here
 
 
 def cli(cfg: TransferBench) -> int:
   """Entry of `jaxpod bench transfer`."""
-  run(parse_size(cfg.size), [m for m in cfg.modes.split(",") if m], cfg.json, rounds=cfg.rounds)
+  run(parse_size(cfg.size), [m for m in cfg.modes.split(",") if m], cfg.json, rounds=cfg.rounds,
+      trainer_hosts=cfg.trainer_hosts, clients=cfg.clients)
   return 0
 

@@ -12,6 +12,12 @@ before `receive_timeout_s` (its trainer died, it was pruned): the failure is cou
 `client.metrics()` and the next call retries. `wait` bounds the polling for a newer version;
 each fetch attempt is bounded separately by `receive_timeout_s`. Coordinator errors raise.
 
+The version record the coordinator holds per publication says which trainer host serves which
+slice of which array: {seq, weight_id, epoch, meta: {table: name -> {shape, dtype, wire},
+parts: [{host, pieces: [{name, index: [[start, stop] per dim], nbytes}], + the transport's
+addresses / file / refs}]}}. Every trainer host stages only its own replica-0 shards; only this
+metadata goes through the leader. A client fetches the blocks its own devices need from it.
+
 The older-id rule: the newest *publication* wins, not the largest weight id. Each publish
 gets a sequence number from the coordinator, strictly larger than every earlier one, and a
 client rolls to any version whose (coordinator epoch, seq) it has not seen yet, even when
@@ -52,6 +58,7 @@ class WeightUpdate:
   weight_id: int
   seq: int = 0  # publication number on the coordinator (orders versions; see the older-id rule)
   metrics: TransferMetrics | None = None
+  epoch: str = ""  # coordinator epoch the version was published in
 
 
 class WeightServer(Protocol):
@@ -67,11 +74,13 @@ class WeightClient(Protocol):
 
 
 def trainer_processes(params: Any) -> set[int]:
-  """JAX process indices holding any shard of `params` (one process unless a mesh spans hosts)."""
+  """JAX process indices holding any shard of `params` (arrays or ShapeDtypeStructs with shardings;
+  one process unless a mesh spans hosts)."""
   procs = set()
   for leaf in jax.tree_util.tree_leaves(params):
-    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
-      procs.update(d.process_index for d in leaf.sharding.device_set)
+    sharding = getattr(leaf, "sharding", None)
+    if isinstance(sharding, jax.sharding.Sharding) and not sharding.is_fully_addressable:
+      procs.update(d.process_index for d in sharding.device_set)
   return procs or {jax.process_index()}
 
 
@@ -102,7 +111,7 @@ class _Endpoint:
 class ServerBase(_Endpoint):
   """Publish = flatten (replica 0) -> reserve seq -> transport stages -> leader commits."""
 
-  keeps_pieces = False  # True: the transport serves the pieces after publish returns (so must own them)
+  keeps_pieces = False  # True: the transport serves the pieces after publish returns (see flatten._host)
 
   def __init__(self, config: TransferConfig, coordinator: coordinators.Coordinator | None = None):
     self.config = config
@@ -212,19 +221,88 @@ class ClientBase(_Endpoint):
     return record["epoch"] != epoch or record["seq"] > seq
 
   def receive(self, like: Any, wait: float | None = None) -> WeightUpdate | None:
-    """The newest version if newer than the one held, else None; `wait` polls up to that many seconds."""
+    """The newest version if newer than the one held, else None; `wait` polls up to that many seconds.
+
+    A multi-host client (`like` spans processes, its own jax.distributed job) calls this on every
+    host: the leader picks the version, every host fetches only its own devices' slices, and the
+    update is taken only if every host got its part (else None everywhere)."""
     if self.closed:
       raise RuntimeError("receive() on a closed weight client")
+    if len(trainer_processes(like)) > 1:
+      return self._receive_together(like, wait)
     give_up = time.monotonic() + (wait or 0.0)
     while True:
       record = self.coord.latest()
       if record is not None and self.is_newer(record):
         update = self._try_fetch(record, like)
+        self._record(update)
         if update is not None:
+          self.held = (record["epoch"], record["seq"])
           return update
       if wait is None or time.monotonic() >= give_up:
         return None
       time.sleep(self.config.poll_interval_s)
+
+  def _poll(self, wait: float | None) -> dict | None:
+    """The newest record not yet held, polling up to `wait` seconds; None if there is none."""
+    give_up = time.monotonic() + (wait or 0.0)
+    while True:
+      record = self.coord.latest()
+      if record is not None and self.is_newer(record):
+        return record
+      if wait is None or time.monotonic() >= give_up:
+        return None
+      time.sleep(self.config.poll_interval_s)
+
+  def _receive_together(self, like: Any, wait: float | None) -> WeightUpdate | None:
+    from jaxpod import runtime
+    procs = trainer_processes(like)
+    if procs != set(range(jax.process_count())):
+      raise ValueError(f"`like` spans JAX processes {sorted(procs)} of {jax.process_count()}: a multi-host "
+                       "client must be its own jax.distributed job")
+    name = f"transfer/{self.config.name}/receive"
+    slack = self.config.coordinator_timeout_s + 30.0
+    give_up = time.monotonic() + (wait or 0.0)  # read on the leader only
+    rounds = 0
+    while True:  # like the one-host loop: retry a failed version until `wait` runs out
+      def pick(first=rounds == 0):
+        left = give_up - time.monotonic()
+        if not first and left <= 0:
+          return None
+        record = self._poll(None if wait is None else max(0.0, left))
+        return None if record is None else [record["epoch"], record["seq"]]
+      picked = runtime.broadcast_call(pick, f"{name}/pick", timeout_s=(wait or 0.0) + slack)
+      if picked is None:
+        return None
+      rounds += 1
+      update = self._fetch_part(picked, like)
+      oks = runtime.allgather(update is not None, f"{name}/ok", timeout_s=self.config.receive_timeout_s + slack)
+      if all(oks):
+        self._record(update)
+        self.held = (update.epoch, update.seq)
+        return update
+      if update is not None:
+        log.warning("seq=%d: host(s) %s failed their part; dropping the update", picked[1],
+                    [i for i, ok in enumerate(oks) if not ok])
+      self._record(None, update.metrics if update else None)
+      if wait is None:
+        return None
+
+  def _fetch_part(self, picked: list, like: Any) -> WeightUpdate | None:
+    """This host's slices of the version the leader picked ([epoch, seq]), or None."""
+    record = self.coord.get(picked[1])
+    if record is None or record["epoch"] != picked[0]:
+      log.warning("version seq=%d was pruned before this host read it", picked[1])
+      return None
+    return self._try_fetch(record, like)
+
+  def _record(self, update: WeightUpdate | None, failed: TransferMetrics | None = None) -> None:
+    if update is None:
+      self.totals.record(failed, ok=False)
+    else:
+      self.totals.record(update.metrics, ok=True)
+
+  granularity = "block"  # what _fetch moves: "block" (only needed slices), "piece", or "all"
 
   def _try_fetch(self, record: dict, like: Any) -> WeightUpdate | None:
     m = TransferMetrics("client", record["weight_id"])
@@ -232,20 +310,19 @@ class ClientBase(_Endpoint):
     try:
       asm = flatten.Assembler(record["meta"]["table"], like)
       pieces = [p for part in record["meta"]["parts"] for p in part["pieces"]]
-      m.nbytes = sum(p["nbytes"] for p in pieces)
+      if self.granularity == "block":
+        m.nbytes = sum(asm.wanted_bytes(p) for p in pieces)
+      else:
+        m.nbytes = sum(p["nbytes"] for p in pieces if self.granularity == "all" or asm.blocks(p))
       m.num_params = len(record["meta"]["table"])
       m.largest_param_bytes = max((p["nbytes"] for p in pieces), default=0)
       self._fetch(record, asm, m, deadline)
       with m.phase("place"):
         params = jax.block_until_ready(asm.finish())
     except TransferError as e:
-      self.totals.record(m, ok=False)
       log.warning("weight_id=%d seq=%d not received: %s", record["weight_id"], record["seq"], e)
       return None
-    self.held = (record["epoch"], record["seq"])
-    self.totals.record(m, ok=True)
-    return WeightUpdate(params, int(record["weight_id"]), int(record["seq"]), m)
-
+    return WeightUpdate(params, int(record["weight_id"]), int(record["seq"]), m, record["epoch"])
 
 
 _MODULES = {"checkpoint": "checkpoint", "ray": "ray_store", "jax_transfer": "jax_transfer",

@@ -64,9 +64,15 @@ def _norm_index(index: tuple, shape: tuple[int, ...]) -> Index:
 
 
 def _host(x: Any, wire: np.dtype, own: bool) -> np.ndarray:
-  """C-contiguous host copy in the wire dtype; `own` forces a copy even where numpy could view."""
+  """C-contiguous host data in the wire dtype, without a copy where numpy can view.
+
+  A numpy view of a jax.Array is served as is even with `own`: the view keeps the buffer alive,
+  and JAX does not donate (reuse) a buffer that has an external reference, so a trainer step
+  that donates the published params writes new buffers instead (checked on CPU by a test; on
+  accelerators `np.asarray` is already a host copy). With `own`, a caller's numpy array is
+  copied (the caller may write into it later)."""
   data = np.asarray(x).astype(wire, copy=False)
-  if own and not data.flags.owndata:
+  if own and isinstance(x, np.ndarray) and np.may_share_memory(data, x):
     out = aligned_empty(data.nbytes).view(wire).reshape(data.shape)
     np.copyto(out, data)
     return out
@@ -77,7 +83,7 @@ def to_pieces(params: Any, wire_dtype: str | None = None, leader: bool = True,
               own: bool = False) -> tuple[dict, list[Piece]]:
   """(parameter table, this process's pieces): replica 0 of each addressable shard only; arrays
   that live on one process (fully addressable) are sent by the `leader` only. With `own`, the
-  pieces never alias the trainer's buffers (which its next step may donate)."""
+  pieces stay valid after publish returns (see `_host`)."""
   table, pieces = {}, []
   for name, leaf in leaf_names(params):
     shape, dtype = tuple(np.shape(leaf)), np.dtype(leaf.dtype) if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
@@ -93,8 +99,29 @@ def to_pieces(params: Any, wire_dtype: str | None = None, leader: bool = True,
   return table, pieces
 
 
+def _volume(index) -> int:
+  return int(np.prod([b - a for a, b in index], dtype=np.int64))
+
+
+def _intersect(x, y) -> Index | None:
+  out = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(x, y))
+  return out if all(a < b for a, b in out) or not out else None
+
+
+def needed_regions(leaf: Any, shape: tuple[int, ...]) -> list[Index]:
+  """The distinct global slices this process's devices hold of `leaf` (all of it without a sharding)."""
+  whole = tuple((0, n) for n in shape)
+  sharding = getattr(leaf, "sharding", None)
+  if sharding is None or sharding.is_fully_addressable:
+    return [whole]
+  regions = {_norm_index(idx, shape) for idx in sharding.addressable_devices_indices_map(shape).values()}
+  return sorted(regions)
+
+
 class Assembler:
-  """Collects pieces into one host buffer per parameter, then places them like `like`."""
+  """Collects the blocks this process needs into one host buffer per parameter, then places them
+  like `like`. On a multi-host client (`like` spans processes) only the slices of this process's
+  own devices are wanted: `blocks(meta)` says which parts of a piece to fetch."""
 
   def __init__(self, table: dict, like: Any):
     self.table = table
@@ -105,52 +132,114 @@ class Assembler:
     if missing or extra:
       raise ValueError(f"published parameters differ from `like`: missing on the wire {missing[:5]}, "
                        f"not in `like` {extra[:5]}; build `like` from the same model as the trainer")
+    self.regions: dict[str, list[Index]] = {}
     for name, leaf in leaf_names(like):
       if list(leaf.shape) != table[name]["shape"]:
         raise ValueError(f"parameter {name!r}: trainer shape {table[name]['shape']} != like shape {list(leaf.shape)}")
+      self.regions[name] = needed_regions(leaf, tuple(leaf.shape))
     self.buffers: dict[str, np.ndarray] = {}
-    self.filled: dict[str, int] = {n: 0 for n in self.names}
+    self.filled: dict[tuple[str, Index], int] = {(n, r): 0 for n, rs in self.regions.items() for r in rs}
+
+  def blocks(self, meta: dict) -> list[Index]:
+    """Piece-local slices of `meta`'s piece that this process needs ([] none; the whole piece when
+    the needed parts cover it)."""
+    index = tuple(tuple(i) for i in meta["index"])
+    parts = [r for r in (_intersect(index, reg) for reg in self.regions[meta["name"]]) if r is not None]
+    local = [tuple((a - s, b - s) for (a, b), (s, _) in zip(p, index)) for p in parts]
+    if sum(_volume(p) for p in parts) == _volume(index):
+      return [tuple((0, b - a) for a, b in index)]
+    return local
+
+  def block_bytes(self, meta: dict, block: Index) -> int:
+    """Bytes of one block of a piece on the wire."""
+    return _volume(block) * _dtype(self.table[meta["name"]]["wire"]).itemsize
+
+  def wanted_bytes(self, meta: dict) -> int:
+    """Bytes of `meta`'s piece this process needs."""
+    return sum(self.block_bytes(meta, b) for b in self.blocks(meta))
 
   def empty(self, meta: dict) -> np.ndarray:
     """A writable uint8 buffer for one piece's bytes (filled by the transport, then `put`)."""
     return aligned_empty(meta["nbytes"])
 
+  def target(self, meta: dict, block: Index) -> np.ndarray | None:
+    """A writable uint8 view of the parameter buffer where `block` of `meta`'s piece belongs, when
+    that is one run of bytes (then the transport writes there and calls `mark`), else None."""
+    name = meta["name"]
+    info = self.table[name]
+    shape = tuple(info["shape"])
+    index = tuple((s + a, s + b) for (a, b), (s, _) in zip(block, meta["index"]))
+    dims = [(a, b, n) for (a, b), n in zip(index, shape)]
+    while dims and dims[0][1] - dims[0][0] == 1:
+      dims.pop(0)
+    if not all(a == 0 and b == n for a, b, n in dims[1:]):
+      return None
+    wire = _dtype(info["wire"])
+    buf = self.buffers.get(name)
+    if buf is None:
+      buf = self.buffers[name] = aligned_empty(int(np.prod(shape, dtype=np.int64)) * wire.itemsize).view(wire).reshape(shape)
+    start = sum(a * int(np.prod(shape[d + 1:], dtype=np.int64)) for d, (a, _) in enumerate(index))
+    flat = buf.reshape(-1).view(np.uint8)
+    return flat[start * wire.itemsize:(start + _volume(index)) * wire.itemsize]
+
+  def mark(self, meta: dict, block: Index) -> None:
+    """Count a block the transport wrote straight into `target(meta, block)`."""
+    index = tuple((s + a, s + b) for (a, b), (s, _) in zip(block, meta["index"]))
+    for region in self.regions[meta["name"]]:
+      hit = _intersect(index, region)
+      if hit is not None:
+        self.filled[(meta["name"], region)] += _volume(hit)
+
   def put_bytes(self, meta: dict, raw: np.ndarray | memoryview | bytes) -> None:
-    """Add a piece given as raw bytes in the wire dtype."""
+    """Add a whole piece given as raw bytes in the wire dtype (only its wanted blocks are kept)."""
     info = self.table[meta["name"]]
     shape = [b - a for a, b in meta["index"]]
-    self.put(meta, np.frombuffer(raw, _dtype(info["wire"])).reshape(shape))
+    data = np.frombuffer(raw, _dtype(info["wire"])).reshape(shape)
+    for block in self.blocks(meta):
+      self.put_block(meta, block, data[tuple(slice(a, b) for a, b in block)])
+
+  def put_block_bytes(self, meta: dict, block: Index, raw: np.ndarray | memoryview | bytes) -> None:
+    """Add one piece-local block given as raw bytes in the wire dtype."""
+    wire = _dtype(self.table[meta["name"]]["wire"])
+    self.put_block(meta, block, np.frombuffer(raw, wire).reshape([b - a for a, b in block]))
 
   def put(self, meta: dict, data: np.ndarray) -> None:
-    """Add a piece given as an array of the piece's shape."""
-    name, index = meta["name"], meta["index"]
+    """Add a whole piece given as an array of the piece's shape."""
+    self.put_block(meta, tuple((0, b - a) for a, b in meta["index"]), data)
+
+  def put_block(self, meta: dict, block: Index, data: np.ndarray) -> None:
+    """Add one block (piece-local slice `block`) of a piece, as an array of the block's shape."""
+    name = meta["name"]
+    index = tuple((s + a, s + b) for (a, b), (s, _) in zip(block, meta["index"]))
     info = self.table[name]
     shape = tuple(info["shape"])
     if all(a == 0 and b == n for (a, b), n in zip(index, shape)):
       self.buffers[name] = data.reshape(shape)  # whole parameter: no copy
     else:
       buf = self.buffers.get(name)
-      if buf is None:
+      if buf is None:  # untouched pages of an unneeded slice cost no memory
         wire = _dtype(info["wire"])
         nbytes = int(np.prod(shape, dtype=np.int64)) * wire.itemsize
         buf = self.buffers[name] = aligned_empty(nbytes).view(wire).reshape(shape)
       buf[tuple(slice(a, b) for a, b in index)] = data
-    self.filled[name] += int(np.prod([b - a for a, b in index], dtype=np.int64))
+    self.mark(meta, block)
 
   def finish(self) -> Any:
-    """The pytree of jax.Arrays on `like`'s shardings; raises if any element never arrived."""
+    """The pytree of jax.Arrays on `like`'s shardings; raises if any needed element never arrived."""
     leaves = []
     for name, leaf in leaf_names(self.like):
-      size = int(np.prod(self.table[name]["shape"], dtype=np.int64))
-      if self.filled[name] != size:
-        raise RuntimeError(f"parameter {name!r}: {self.filled[name]} of {size} elements arrived")
+      for region in self.regions[name]:
+        if self.filled[(name, region)] != _volume(region):
+          raise RuntimeError(f"parameter {name!r} slice {list(region)}: {self.filled[(name, region)]} of "
+                             f"{_volume(region)} elements arrived")
       host = self.buffers.get(name, np.empty(self.table[name]["shape"], _dtype(self.table[name]["wire"])))
-      host = host.astype(np.dtype(leaf.dtype), copy=False)
+      dtype = np.dtype(leaf.dtype)
       sharding = getattr(leaf, "sharding", None)
       if sharding is None:
-        leaves.append(jnp.asarray(host))
-      else:
-        leaves.append(jax.make_array_from_callback(host.shape, sharding, lambda idx, h=host: h[idx]))
+        leaves.append(jnp.asarray(host.astype(dtype, copy=False)))
+      else:  # only this process's slices are read (and cast)
+        leaves.append(jax.make_array_from_callback(
+            host.shape, sharding, lambda idx, h=host, d=dtype: h[idx].astype(d, copy=False)))
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.like), leaves)
 
 

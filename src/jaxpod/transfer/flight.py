@@ -37,15 +37,46 @@ class _FlightServer(fl.FlightServerBase):
     pieces = self.versions.get(req["seq"])
     if pieces is None:
       raise fl.FlightServerError(f"version seq={req['seq']} is not served (pruned or from another trainer)")
-    data = pieces[req["piece"]]
-    start, end, step = req["start"], req["end"], self.chunk_bytes
+    block = pieces[req["piece"]][tuple(slice(a, b) for a, b in req["block"])]
+    data = np.ascontiguousarray(block).reshape(-1).view(np.uint8)  # a view unless the block is strided
+    return fl.GeneratorStream(_SCHEMA, self.batches(data, req["start"], req["end"]))
 
-    def batches():
-      for off in range(start, end, step):
-        n = min(step, end - off)
-        col = pa.Array.from_buffers(pa.uint8(), n, [None, pa.py_buffer(data[off:off + n])])
-        yield pa.RecordBatch.from_arrays([col], schema=_SCHEMA)
-    return fl.GeneratorStream(_SCHEMA, batches())
+  def batches(self, data: np.ndarray, start: int, end: int):
+    """Record batches of `chunk_bytes` over data[start:end], each a view (no copy)."""
+    for off in range(start, end, self.chunk_bytes):
+      n = min(self.chunk_bytes, end - off)
+      col = pa.Array.from_buffers(pa.uint8(), n, [None, pa.py_buffer(data[off:off + n])])
+      yield pa.RecordBatch.from_arrays([col], schema=_SCHEMA)
+
+
+def _contiguous(block, shape) -> bool:
+  """Whether a piece-local block is one run of bytes in the C-ordered piece."""
+  dims = [(a, b, n) for (a, b), n in zip(block, shape)]
+  while dims and dims[0][1] - dims[0][0] == 1:
+    dims.pop(0)
+  return all(a == 0 and b == n for a, b, n in dims[1:])
+
+
+def tickets(seq: int, i: int, meta: dict, block, itemsize: int, stream_bytes: int):
+  """(ticket, byte offset in the block's buffer, nbytes) per stream for one block of one piece.
+
+  A contiguous block is split into byte ranges of `stream_bytes`; a strided one into groups of
+  rows along its first dimension (the server copies each group once), so no stream is larger
+  than needed and a big block still uses several streams."""
+  shape = [b - a for a, b in meta["index"]]
+  nbytes = int(np.prod([b - a for a, b in block], dtype=np.int64)) * itemsize
+  if _contiguous(block, shape) or not block:
+    for start in range(0, max(nbytes, 1), stream_bytes):
+      end = min(nbytes, start + stream_bytes)
+      yield {"seq": seq, "piece": i, "block": block, "start": start, "end": end}, start, end - start
+    return
+  (a0, b0), rest = block[0], block[1:]
+  row = nbytes // (b0 - a0)
+  step = max(1, stream_bytes // max(row, 1))
+  for r in range(a0, b0, step):
+    sub = [[r, min(b0, r + step)], *[list(x) for x in rest]]
+    n = (sub[0][1] - r) * row
+    yield {"seq": seq, "piece": i, "block": sub, "start": 0, "end": n}, (r - a0) * row, n
 
 
 class Server(api.ServerBase):
@@ -55,14 +86,14 @@ class Server(api.ServerBase):
 
   def __init__(self, config, coordinator=None):
     super().__init__(config, coordinator)
-    self.versions: dict[int, list[np.ndarray]] = {}
+    self.versions: dict[int, list[np.ndarray]] = {}  # seq -> pieces (wire dtype, piece shape)
     self.servers = [_FlightServer(f"grpc://{config.bind_address}:0", self.versions, config.chunk_bytes)
                     for _ in range(config.num_servers)]
     self.addresses = [f"grpc://{config.dial_host()}:{s.port}" for s in self.servers]
 
   def _stage(self, seq: int, table: dict, pieces: list[flatten.Piece], m: TransferMetrics) -> dict:
     with m.phase("serve"):
-      self.versions[seq] = [p.data.reshape(-1).view(np.uint8) for p in pieces]
+      self.versions[seq] = [p.data for p in pieces]  # served in place: no copy here
     return {"addresses": self.addresses}
 
   def _retire(self, seqs: list[int]) -> None:
@@ -99,26 +130,31 @@ class Client(api.ClientBase):
   def _stream(self, address: str, ticket: dict, dst: np.ndarray, deadline: float) -> None:
     options = fl.FlightCallOptions(timeout=max(0.1, deadline - time.monotonic()))
     reader = self._conn(address).do_get(fl.Ticket(json.dumps(ticket).encode()), options)
-    off = ticket["start"]
+    off, end = 0, ticket["end"] - ticket["start"]
     for chunk in reader:
       buf = chunk.data.column(0).buffers()[1]
       n = chunk.data.num_rows
       dst[off:off + n] = np.frombuffer(buf, np.uint8, count=n, offset=chunk.data.column(0).offset)
       off += n
-    if off != ticket["end"]:
-      raise api.TransferError(f"stream for piece {ticket['piece']} ended at byte {off} of {ticket['end']}")
+    if off != end:
+      raise api.TransferError(f"stream for piece {ticket['piece']} ended at byte {off} of {end}")
 
   def _fetch(self, record: dict, asm: flatten.Assembler, m: TransferMetrics, deadline: float) -> None:
-    step = self.config.stream_bytes
-    jobs, buffers = [], []
+    jobs, buffers, marks = [], [], []
     for part in record["meta"]["parts"]:
       addresses = part["addresses"]
       for i, meta in enumerate(part["pieces"]):
-        dst = asm.empty(meta)
-        buffers.append((meta, dst))
-        for start in range(0, max(meta["nbytes"], 1), step):
-          ticket = {"seq": record["seq"], "piece": i, "start": start, "end": min(meta["nbytes"], start + step)}
-          jobs.append((addresses[len(jobs) % len(addresses)], ticket, dst))
+        itemsize = meta["nbytes"] // max(1, int(np.prod([b - a for a, b in meta["index"]], dtype=np.int64)))
+        for block in asm.blocks(meta):
+          dst = asm.target(meta, block)  # straight into the parameter's buffer when contiguous there
+          if dst is None:
+            dst = flatten.aligned_empty(asm.block_bytes(meta, block))
+            buffers.append((meta, block, dst))
+          else:
+            marks.append((meta, block))
+          block = [list(x) for x in block]
+          for ticket, off, n in tickets(record["seq"], i, meta, block, itemsize, self.config.stream_bytes):
+            jobs.append((addresses[len(jobs) % len(addresses)], ticket, dst[off:off + n]))
     with m.phase("fetch"):
       futures = [self.pool.submit(self._get, a, t, d, deadline) for a, t, d in jobs]
       try:
@@ -129,8 +165,10 @@ class Client(api.ClientBase):
           f.cancel()
         raise api.TransferError(f"version seq={record['seq']}: {type(e).__name__}: {e}") from None
     with m.phase("decode"):
-      for meta, dst in buffers:
-        asm.put_bytes(meta, dst)
+      for meta, block, dst in buffers:
+        asm.put_block_bytes(meta, block, dst)
+      for meta, block in marks:
+        asm.mark(meta, block)
 
   def _close(self) -> None:
     self.pool.shutdown(wait=False, cancel_futures=True)

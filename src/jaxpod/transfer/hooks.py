@@ -5,7 +5,8 @@ It subclasses the one hook interface (`jaxpod.runtime.hooks.Hook`: attribute `ev
 train/ and transfer/ stay siblings that never import each other. Outside the trainer it can be
 called directly as `hook(step, params)`. Every host calls it (publish is collective on a
 multi-host trainer); the weight id is the step. The trainer's state is donated to its next
-step: transports that keep serving from memory copy what they publish (see `ServerBase`).
+step: transports that keep serving from memory hold numpy views of the published buffers, which
+JAX then does not donate (the step writes new buffers; see `flatten._host`).
 """
 from __future__ import annotations
 

@@ -89,7 +89,12 @@ class Server(api.ServerBase):
 
 
 class Client(api.ClientBase):
-  """Requests a pull per trainer host, waits for the trainer's answer, pulls under a deadline."""
+  """Requests a pull per trainer host, waits for the trainer's answer, pulls under a deadline.
+
+  A pull moves every array the trainer host registered for it: a multi-host client gets whole
+  versions (and keeps only its slices)."""
+
+  granularity = "all"
 
   def __init__(self, config, coordinator=None):
     super().__init__(config, coordinator)

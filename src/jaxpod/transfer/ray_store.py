@@ -32,19 +32,26 @@ class Server(api.ServerBase):
 
 
 class Client(api.ClientBase):
-  """`ray.get` the refs of the newest version (zero-copy reads from shared memory)."""
+  """`ray.get` the refs of the newest version (zero-copy reads from shared memory).
+
+  An object is all or nothing: a multi-host client gets every piece that overlaps its slices."""
+
+  granularity = "piece"
 
   def _fetch(self, record: dict, asm: flatten.Assembler, m: TransferMetrics, deadline: float) -> None:
     import time
 
     import ray
     for part in record["meta"]["parts"]:
+      wanted = [(meta, ref) for meta, ref in zip(part["pieces"], part["refs"]) if asm.blocks(meta)]
+      if not wanted:
+        continue
       try:
         with m.phase("fetch"):
-          arrays = ray.get(part["refs"], timeout=max(0.1, deadline - time.monotonic()))
+          arrays = ray.get([ref for _, ref in wanted], timeout=max(0.1, deadline - time.monotonic()))
       except (ray.exceptions.ObjectLostError, ray.exceptions.GetTimeoutError,
               ray.exceptions.RayActorError) as e:
         raise api.TransferError(f"version seq={record['seq']} unavailable: {type(e).__name__}: {e}") from None
       with m.phase("decode"):
-        for meta, raw in zip(part["pieces"], arrays):
+        for (meta, _), raw in zip(wanted, arrays):
           asm.put_bytes(meta, raw)

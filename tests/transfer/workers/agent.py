@@ -59,7 +59,7 @@ def die_mid_pull(mode: str) -> None:
     from jaxpod.transfer import jax_transfer
     jax_transfer.Client._pull = boom  # after the trainer registered the pull, before pulling
   else:
-    flatten.Assembler.put_bytes = boom  # after the first piece's bytes arrived
+    flatten.Assembler.mark = boom  # after the first block's bytes arrived
 
 
 def handle(req: dict) -> dict:
@@ -91,6 +91,30 @@ def handle(req: dict) -> dict:
     die_mid_pull(req["mode"])
     STATE["client"].receive(client_like(), wait=req.get("wait"))
     return {"error": "receive finished without the injected death"}
+  if op == "die_mid_serve":  # arrow_flight trainer: exit (code 18) after the first batch of the next stream
+    from jaxpod.transfer import flight
+    orig = flight._FlightServer.batches
+
+    def batches_then_die(self, *args):
+      yield next(orig(self, *args))
+      os._exit(18)
+    flight._FlightServer.batches = batches_then_die
+    return {"ok": True}
+  if op == "stall_mid_pull":  # arrow_flight: read one chunk of each stream, then stop reading
+    import time
+
+    import pyarrow.flight as fl
+
+    from jaxpod.transfer import flight
+
+    def stalled(self, address, ticket, dst, deadline):
+      reader = self._conn(address).do_get(fl.Ticket(json.dumps(ticket).encode()))
+      reader.read_chunk()
+      open(req["marker"], "a").close()
+      time.sleep(req["stall_s"])
+    flight.Client._stream = stalled
+    update = STATE["client"].receive(client_like())
+    return {"update": None if update is None else update.weight_id, "metrics": STATE["client"].metrics()}
   if op == "pull_unregistered":  # jax_transfer: a pull nobody registered must end at our deadline
     import time
 

@@ -67,3 +67,22 @@ def shardings(jax, role: str, tree: dict):
   P = jax.sharding.PartitionSpec
   return jax.tree_util.tree_map(lambda _, s: jax.sharding.NamedSharding(m, P(*s)), tree, specs(role),
                                 is_leaf=lambda x: isinstance(x, tuple))
+
+
+def signal(sync_dir: str, mode: str, event: str) -> None:
+  """Drop `<mode>.<event>` in sync_dir (jobs launched side by side tell each other where they are)."""
+  import os
+  with open(os.path.join(sync_dir, f"{mode}.{event}"), "w"):
+    pass
+
+
+def wait_for(sync_dir: str, mode: str, event: str, timeout_s: float = 90.0) -> None:
+  """Wait until `<mode>.<event>` exists in sync_dir; raise naming it at the deadline."""
+  import os
+  import time
+  path = os.path.join(sync_dir, f"{mode}.{event}")
+  deadline = time.monotonic() + timeout_s
+  while not os.path.exists(path):
+    if time.monotonic() > deadline:
+      raise TimeoutError(f"{path} did not appear within {timeout_s}s (did the other job fail?)")
+    time.sleep(0.02)
