@@ -57,6 +57,14 @@ def _train_args(cfg: TRMParityBench, seed: int, runs_dir: str) -> list[str]:
           "--trainer.runs_dir", runs_dir, "--trainer.run_name", f"seed{seed}", "--trainer.checkpoint_every", "0"]
 
 
+def _run_config(run_dir: str):
+  """The TrainConfig a finished `jaxpod train` ran with (its config.json), so both sides share it exactly."""
+  import draccus
+  from jaxpod.runtime import storage
+  from jaxpod.train.config import TrainConfig
+  return draccus.decode(TrainConfig, json.loads(storage.read_text(storage.join(run_dir, "config.json"))))
+
+
 def _jaxpod_side(cfg: TRMParityBench, seed: int, runs_dir: str) -> tuple[list[dict], float]:
   """Runs `jaxpod train` for one seed; (eval curve, wall seconds)."""
   from jaxpod.runtime import storage
@@ -144,8 +152,6 @@ def plot(results: dict, path: str) -> str:
 
 def run(cfg: TRMParityBench) -> dict:
   """Train both sides for every seed; print the table, write the JSON and the PNG."""
-  from jaxpod.cli.args import parse
-  from jaxpod.train.config import TrainConfig
   check_reference_dir(cfg.reference)
   missing = missing_packages()
   if missing:
@@ -156,10 +162,9 @@ def run(cfg: TRMParityBench) -> dict:
     runs_dir = os.path.join(work, "runs")
     sides = {"jaxpod": ([], []), "reference": ([], [])}
     for seed in range(cfg.seeds):
-      train_cfg = parse(TrainConfig, _train_args(cfg, seed, runs_dir), "jaxpod train")
-      for side in ("jaxpod", "reference") if seed % 2 == 0 else ("reference", "jaxpod"):  # alternate: drift hits both
-        curve, wall = (_jaxpod_side(cfg, seed, runs_dir) if side == "jaxpod"
-                       else _reference_side(cfg, train_cfg, seed, tmp))
+      for side in ("jaxpod", "reference"):  # the reference reads the config jaxpod's run resolved
+        curve, wall = (_jaxpod_side(cfg, seed, runs_dir) if side == "jaxpod" else
+                       _reference_side(cfg, _run_config(os.path.join(runs_dir, f"seed{seed}")), seed, tmp))
         sides[side][0].append(curve)
         sides[side][1].append(wall)
         print(f"seed {seed} {side}: final exact accuracy {curve[-1]['exact_accuracy']:.4f}, {wall:.0f} s", flush=True)
