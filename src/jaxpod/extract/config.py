@@ -57,7 +57,8 @@ class ExtractConfig:
     if self.forward not in FORWARDS:
       raise ValueError(f"extract.forward={self.forward!r} is not supported; use one of {'|'.join(FORWARDS)}")
     if self.device_memory_bytes is not None and self.device_memory_bytes < 1:
-      raise ValueError(f"extract.device_memory_bytes={self.device_memory_bytes} must be >= 1 (or unset: ask the device)")
+      raise ValueError(f"extract.device_memory_bytes={self.device_memory_bytes} must be >= 1 "
+                       "(or leave it unset to ask the device)")
     if not 0 < self.memory_fraction <= 1:
       raise ValueError(f"extract.memory_fraction={self.memory_fraction} must be in (0, 1]")
     if self.batch_size < 1:
