@@ -37,6 +37,8 @@ def test_export_loads_with_datasets_and_equals_reader(baseline, tmp_path, capsys
   assert len(small["files"]) == baseline.info["num_batches"] and small["columns"][-1] == "resid.2"
   with pytest.raises(ValueError, match="is not empty; choose a new folder"):
     export(baseline.url, str(out))
+  with pytest.raises(ValueError, match="--to 'parquet' is not supported; use one of arrow"):
+    export(baseline.url, str(tmp_path / "other"), to="parquet")
 
 
 def test_bf16_export_is_widened_exactly(tiny_ckpt, tmp_path):

@@ -169,6 +169,7 @@ def test_info_cli_reports_completeness(baseline, capsys):
   summary = json.loads(capsys.readouterr().out)
   assert summary["completeness"] == "complete: all 21 rows exactly once" and summary["rows"] == len(PROMPTS)
   assert summary["shapes"]["resid.2"] == [len(PROMPTS), baseline.seq_len, 64] and summary["hosts"] == 1
+  assert summary["forward"] == "exact"
   fs = baseline.storage.fs
   fs.copy(baseline.storage.root, "/extract-tests/info", recursive=True)
   fs.rm("/extract-tests/info/shards/b000000-h0000.safetensors")
