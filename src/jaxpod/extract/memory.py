@@ -5,7 +5,8 @@
 
 Parts (estimates of the peak, per device):
   weights      parameters at rest, as `runtime.state_shardings` places them on this mesh
-  gathered     sharded: the largest block (or the embedding) with its fsdp shards gathered
+  gathered     sharded: one block and the embedding with their fsdp shards gathered (the loop over
+               blocks gathers one block per iteration; XLA's temp bytes measured below this)
                exact: every weight whole (the exact path gathers them all into each device)
   activations  one block's live tensors (residual, q/k/v/ctx, the mlp pair, fp32 scores + probs)
                for the rows one device runs at once (sharded: batch / (data*fsdp); exact: one row)
@@ -58,7 +59,7 @@ def memory_plan(mc: LlamaConfig, cfg: ExtractConfig, mesh, seq_len: int) -> dict
     rows_live = rows_kept = cfg.batch_size // dp
     model = mesh.shape["model"]
     no_fsdp = DEFAULT_RULES.replace(embed=None)  # what a block looks like once its fsdp shards are gathered
-    gathered = max(_bytes(state["layers"][0], mesh, no_fsdp), _bytes(state["embed_tokens"], mesh, no_fsdp))
+    gathered = _bytes(state["layers"][0], mesh, no_fsdp) + _bytes(state["embed_tokens"], mesh, no_fsdp)
   t = seq_len
   acts = rows_live * t * (4 * d + 2 * h * e // model + 2 * i // model) * item
   acts += 2 * rows_live * max(1, h // model) * t * t * 4
