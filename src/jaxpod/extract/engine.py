@@ -236,7 +236,11 @@ def _run(cfg: ExtractConfig, hf: dict, host: runtime.HostInfo, on_batch) -> dict
   plan.start_batch = _resume(storage, plan, nb)
   with jax.set_mesh(mesh):
     model = hf_io.load(cfg.model, mesh)
-    forward = (sharded_lib.ShardedForward if cfg.forward == "sharded" else fwd_lib.Forward)(model, mesh, cfg)
+    if cfg.forward == "sharded":  # its own stacked copy of the blocks; the model's are freed as they are stacked
+      forward = sharded_lib.ShardedForward(model, mesh, cfg, consume=True)
+    else:
+      forward = fwd_lib.Forward(model, mesh, cfg)
+    del model
     t = timer.add("setup", t0)
     bar = Progress(plan, cfg, enabled=cfg.progress and host.is_leader)
     committer = _Committer(storage, host.process_index, plan.run_id)

@@ -39,8 +39,12 @@ ACT = ("batch", "seq", "act_embed")  # logical axes of every capture: rows over 
 BUFFER = (None, "batch", "seq", "act_embed")  # a stack of captures [slots, B, T, D]
 
 
-def stack_blocks(model: model_lib.Llama, mesh):
-  """(block graphdef, one State whose leaves are the blocks' weights stacked [L, ...], sharded as one block's)."""
+def stack_blocks(model: model_lib.Llama, mesh, consume: bool = False):
+  """(block graphdef, one State whose leaves are the blocks' weights stacked [L, ...], sharded as one block's).
+
+  consume: free each block weight once stacked (the model's blocks are unusable after), so loading
+  peaks at the sharded weights plus one weight kind of every block, not twice the weights.
+  """
   block_def, first = nnx.split(model.layers[0])
   treedef = jax.tree.structure(first)
   shardings = jax.tree.leaves(state_shardings(first, mesh))
@@ -49,15 +53,20 @@ def stack_blocks(model: model_lib.Llama, mesh):
   for j, sh in enumerate(shardings):
     to = NamedSharding(mesh, P(None, *sh.spec))
     stacked.append(jax.jit(lambda *xs: jnp.stack(xs), out_shardings=to)(*[leaves[j] for leaves in per_block]))
+    if consume:
+      jax.block_until_ready(stacked[-1])
+      for leaves in per_block:
+        leaves[j].delete()
   return block_def, jax.tree.unflatten(treedef, stacked)
 
 
 class ShardedForward:
   """`ShardedForward(model, mesh, cfg)(tokens_BxT, mask_BxT) -> {"resid.4": [B, T, D] jax.Array, ...}`."""
 
-  def __init__(self, model: model_lib.Llama, mesh, cfg: ExtractConfig):
+  def __init__(self, model: model_lib.Llama, mesh, cfg: ExtractConfig, consume: bool = False):
+    """consume: free the model's block weights as they are stacked (see `stack_blocks`)."""
     self.mesh, self.cfg, self.model_cfg = mesh, cfg, model.cfg
-    self.block_def, blocks = stack_blocks(model, mesh)
+    self.block_def, blocks = stack_blocks(model, mesh, consume)
     self.params = (model.embed_tokens[...], blocks)  # what the forward reads: no final norm, no LM head
     self.in_sharding = DEFAULT_RULES.sharding(mesh, ROWS)
     out = DEFAULT_RULES.sharding(mesh, ACT)
