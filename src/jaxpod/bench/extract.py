@@ -114,11 +114,51 @@ def run(json_path: str | None = None, **overrides) -> dict:
         plan = plan or _plan_from(f"{tmp}/out0-{cfg.forwards[0]}")
         _hf_passes(hf, plan, cfg, hf_times, warmup=rep == 0)
       runtime.barrier("bench.extract.rep", 3600)  # the others wait while the leader times HF
+    paired = _paired(cfg, f"{tmp}/model", layers, hf, plan, hf_times) if host.process_count == 1 else {}
   finally:
     runtime.barrier("bench.extract.end", 3600)
     if host.is_leader:
       shutil.rmtree(tmp, ignore_errors=True)
-  return _report(cfg, layers, runs, hf_times, plan, host) if host.is_leader else {}
+  return _report(cfg, layers, runs, hf_times, plan, host, paired) if host.is_leader else {}
+
+
+def _paired(cfg: BenchConfig, model_dir: str, layers, hf, plan, hf_times: dict) -> dict[str, float]:
+  """Forward alone, each batch run by every forward and HF (its faster thread count) back to back:
+  the median over batches of each one's time / the first forward's (robust to a machine load that
+  drifts between whole runs). One host only."""
+  import jax
+  import torch
+  from jaxpod import extract, runtime
+  from jaxpod.extract import forward as fwd_lib, sharded as sharded_lib
+  from jaxpod.models.llama import hf_io
+  hf_rates = {th: statistics.median(n / t for t, n in v) for th, v in hf_times.items()}
+  torch.set_num_threads(max(hf_rates, key=hf_rates.get))
+  mesh = runtime.make_mesh(jax.device_count(), 1, 1)
+  calls = {}
+  with jax.set_mesh(mesh):
+    for fwd in cfg.forwards:
+      ecfg = extract.ExtractConfig(model=model_dir, prompts="-", out="-", layers=layers, points=cfg.points,
+                                   batch_size=cfg.batch_size, max_seq_len=cfg.seq_len, forward=fwd)
+      cls = sharded_lib.ShardedForward if fwd == "sharded" else fwd_lib.Forward
+      f = cls(hf_io.load(model_dir, mesh), mesh, ecfg)
+      calls[fwd] = lambda tokens, mask, f=f: jax.block_until_ready(f(tokens, mask))
+
+    def hf_call(tokens, mask):
+      with torch.no_grad():
+        hf(input_ids=torch.from_numpy(tokens).long(), attention_mask=torch.from_numpy(mask.astype(np.int64)),
+           output_hidden_states=True)
+    calls["hf"] = hf_call
+    times = {k: [] for k in calls}
+    for rep in range(cfg.repeats + 1):  # the first pass compiles / warms up
+      for b in range(plan.num_batches(cfg.batch_size)):
+        batch = plan.batch(b, cfg.batch_size)
+        for k, call in calls.items():
+          t = time.perf_counter()
+          call(*batch)
+          if rep:
+            times[k].append(time.perf_counter() - t)
+  first = cfg.forwards[0]
+  return {k: statistics.median(a / b for a, b in zip(v, times[first])) for k, v in times.items()}
 
 
 def _plan_from(url: str):
@@ -146,7 +186,7 @@ def _rate(runs: list[dict], tokens_per_batch: list[int]):
   return statistics.median(n / t for (_, n), t in zip(ours, total)), ours, total
 
 
-def _report(cfg: BenchConfig, layers, runs: list[dict], hf_times, plan, host) -> dict:
+def _report(cfg: BenchConfig, layers, runs: list[dict], hf_times, plan, host, paired: dict) -> dict:
   tokens_per_batch = [int(plan.lengths[b * cfg.batch_size:(b + 1) * cfg.batch_size].sum())
                       for b in range(plan.num_batches(cfg.batch_size))]
   by_fwd = {f: _rate([r for r in runs if r["forward"] == f], tokens_per_batch) for f in cfg.forwards}
@@ -173,6 +213,7 @@ def _report(cfg: BenchConfig, layers, runs: list[dict], hf_times, plan, host) ->
                           "hf": 1e3 * statistics.median(t for t, _ in hf_times)},
       "time_share_median": share, "time_share_of_total": share_of_sum, "barrier_plus_write_share": overhead,
       "write_thread_busy_share": busy,
+      "paired_forward_time_ratio": paired,  # forward alone, batch by batch: time / the first forward's
       "goals": {"speedup_at_least_1.5x": jax_rate / hf_rate >= 1.5, "overhead_below_5pct": overhead < 0.05,
                 **({"sharded_at_least_exact": rates["sharded"] >= rates["exact"]}
                    if {"sharded", "exact"} <= set(rates) else {})},
@@ -188,6 +229,9 @@ def _report(cfg: BenchConfig, layers, runs: list[dict], hf_times, plan, host) ->
   print_table(f"extraction, {cfg.layers} blocks x hidden {cfg.hidden}, batch {cfg.batch_size} x {plan.seq_len}, "
               f"{host.process_count} host(s) (jaxpod rate: host 0's batches; HF: one process)",
               ["kind", "tokens/s (median)", "batch ms (median)", "vs HF"], rows)
+  if paired:
+    print_table(f"forward alone, paired batch by batch (speed relative to {main}; > 1: faster)",
+                ["kind", f"speed vs {main}"], [(k, 1 / v) for k, v in paired.items()])
   print_table(f"jaxpod time share per batch ({main} forward)", ["phase", "median share", "share of total"],
               [(k, share[k], share_of_sum[k]) for k in phases] +
               [("barrier+pull+write", overhead, 1 - share_of_sum["forward"]),
