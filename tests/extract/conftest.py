@@ -57,6 +57,7 @@ def tiny_ckpt(tmp_path_factory):
 
 
 BASELINE_URL = "memory://extract-tests/baseline"
+BUDGET = 580_000  # extract.device_memory_bytes: less than the test model's whole weights (597,760 bytes in float32)
 BASE_OPTIONS = dict(layers=(0, 2), points=("resid", "attn_out", "mlp_out"), max_seq_len=48, progress=False)
 
 

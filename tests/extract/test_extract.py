@@ -13,10 +13,10 @@ from jaxpod import extract
 from jaxpod.runtime import storage
 from tests.conftest import host_lines
 from jaxpod.extract.sharded import TOLERANCE
-from tests.extract.conftest import BASE_OPTIONS, PROMPTS, assert_close_dataset, assert_same_dataset, hf_captures
+from tests.extract.conftest import (BASE_OPTIONS, BUDGET, PROMPTS, assert_close_dataset, assert_same_dataset,
+                                    hf_captures)
 
 WORKER = Path(__file__).parent / "workers" / "extract_worker.py"
-BUDGET = 580_000  # extract.device_memory_bytes: under the test model's 597,760 bytes of weights (see test_sharded.py)
 TOL = 1e-5  # fp32 vs torch fp32: a few ulps measured (see tests/models/llama/test_llama_parity.py)
 
 

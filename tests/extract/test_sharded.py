@@ -9,9 +9,8 @@ import pytest
 from jaxpod import extract
 from jaxpod.extract.sharded import TOLERANCE
 from jaxpod.runtime import MeshConfig
-from tests.extract.conftest import BASE_OPTIONS, PROMPTS, assert_close_dataset, hf_captures, write_checkpoint
-
-BUDGET = 580_000  # bytes per device: less than the test model's whole weights (597,760 bytes in float32)
+from tests.extract.conftest import (BASE_OPTIONS, BUDGET, PROMPTS, assert_close_dataset, hf_captures,
+                                    write_checkpoint)
 
 
 @pytest.mark.parametrize("mesh", [(8, 1, 1), (4, 1, 2), (1, 2, 4)])
