@@ -57,18 +57,47 @@ def tiny_ckpt(tmp_path_factory):
 
 
 BASELINE_URL = "memory://extract-tests/baseline"
+BUDGET = 580_000  # extract.device_memory_bytes: less than the test model's whole weights (597,760 bytes in float32)
 BASE_OPTIONS = dict(layers=(0, 2), points=("resid", "attn_out", "mlp_out"), max_seq_len=48, progress=False)
 
 
 @pytest.fixture(scope="session")
 def baseline(tiny_ckpt):
-  """The reference dataset: one process, 8 devices (data=8), batch 8, written to memory://."""
+  """The reference dataset: the exact forward, one process, 8 devices (data=8), batch 8, written to memory://."""
   from jaxpod import extract
   model, _, prompts = tiny_ckpt
-  cfg = extract.ExtractConfig(model=model, prompts=prompts, out=BASELINE_URL, batch_size=8, **BASE_OPTIONS)
+  cfg = extract.ExtractConfig(model=model, prompts=prompts, out=BASELINE_URL, batch_size=8, forward="exact",
+                              **BASE_OPTIONS)
   stats = extract.run(cfg)
   assert stats["rows"] == len(PROMPTS)
   return extract.open(BASELINE_URL)
+
+
+def assert_close_dataset(a, b, rtol: float):
+  """Same keys, rows, tokens and mask; every array within max|a - b| <= rtol * max|b| (sharded.TOLERANCE)."""
+  assert a.keys == b.keys and a.num_rows == b.num_rows
+  assert a.tokens.tobytes() == b.tokens.tobytes() and (a.mask == b.mask).all()
+  for k in a.keys:
+    x, y = a[k].astype("f4")[a.mask], b[k].astype("f4")[b.mask]
+    assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+    assert abs(x - y).max() <= rtol * abs(y).max(), f"{k}: max abs diff {abs(x - y).max()} vs max {abs(y).max()}"
+
+
+def hf_captures(hf_model, ids):
+  """resid/attn_out/mlp_out per block from torch hooks, plus HF's hidden_states, for one prompt."""
+  import torch
+  got = {}
+  hooks = []
+  for i, layer in enumerate(hf_model.model.layers):
+    hooks.append(layer.register_forward_hook(
+        lambda m, a, o, i=i: got.__setitem__(f"resid.{i}", o[0] if isinstance(o, tuple) else o)))
+    hooks.append(layer.self_attn.register_forward_hook(lambda m, a, o, i=i: got.__setitem__(f"attn_out.{i}", o[0])))
+    hooks.append(layer.mlp.register_forward_hook(lambda m, a, o, i=i: got.__setitem__(f"mlp_out.{i}", o)))
+  with torch.no_grad():
+    hs = hf_model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+  for h in hooks:
+    h.remove()
+  return {k: v[0].float().numpy() for k, v in got.items()}, [h[0].float().numpy() for h in hs]
 
 
 def assert_same_dataset(a, b):

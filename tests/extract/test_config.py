@@ -55,6 +55,7 @@ def test_bad_inputs_one_line_each_before_jax_init(tiny_ckpt, tmp_path):
                 "data-parallel size 4"),
       "prompts": (with_(prompts=str(tmp_path / "none.txt")), "extract.prompts="),
       "dtype": (with_(dtype="fp8"), "extract.dtype='fp8' is not supported"),
+      "forward": (with_(forward="fast"), "extract.forward='fast' is not supported; use one of sharded|exact"),
   }
   r = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps({k: v[0] for k, v in cases.items()})],
                      capture_output=True, text=True, timeout=120)
@@ -80,6 +81,8 @@ def test_config_fields_validated_on_construction():
     ExtractConfig(model="m", prompts="p", out="o")
   with pytest.raises(ValueError, match="extract.batch_size=0 must be >= 1"):
     ExtractConfig(model="m", prompts="p", out="o", layers=(1,), batch_size=0)
+  with pytest.raises(ValueError, match=r"extract.memory_fraction=0 must be in \(0, 1\]"):
+    ExtractConfig(model="m", prompts="p", out="o", layers=(1,), memory_fraction=0)
   cfg = ExtractConfig(model="m", prompts="p", out="o", layers=(8, 4), points=("resid", "mlp_out"))
   assert cfg.keys == ("resid.4", "mlp_out.4", "resid.8", "mlp_out.8")
 

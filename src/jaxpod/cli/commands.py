@@ -61,9 +61,12 @@ COMMANDS: dict[str, Command | Group] = {
     }),
     "sample": Command("generate text from a HF Llama checkpoint on every host",
                       "jaxpod.cli.commands:sample", "jaxpod.sample.config:SampleConfig"),
-    "extract": Group("layer activations over a prompt set, per host; extract info URL", {
+    "extract": Group("layer activations over a prompt set, per host; extract info URL; extract export URL", {
         "info": Command("summary and completeness of an activation dataset: jaxpod extract info URL",
                         "jaxpod.cli.extract:info", "jaxpod.cli.extract:InfoOptions", positional="url"),
+        "export": Command("an activation dataset as Arrow files HF datasets loads: jaxpod extract export URL "
+                          "--out DIR", "jaxpod.cli.extract:export", "jaxpod.cli.extract:ExportOptions",
+                          positional="url"),
     }, default=Command("layer activations over a prompt set, written per host", "jaxpod.cli.extract:run",
                        "jaxpod.extract.config:ExtractConfig")),
     "bench": Group("benchmarks: " + " | ".join(BENCHES), BENCHES),

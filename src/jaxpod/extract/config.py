@@ -19,6 +19,7 @@ from jaxpod.runtime.mesh import MeshConfig
 
 POINTS = ("resid", "attn_out", "mlp_out")  # = jaxpod.models.llama.CAPTURE_POINTS (no JAX import here)
 DTYPES = {"f32": "float32", "bf16": "bfloat16"}
+FORWARDS = ("sharded", "exact")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,9 @@ class ExtractConfig:
   dtype: str = "f32"  # stored activation dtype: f32 | bf16 (the model computes in its checkpoint dtype)
   mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)  # (data, fsdp, model) sizes
   progress: bool = True  # progress bar on the leader
+  forward: str = "sharded"  # sharded: full batch, weights stay sharded | exact: whole weights, same bytes on any mesh
+  device_memory_bytes: int | None = None  # per-device memory the plan checks before compiling; None: ask the device
+  memory_fraction: float = 0.9  # share of device memory the plan may use
 
   def __post_init__(self):
     for name, flag in (("model", "--model DIR"), ("prompts", "--prompts FILE"), ("out", "--out URL")):
@@ -50,6 +54,13 @@ class ExtractConfig:
                        f"use distinct values from {','.join(POINTS)}")
     if self.dtype not in DTYPES:
       raise ValueError(f"extract.dtype={self.dtype!r} is not supported; use one of {'|'.join(DTYPES)}")
+    if self.forward not in FORWARDS:
+      raise ValueError(f"extract.forward={self.forward!r} is not supported; use one of {'|'.join(FORWARDS)}")
+    if self.device_memory_bytes is not None and self.device_memory_bytes < 1:
+      raise ValueError(f"extract.device_memory_bytes={self.device_memory_bytes} must be >= 1 "
+                       "(or leave it unset to ask the device)")
+    if not 0 < self.memory_fraction <= 1:
+      raise ValueError(f"extract.memory_fraction={self.memory_fraction} must be in (0, 1]")
     if self.batch_size < 1:
       raise ValueError(f"extract.batch_size={self.batch_size} must be >= 1")
     if self.max_seq_len < 1:

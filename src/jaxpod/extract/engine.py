@@ -13,11 +13,12 @@
    record (invariant 4). A failure anywhere is published and names its host (invariant 3).
 5. The leader writes `manifest.json`.
 
-Numerics do not depend on the mesh: inside a `shard_map` every device runs each of its rows
-alone (`lax.map`) with whole weights, so the same prompt gives the same bytes on any layout.
-Rows go over every mesh axis when the batch divides the device count, else over data*fsdp
-(replicated over `model`; the writer keeps replica 0). fsdp/model shard weights at rest;
-they are gathered for the forward.
+Two forwards (`ExtractConfig.forward`). `sharded` (default; extract/sharded.py): the model's
+own forward at full batch with weights left sharded (fsdp/model), so models larger than one
+device fit and the forward stays GEMM-bound; the same bytes on a fixed mesh (rerun, resume),
+values within `sharded.TOLERANCE` across meshes. `exact` (extract/forward.py): each row
+alone with whole weights inside a `shard_map`, so the same bytes on any mesh, for models that
+fit one device. Before compiling, the leader checks the memory plan (extract/memory.py).
 """
 from __future__ import annotations
 
@@ -99,17 +100,21 @@ def run_record(cfg: ExtractConfig, hf: dict, plan_fields: dict, lay: dict) -> di
       "points": list(cfg.points), "keys": list(cfg.keys), "dtype": cfg.np_dtype, "batch_size": cfg.batch_size,
       "max_seq_len": cfg.max_seq_len, "seq_len": t, "hidden_size": hidden, "num_rows": n,
       "num_batches": -(-n // cfg.batch_size), "shapes": {k: [n, t, hidden] for k in cfg.keys},
-      "run_id": plan_fields["run_id"], **lay,
+      "forward": cfg.forward, "run_id": plan_fields["run_id"], **lay,
   }
 
 
-def _plan_on_leader(cfg: ExtractConfig, hf: dict, lay: dict, storage: writer.Storage) -> dict:
-  """Tokenize, fix the padded length and run id, check or write run.json; the broadcast payload."""
+def _plan_on_leader(cfg: ExtractConfig, hf: dict, lay: dict, storage: writer.Storage, mesh) -> dict:
+  """Tokenize, fix the padded length and run id, check the memory plan, check or write run.json; the broadcast
+  payload."""
+  from jaxpod.extract import memory
+  from jaxpod.models.llama import hf_io
   flat, lengths, pad = _tokenize(cfg)
   seq_len = int(lengths.max())
+  memory.check_memory(hf_io.load_config(cfg.model), cfg, mesh, seq_len)  # before any weight is read or compiled
   digest = hashlib.sha256()
   for part in (json.dumps(hf, sort_keys=True), cfg.model, sorted(cfg.layers), cfg.points, cfg.np_dtype,
-               cfg.batch_size, seq_len, pad, json.dumps(lay, sort_keys=True)):
+               cfg.batch_size, seq_len, pad, json.dumps(lay, sort_keys=True), cfg.forward):
     digest.update(repr(part).encode())
   digest.update(lengths.tobytes())
   digest.update(flat.tobytes())
@@ -117,7 +122,8 @@ def _plan_on_leader(cfg: ExtractConfig, hf: dict, lay: dict, storage: writer.Sto
   record = run_record(cfg, hf, fields, lay)
   old = storage.read_json(storage.path("run.json"))
   if old is not None and old.get("run_id") != record["run_id"]:
-    differ = [k for k in ("model", "layers", "points", "dtype", "batch_size", "seq_len", "num_rows", "hosts", "mesh")
+    differ = [k for k in ("model", "layers", "points", "dtype", "batch_size", "seq_len", "num_rows", "hosts", "mesh",
+                          "forward")
               if old.get(k) != record[k]] or ["model weights config or prompt tokens"]
     raise ValueError(f"extract.out={cfg.out!r} holds another extraction (differs in {', '.join(differ)}); "
                      "rerun with the same options and hosts to resume, or use a new --out")
@@ -216,21 +222,25 @@ def run(cfg: ExtractConfig, runtime_cfg: runtime.RuntimeConfig | None = None,
 
 def _run(cfg: ExtractConfig, hf: dict, host: runtime.HostInfo, on_batch) -> dict:
   import jax
-  from jaxpod.extract import forward as fwd_lib
+  from jaxpod.extract import forward as fwd_lib, sharded as sharded_lib
   from jaxpod.extract.progress import Progress
   from jaxpod.models.llama import hf_io
   timer, t0 = _Timer(), time.perf_counter()
   check_batch(cfg, jax.device_count())
   storage = writer.Storage(cfg.out)
   lay = layout(cfg, jax.device_count())
-  payload = runtime.broadcast_call(lambda: _plan_on_leader(cfg, hf, lay, storage), "extract.plan")
+  mesh = runtime.make_mesh(**lay["mesh"])
+  payload = runtime.broadcast_call(lambda: _plan_on_leader(cfg, hf, lay, storage, mesh), "extract.plan")
   plan = _make_plan(payload, storage)
   nb = plan.num_batches(cfg.batch_size)
   plan.start_batch = _resume(storage, plan, nb)
-  mesh = runtime.make_mesh(**lay["mesh"])
   with jax.set_mesh(mesh):
     model = hf_io.load(cfg.model, mesh)
-    forward = fwd_lib.Forward(model, mesh, cfg)
+    if cfg.forward == "sharded":  # its own stacked copy of the blocks; the model's are freed as they are stacked
+      forward = sharded_lib.ShardedForward(model, mesh, cfg, consume=True)
+    else:
+      forward = fwd_lib.Forward(model, mesh, cfg)
+    del model
     t = timer.add("setup", t0)
     bar = Progress(plan, cfg, enabled=cfg.progress and host.is_leader)
     committer = _Committer(storage, host.process_index, plan.run_id)

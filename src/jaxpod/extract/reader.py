@@ -182,7 +182,8 @@ class Dataset:
             "model": self.info["model"], "layers": self.layers, "points": self.points, "dtype": self.dtype,
             "rows": self.num_rows, "seq_len": self.seq_len, "hidden_size": self.info["hidden_size"],
             "tokens": self.info.get("counts", {}).get("tokens"), "hosts": self.info["hosts"],
-            "mesh": self.info["mesh"], "shard_files": sum(len(v) for v in self._files.values()),
+            "mesh": self.info["mesh"], "forward": self.info.get("forward", "exact"),  # older runs: exact only
+            "shard_files": sum(len(v) for v in self._files.values()),
             "shapes": self.info["shapes"]}
 
 
