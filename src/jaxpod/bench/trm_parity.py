@@ -174,8 +174,8 @@ def run(cfg: TRMParityBench) -> dict:
     results[side] = {"curves": curves, "wall_s": walls, "spread": _spread(curves),
                      "final": [c[-1]["exact_accuracy"] for c in curves]}
   ours, theirs = results["jaxpod"]["spread"], results["reference"]["spread"]
-  fmt = lambda s: f"{s['median'] * 100:.1f}% [{s['min'] * 100:.1f}-{s['max'] * 100:.1f}]"  # noqa: E731
-  print_table(f"TRM convergence over {cfg.seeds} seeds (held-out exact accuracy, median [min-max])",
+  fmt = lambda s: f"{s['median'] * 100:.1f}% ({s['min'] * 100:.1f}-{s['max'] * 100:.1f})"  # noqa: E731
+  print_table(f"TRM convergence over {cfg.seeds} seeds: held-out exact accuracy, median (min-max)",
               ["step", "jaxpod", "reference"],
               [(str(s), fmt(ours[s]), fmt(theirs[s]) if s in theirs else "-") for s in ours])
   walls = [b / a for a, b in zip(results["jaxpod"]["wall_s"], results["reference"]["wall_s"])]
