@@ -97,7 +97,9 @@ def relaunch(path: list[str], argv: list[str], cfg: Any) -> int:
   """Run `jaxpod PATH ARGV` as cfg.hosts simulated hosts (host 0's output echoed); the job's exit code."""
   from jaxpod.runtime.launcher import LaunchConfig, launch
   cmd = [sys.executable, "-m", "jaxpod.cli.main", *path[1:], *argv]
-  lc = LaunchConfig(hosts=cfg.hosts, devices_per_host=getattr(cfg, "devices_per_host", 1))
+  # Only benchmarks relaunch: they measure this machine and keep their scratch files in one local
+  # folder, so the simulated hosts share its disk (pod-faithfulness is the tests' job, not theirs).
+  lc = LaunchConfig(hosts=cfg.hosts, devices_per_host=getattr(cfg, "devices_per_host", 1), shared_local_disk=True)
   return launch(cmd, lc, echo_hosts={0}).returncode
 
 
