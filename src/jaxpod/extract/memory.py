@@ -15,7 +15,6 @@ Parts (estimates of the peak, per device):
 from __future__ import annotations
 
 import math
-import os
 
 import jax
 import numpy as np
@@ -24,16 +23,8 @@ from flax import nnx
 from jaxpod.extract.config import ExtractConfig
 from jaxpod.models.llama import model as model_lib
 from jaxpod.models.llama.config import LlamaConfig
+from jaxpod.runtime.mesh import device_memory_bytes
 from jaxpod.runtime.sharding import DEFAULT as DEFAULT_RULES, state_shardings
-
-
-def device_memory_bytes() -> int:
-  """Memory of one local device: the accelerator's limit, or host RAM / local devices on CPU."""
-  dev = jax.local_devices()[0]
-  stats = dev.memory_stats() if hasattr(dev, "memory_stats") else None
-  if stats and stats.get("bytes_limit"):
-    return int(stats["bytes_limit"])
-  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // len(jax.local_devices())
 
 
 def _bytes(state, mesh, rules) -> int:

@@ -86,3 +86,15 @@ def describe_mesh(mesh) -> str:
   hosts = len({d.process_index for d in mesh.devices.flat})
   axes = " ".join(f"{n}={s}" for n, s in mesh.shape.items())
   return f"{axes} ({mesh.devices.size} devices, {hosts} hosts)"
+
+
+def device_memory_bytes() -> int:
+  """Memory of one local device: the accelerator's limit, or host RAM / local devices on CPU."""
+  import os
+
+  import jax
+  dev = jax.local_devices()[0]
+  stats = dev.memory_stats() if hasattr(dev, "memory_stats") else None
+  if stats and stats.get("bytes_limit"):
+    return int(stats["bytes_limit"])
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // len(jax.local_devices())

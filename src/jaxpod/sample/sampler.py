@@ -14,7 +14,6 @@ power-of-two KV lengths), so every host compiles the same few programs.
 from __future__ import annotations
 
 import math
-import os
 from typing import Callable, Sequence
 
 import jax
@@ -27,6 +26,7 @@ from jaxpod import runtime
 from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.models.llama.model import PAGE_AXES, Llama, PagedKVCache, abstract
 from jaxpod.runtime import mesh as mesh_lib
+from jaxpod.runtime.mesh import device_memory_bytes
 from jaxpod.runtime.sharding import DEFAULT as DEFAULT_RULES, state_shardings
 from jaxpod.sample import engine
 from jaxpod.sample.config import MODES, EngineConfig, SamplingParams
@@ -44,15 +44,6 @@ def make_sample_mesh(mode: str, mesh_cfg: mesh_lib.MeshConfig):
 
 def _per_device_bytes(shape, dtype, sharding) -> int:
   return math.prod(sharding.shard_shape(tuple(shape))) * np.dtype(dtype).itemsize
-
-
-def device_memory_bytes() -> int:
-  """Memory of one local device: the accelerator's limit, or host RAM / local devices on CPU."""
-  dev = jax.local_devices()[0]
-  stats = dev.memory_stats() if hasattr(dev, "memory_stats") else None
-  if stats and stats.get("bytes_limit"):
-    return int(stats["bytes_limit"])
-  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // len(jax.local_devices())
 
 
 def memory_plan(cfg: LlamaConfig, ec: EngineConfig, mesh) -> dict[str, int]:
