@@ -121,7 +121,7 @@ def test_bf16_on_the_wire(mode, fresh, tmp_path, ray_namespace):
     layer["b"] = layer["b"].astype(ml_dtypes.bfloat16).astype(np.float32)
   update = client.call("receive", wait=WAIT_S)["update"]
   assert update["shardings_ok"] and update["digest"] == common.digest(rounded)
-  wire = sum(a.nbytes // 2 if a.dtype == np.float32 else a.nbytes for a in _leaves(common.make_params(1)))
+  wire = sum(a.nbytes // 2 if a.dtype == np.float32 else a.nbytes for a in common.leaves(common.make_params(1)))
   assert metrics["bytes"] == wire
 
 
@@ -287,15 +287,8 @@ def _wait_dead(actor, timeout_s: float = 30.0) -> None:
 
 def _params_bytes(seed: int) -> int:
   import numpy as np
-  return sum(np.asarray(a).nbytes for a in _leaves(common.make_params(seed)))
+  return sum(np.asarray(a).nbytes for a in common.leaves(common.make_params(seed)))
 
-
-def _leaves(node):
-  if isinstance(node, dict):
-    return [x for v in node.values() for x in _leaves(v)]
-  if isinstance(node, (list, tuple)):
-    return [x for v in node for x in _leaves(v)]
-  return [node]
 
 
 def ray_node_env() -> dict:

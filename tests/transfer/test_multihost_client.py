@@ -50,7 +50,7 @@ def test_two_host_trainer_to_two_host_client(launch_hosts, bucket, tmp_path):
     t.join()
   for role in ("trainer", "client"):
     assert box[role].returncode == 0, (role, box[role].all_output[-4000:])
-  total = sum(a.nbytes for a in _leaves(common.make_params(7)))
+  total = sum(a.nbytes for a in common.leaves(common.make_params(7)))
   served = [int(line.split()[2]) for h in range(2) for line in box["trainer"].output[h] if line.startswith("SERVED")]
   assert sum(served) == total * len(RESHARD_MODES) and min(served) > 0  # each host served its own shards
   for host in range(2):
@@ -68,11 +68,3 @@ def test_two_host_trainer_to_two_host_client(launch_hosts, bucket, tmp_path):
         assert after_death[0] == "NONE" and int(after_death[2]) >= 1, after_death
       assert rollback[0] == "GOT" and rollback[2:5] == ["5", "True", "True"], rollback
       assert end == ["NONE", mode, "end"], end
-
-
-def _leaves(node):
-  if isinstance(node, dict):
-    return [x for v in node.values() for x in _leaves(v)]
-  if isinstance(node, (list, tuple)):
-    return [x for v in node for x in _leaves(v)]
-  return [node]

@@ -12,6 +12,15 @@ CHUNK_BYTES = 64 << 10  # arrow_flight chunk in tests; "big" below spans several
 STREAM_BYTES = 128 << 10
 
 
+def leaves(node) -> list:
+  """The arrays of a nested dict/list pytree, in order (no JAX import in the agents)."""
+  if isinstance(node, dict):
+    return [x for v in node.values() for x in leaves(v)]
+  if isinstance(node, (list, tuple)):
+    return [x for v in node for x in leaves(v)]
+  return [node]
+
+
 def make_params(seed: int) -> dict:
   """A nested pytree of numpy arrays: fp32, bf16, int32, and one parameter larger than a chunk."""
   rng = np.random.default_rng(seed)
