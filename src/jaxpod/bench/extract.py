@@ -95,7 +95,7 @@ def run(json_path: str | None = None, **overrides) -> dict:
   from jaxpod import extract, runtime
   cfg = BenchConfig(json=json_path, **overrides)
   host = runtime.init()
-  layers = tuple(cfg.capture or (cfg.layers // 2, cfg.layers - 1))
+  layers = tuple(cfg.capture or sorted({cfg.layers // 2, cfg.layers - 1}))  # one block when they coincide
   tmp = runtime.broadcast(tempfile.mkdtemp(prefix="jaxpod-bench-extract-") if host.is_leader else None,
                           "bench.extract.folder")
   hf = _checkpoint(f"{tmp}/model", cfg) if host.is_leader else None
