@@ -20,6 +20,7 @@ import fsspec
 import numpy as np
 
 from jaxpod.extract.reader import Dataset
+from jaxpod.runtime import storage
 
 FORMATS = ("arrow",)
 MAX_FILE_BYTES = 512 * 2**20  # start a new data file past this size
@@ -88,6 +89,5 @@ def export(url: str, out: str, to: str = "arrow", keys: list[str] | None = None,
             "rows": rows, "row": "token (padding dropped)", "columns": ["prompt_id", "position", "token", *keys],
             "dtype": "float32", "stored_dtype": ds.dtype, "hidden_size": ds.info["hidden_size"],
             "hf_names": {k: hf_names(k, num_layers) for k in keys}}
-  with fs.open(f"{root.rstrip('/')}/export.json", "w") as f:
-    json.dump(record, f, indent=1)
+  storage.write_text(storage.join(out, "export.json"), json.dumps(record, indent=1))  # atomic: last, when complete
   return record
