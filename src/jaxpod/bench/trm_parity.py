@@ -57,6 +57,15 @@ def _train_args(cfg: TRMParityBench, seed: int, runs_dir: str) -> list[str]:
           "--trainer.runs_dir", runs_dir, "--trainer.run_name", f"seed{seed}", "--trainer.checkpoint_every", "0"]
 
 
+def _child(cmd: list[str], what: str) -> subprocess.CompletedProcess:
+  """Run one side in its own process; its last error line if it fails."""
+  proc = subprocess.run(cmd, capture_output=True, text=True)
+  if proc.returncode:
+    last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
+    raise RuntimeError(f"bench trm-parity: {what} exited {proc.returncode}: {last}")
+  return proc
+
+
 def _run_config(run_dir: str):
   """The TrainConfig a finished `jaxpod train` ran with (its config.json), so both sides share it exactly."""
   import draccus
@@ -70,11 +79,8 @@ def _jaxpod_side(cfg: TRMParityBench, seed: int, runs_dir: str) -> tuple[list[di
   from jaxpod.runtime import storage
   from jaxpod.train.tracker import read_metrics
   t = time.perf_counter()
-  proc = subprocess.run([sys.executable, "-m", "jaxpod.cli.main", "train", *_train_args(cfg, seed, runs_dir)],
-                        capture_output=True, text=True)
-  if proc.returncode:
-    raise RuntimeError(f"bench trm-parity: jaxpod train (seed {seed}) exited {proc.returncode}: "
-                       f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ''}")
+  _child([sys.executable, "-m", "jaxpod.cli.main", "train", *_train_args(cfg, seed, runs_dir)],
+         f"jaxpod train (seed {seed})")
   curve = [{"step": r["step"], "exact_accuracy": r["eval/exact_accuracy"]}
            for r in read_metrics(storage.join(runs_dir, f"seed{seed}")) if "eval/exact_accuracy" in r]
   return curve, time.perf_counter() - t
@@ -107,11 +113,8 @@ def _reference_side(cfg: TRMParityBench, train_cfg, seed: int, tmp: str) -> tupl
                "optim": optim, "seed": seed, "steps": cfg.steps, "eval_every": cfg.eval_every,
                "ema": train_cfg.trainer.ema}, f)
   t = time.perf_counter()
-  proc = subprocess.run([sys.executable, "-m", "jaxpod.bench.trm_reference", "--reference", cfg.reference, "--spec",
-                         spec, "--threads", str(cfg.threads), "--train-data", data], capture_output=True, text=True)
-  if proc.returncode:
-    raise RuntimeError(f"bench trm-parity: the reference (seed {seed}) exited {proc.returncode}: "
-                       f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ''}")
+  proc = _child([sys.executable, "-m", "jaxpod.bench.trm_reference", "--reference", cfg.reference, "--spec", spec,
+                 "--threads", str(cfg.threads), "--train-data", data], f"the reference (seed {seed})")
   curve = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")]
   return [{"step": c["step"], "exact_accuracy": c["exact_accuracy"]} for c in curve], time.perf_counter() - t
 
@@ -180,9 +183,10 @@ def run(cfg: TRMParityBench) -> dict:
               [(str(s), fmt(ours[s]), fmt(theirs[s]) if s in theirs else "-") for s in ours])
   walls = [b / a for a, b in zip(results["jaxpod"]["wall_s"], results["reference"]["wall_s"])]
   results["reference_over_jaxpod_wall"] = statistics.median(walls)
+  ratio = results["reference_over_jaxpod_wall"]
   print(f"wall time per run, median: jaxpod {statistics.median(results['jaxpod']['wall_s']):.0f} s, reference "
-        f"{statistics.median(results['reference']['wall_s']):.0f} s (reference / jaxpod {results['reference_over_jaxpod_wall']:.2f}x, "
-        "same seeds, alternating order; jaxpod's includes process start, dataset check and compilation)")
+        f"{statistics.median(results['reference']['wall_s']):.0f} s (reference / jaxpod {ratio:.2f}x, "
+        "same seeds, one after the other; jaxpod's includes process start, dataset check and compilation)")
   if cfg.json:
     results["plot"] = plot(results, os.path.splitext(cfg.json)[0] + ".png")
     print(f"plot: {results['plot']}")

@@ -104,14 +104,13 @@ def run_record(cfg: ExtractConfig, hf: dict, plan_fields: dict, lay: dict) -> di
   }
 
 
-def _plan_on_leader(cfg: ExtractConfig, hf: dict, lay: dict, storage: writer.Storage, mesh) -> dict:
+def _plan_on_leader(cfg: ExtractConfig, hf: dict, lay: dict, storage: writer.Storage, mesh, model_cfg) -> dict:
   """Tokenize, fix the padded length and run id, check the memory plan, check or write run.json; the broadcast
   payload."""
   from jaxpod.extract import memory
-  from jaxpod.models.llama import hf_io
   flat, lengths, pad = _tokenize(cfg)
   seq_len = int(lengths.max())
-  memory.check_memory(hf_io.load_config(cfg.model), cfg, mesh, seq_len)  # before any weight is read or compiled
+  memory.check_memory(model_cfg, cfg, mesh, seq_len)  # before any weight is read or compiled
   digest = hashlib.sha256()
   for part in (json.dumps(hf, sort_keys=True), cfg.model, sorted(cfg.layers), cfg.points, cfg.np_dtype,
                cfg.batch_size, seq_len, pad, json.dumps(lay, sort_keys=True), cfg.forward):
@@ -224,18 +223,19 @@ def _run(cfg: ExtractConfig, hf: dict, host: runtime.HostInfo, on_batch) -> dict
   import jax
   from jaxpod.extract import forward as fwd_lib, sharded as sharded_lib
   from jaxpod.extract.progress import Progress
-  from jaxpod.models.llama import hf_io
+  from jaxpod.models.llama import LlamaConfig, hf_io
   timer, t0 = _Timer(), time.perf_counter()
+  model_cfg = LlamaConfig.from_hf_config(hf)  # the config.json check_inputs already read: no second read
   check_batch(cfg, jax.device_count())
   storage = writer.Storage(cfg.out)
   lay = layout(cfg, jax.device_count())
   mesh = runtime.make_mesh(**lay["mesh"])
-  payload = runtime.broadcast_call(lambda: _plan_on_leader(cfg, hf, lay, storage, mesh), "extract.plan")
+  payload = runtime.broadcast_call(lambda: _plan_on_leader(cfg, hf, lay, storage, mesh, model_cfg), "extract.plan")
   plan = _make_plan(payload, storage)
   nb = plan.num_batches(cfg.batch_size)
   plan.start_batch = _resume(storage, plan, nb)
   with jax.set_mesh(mesh):
-    model = hf_io.load(cfg.model, mesh)
+    model = hf_io.load(cfg.model, mesh, cfg=model_cfg)
     if cfg.forward == "sharded":  # its own stacked copy of the blocks; the model's are freed as they are stacked
       forward = sharded_lib.ShardedForward(model, mesh, cfg, consume=True)
     else:
