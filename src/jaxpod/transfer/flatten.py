@@ -158,6 +158,22 @@ class Assembler:
     """Bytes of `meta`'s piece this process needs."""
     return sum(self.block_bytes(meta, b) for b in self.blocks(meta))
 
+  @staticmethod
+  def _global_index(meta: dict, block: Index) -> Index:
+    """Global slice of piece-local `block` of `meta`'s piece."""
+    return tuple((s + a, s + b) for (a, b), (s, _) in zip(block, meta["index"]))
+
+  def _buffer(self, name: str) -> np.ndarray:
+    """The host buffer of parameter `name` in its wire dtype (allocated on first use; untouched
+    pages of an unneeded slice cost no memory)."""
+    buf = self.buffers.get(name)
+    if buf is None:
+      info = self.table[name]
+      shape, wire = tuple(info["shape"]), _dtype(info["wire"])
+      nbytes = int(np.prod(shape, dtype=np.int64)) * wire.itemsize
+      buf = self.buffers[name] = aligned_empty(nbytes).view(wire).reshape(shape)
+    return buf
+
   def empty(self, meta: dict) -> np.ndarray:
     """A writable uint8 buffer for one piece's bytes (filled by the transport, then `put`)."""
     return aligned_empty(meta["nbytes"])
@@ -168,23 +184,20 @@ class Assembler:
     name = meta["name"]
     info = self.table[name]
     shape = tuple(info["shape"])
-    index = tuple((s + a, s + b) for (a, b), (s, _) in zip(block, meta["index"]))
+    index = self._global_index(meta, block)
     dims = [(a, b, n) for (a, b), n in zip(index, shape)]
     while dims and dims[0][1] - dims[0][0] == 1:
       dims.pop(0)
     if not all(a == 0 and b == n for a, b, n in dims[1:]):
       return None
     wire = _dtype(info["wire"])
-    buf = self.buffers.get(name)
-    if buf is None:
-      buf = self.buffers[name] = aligned_empty(int(np.prod(shape, dtype=np.int64)) * wire.itemsize).view(wire).reshape(shape)
     start = sum(a * int(np.prod(shape[d + 1:], dtype=np.int64)) for d, (a, _) in enumerate(index))
-    flat = buf.reshape(-1).view(np.uint8)
+    flat = self._buffer(name).reshape(-1).view(np.uint8)
     return flat[start * wire.itemsize:(start + _volume(index)) * wire.itemsize]
 
   def mark(self, meta: dict, block: Index) -> None:
     """Count a block the transport wrote straight into `target(meta, block)`."""
-    index = tuple((s + a, s + b) for (a, b), (s, _) in zip(block, meta["index"]))
+    index = self._global_index(meta, block)
     for region in self.regions[meta["name"]]:
       hit = _intersect(index, region)
       if hit is not None:
@@ -210,18 +223,13 @@ class Assembler:
   def put_block(self, meta: dict, block: Index, data: np.ndarray) -> None:
     """Add one block (piece-local slice `block`) of a piece, as an array of the block's shape."""
     name = meta["name"]
-    index = tuple((s + a, s + b) for (a, b), (s, _) in zip(block, meta["index"]))
+    index = self._global_index(meta, block)
     info = self.table[name]
     shape = tuple(info["shape"])
     if all(a == 0 and b == n for (a, b), n in zip(index, shape)):
       self.buffers[name] = data.reshape(shape)  # whole parameter: no copy
     else:
-      buf = self.buffers.get(name)
-      if buf is None:  # untouched pages of an unneeded slice cost no memory
-        wire = _dtype(info["wire"])
-        nbytes = int(np.prod(shape, dtype=np.int64)) * wire.itemsize
-        buf = self.buffers[name] = aligned_empty(nbytes).view(wire).reshape(shape)
-      buf[tuple(slice(a, b) for a, b in index)] = data
+      self._buffer(name)[tuple(slice(a, b) for a, b in index)] = data
     self.mark(meta, block)
 
   def finish(self) -> Any:
