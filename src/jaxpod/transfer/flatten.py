@@ -108,6 +108,14 @@ def _intersect(x, y) -> Index | None:
   return out if all(a < b for a, b in out) or not out else None
 
 
+def contiguous(index, shape) -> bool:
+  """Whether slice `index` of a C-ordered array of `shape` is one run of bytes."""
+  dims = [(a, b, n) for (a, b), n in zip(index, shape)]
+  while dims and dims[0][1] - dims[0][0] == 1:
+    dims.pop(0)
+  return all(a == 0 and b == n for a, b, n in dims[1:])
+
+
 def needed_regions(leaf: Any, shape: tuple[int, ...]) -> list[Index]:
   """The distinct global slices this process's devices hold of `leaf` (all of it without a sharding)."""
   whole = tuple((0, n) for n in shape)
@@ -185,10 +193,7 @@ class Assembler:
     info = self.table[name]
     shape = tuple(info["shape"])
     index = self._global_index(meta, block)
-    dims = [(a, b, n) for (a, b), n in zip(index, shape)]
-    while dims and dims[0][1] - dims[0][0] == 1:
-      dims.pop(0)
-    if not all(a == 0 and b == n for a, b, n in dims[1:]):
+    if not contiguous(index, shape):
       return None
     wire = _dtype(info["wire"])
     start = sum(a * int(np.prod(shape[d + 1:], dtype=np.int64)) for d, (a, _) in enumerate(index))

@@ -49,14 +49,6 @@ class _FlightServer(fl.FlightServerBase):
       yield pa.RecordBatch.from_arrays([col], schema=_SCHEMA)
 
 
-def _contiguous(block, shape) -> bool:
-  """Whether a piece-local block is one run of bytes in the C-ordered piece."""
-  dims = [(a, b, n) for (a, b), n in zip(block, shape)]
-  while dims and dims[0][1] - dims[0][0] == 1:
-    dims.pop(0)
-  return all(a == 0 and b == n for a, b, n in dims[1:])
-
-
 def tickets(seq: int, i: int, meta: dict, block, itemsize: int, stream_bytes: int):
   """(ticket, byte offset in the block's buffer, nbytes) per stream for one block of one piece.
 
@@ -65,7 +57,7 @@ def tickets(seq: int, i: int, meta: dict, block, itemsize: int, stream_bytes: in
   than needed and a big block still uses several streams."""
   shape = [b - a for a, b in meta["index"]]
   nbytes = int(np.prod([b - a for a, b in block], dtype=np.int64)) * itemsize
-  if _contiguous(block, shape) or not block:
+  if flatten.contiguous(block, shape) or not block:
     for start in range(0, max(nbytes, 1), stream_bytes):
       end = min(nbytes, start + stream_bytes)
       yield {"seq": seq, "piece": i, "block": block, "start": start, "end": end}, start, end - start
