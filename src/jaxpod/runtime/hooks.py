@@ -11,6 +11,7 @@ The interface:
       def __call__(self, info: StepInfo) -> dict | None:
         ...                                # read info.state (global arrays), info.step, ...
         return {"my/metric": 1.0}          # optional: logged by the tracker at info.step
+      def on_start(self, info):            # optional: once, with the first (or restored) state, before step 1
       def on_metrics(self, step, metrics): # optional: every step's host-side training metrics
       def on_results(self, step, results): # optional: what the due hooks returned at a step
       def close(self): ...                 # optional: called once when the run ends
@@ -59,6 +60,12 @@ class Hook:
 
   def __call__(self, info: StepInfo) -> dict | None:  # pragma: no cover - interface
     raise NotImplementedError
+
+  def on_start(self, info: StepInfo) -> dict | None:
+    """Once before the first step, with the state the loop starts from (fresh or restored; default: nothing).
+
+    Like `__call__` it runs on every host in list order; what it returns is logged at `info.step`."""
+    return None
 
   def on_metrics(self, step: int, metrics: dict) -> None:
     """The host-side training metrics of `step`, when the loop has read them (default: nothing)."""

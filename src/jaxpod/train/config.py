@@ -85,6 +85,7 @@ class TrainerConfig:
 
   steps: int = 400  # optimizer steps (one ACT step each)
   eval_every: int = 0  # evaluate every N steps (0: only at the end)
+  eval_at_start: bool = False  # also evaluate the starting weights of a fresh run (logged at step 0)
   checkpoint_every: int = 0  # checkpoint every N steps (0: only at the end)
   keep_last: int = 2  # checkpoints kept on disk
   log_every: int = 10  # metrics to the tracker every N steps
@@ -150,7 +151,7 @@ class TrainConfig:
 RUN_ID_IGNORES = ("runtime", "mesh", "tracker", "trainer.steps", "trainer.runs_dir", "trainer.run_name",
                   "trainer.resume", "trainer.progress", "trainer.plot", "trainer.async_checkpoints",
                   "trainer.preemption_check_every",
-                  "trainer.log_every", "trainer.eval_every", "trainer.checkpoint_every", "trainer.keep_last",
+                  "trainer.log_every", "trainer.eval_every", "trainer.eval_at_start", "trainer.checkpoint_every", "trainer.keep_last",
                   "task.data.cache_dir", "task.data.eval_batch_size", "task.bar_metrics", "task.plot_metrics")
 
 

@@ -16,9 +16,14 @@ log = get_logger("train.hooks")
 class EvalHook(Hook):
   """Full test-set evaluation (the task's evaluator) with the EMA weights; returns `eval/*` metrics."""
 
-  def __init__(self, evaluator: Callable[[Any, Any], dict], every: int, headline: str | None = None):
+  def __init__(self, evaluator: Callable[[Any, Any], dict], every: int, headline: str | None = None,
+               at_start: bool = False):
     self.evaluator, self.every, self.headline = evaluator, every, headline  # headline: the metric logged first
+    self.at_start = at_start  # also evaluate the starting weights of a fresh run (step 0; not on resume)
     self.history: list[tuple[int, dict]] = []
+
+  def on_start(self, info: StepInfo) -> dict | None:
+    return self(info) if self.at_start and info.step == 0 else None
 
   def __call__(self, info: StepInfo) -> dict:
     results = self.evaluator(info.state.ema_params, info.state.buffers)

@@ -46,9 +46,12 @@ def abstract_model(task, seed: int):
 
 
 def make_init_fn(task, tx: optax.GradientTransformation, seed: int, global_batch: int):
-  """A function of no arguments that builds a fresh TrainState (jit it with out_shardings)."""
-  def init() -> TrainState:
-    params, buffers = task.init_model(seed)
+  """A function that builds a fresh TrainState (jit it with out_shardings).
+
+  Called with no argument it draws the model from `task.init_model(seed)`; called with
+  `(params, buffers)` (e.g. loaded from a HF checkpoint, `Task.initial_params`) it starts from those."""
+  def init(given=None) -> TrainState:
+    params, buffers = task.init_model(seed) if given is None else given
     return TrainState(params=params, buffers=buffers, opt_state=tx.init(params),
                       ema_params=jax.tree.map(jnp.copy, params), step=jnp.zeros([], jnp.int32),
                       rng=jax.random.PRNGKey(seed), carry=task.init_carry(global_batch))
@@ -105,9 +108,12 @@ def with_shardings(abstract, shardings):
   return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
 
 
-def init_state(init_fn, shardings: TrainState) -> TrainState:
-  """Run init under jit directly into the target shardings (no host-side full copy)."""
-  return jax.jit(init_fn, out_shardings=shardings)()
+def init_state(init_fn, shardings: TrainState, given=None) -> TrainState:
+  """Run init under jit directly into the target shardings (no host-side full copy); `given`: starting
+  (params, buffers) already placed, or None to draw them."""
+  if given is None:
+    return jax.jit(init_fn, out_shardings=shardings)()
+  return jax.jit(init_fn, out_shardings=shardings)(given)
 
 
 # ---------------------------------------------------------------------------- checkpoint trees

@@ -64,9 +64,13 @@ def jit_train_step(step_fn, shardings: TrainState, batch_sh: dict, mesh):
 
 
 def global_batch(local: dict, shardings: dict) -> dict:
-  """This host's rows (numpy) -> global jax.Arrays; hosts' slices are contiguous along the data axis."""
-  return {k: jax.make_array_from_process_local_data(shardings[k], np.asarray(v, np.int32))
-          for k, v in local.items() if k in shardings}
+  """This host's rows (numpy) -> global jax.Arrays; hosts' slices are contiguous along the data axis.
+
+  Floating arrays (e.g. RL advantages, behaviour log-probs) stay float32; everything else is int32."""
+  def cast(v):
+    v = np.asarray(v)
+    return v.astype(np.float32) if np.issubdtype(v.dtype, np.floating) else v.astype(np.int32)
+  return {k: jax.make_array_from_process_local_data(shardings[k], cast(v)) for k, v in local.items() if k in shardings}
 
 
 def host_metrics(metrics: dict) -> dict:

@@ -15,6 +15,8 @@ shardings, optimizer step, EMA, checkpoints, hooks, tracker. A task supplies:
     train_iter() / eval_iter       checkpointable train iterator (get_state/set_state) / eval batches
     evaluator(graphdef, mesh, ema_sh, buffer_sh, batch_sh)   callable (params, buffers) -> eval dict
     hooks(graphdef, mesh, tcfg)    task-specific hooks, run after eval (LM: SampleHook)
+    initial_params(mesh, shardings)  optional: (params, buffers) to start from, placed in shardings.params /
+                                   shardings.buffers (e.g. a HF checkpoint); absent or None: init_model(seed)
     eval_summary(ev)               (label, value) rows for the end-of-run table
     name, headline                 run-folder prefix; the eval metric logged first (optional)
 

@@ -153,7 +153,8 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
     log.info("resumed from checkpoint step %d", start)
   else:
     start = 0
-    state = st.init_state(init_fn, shardings)
+    initial = getattr(task, "initial_params", None)
+    state = st.init_state(init_fn, shardings, initial(mesh, shardings) if initial is not None else None)
   if start >= tcfg.steps:
     done = storage.join(run_dir, "summary.json")
     log.warning("run %s is already complete at step %d: nothing to train (raise --trainer.steps to train further, "
@@ -172,7 +173,8 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
     evaluator = task.evaluator(graphdef, mesh, shardings.ema_params, shardings.buffers, batch_sh)
     progress = ProgressDisplay(tcfg.steps, start, host.is_leader and tcfg.progress, start_time=t_start,
                                metrics=cfg.task.bar_metrics)
-    hooks: list[Hook] = [EvalHook(evaluator, tcfg.eval_every, getattr(task, "headline", None)),
+    hooks: list[Hook] = [EvalHook(evaluator, tcfg.eval_every, getattr(task, "headline", None),
+                                  at_start=tcfg.eval_at_start),
                          *task.hooks(graphdef, mesh, tcfg), *extra_hooks,
                          CheckpointHook(ckpt, tcfg.checkpoint_every, st.to_nested, before_save=tracker.sync),
                          ProgressHook(progress), TrackerHook(tracker, tcfg.log_every, tcfg.steps)]
@@ -248,7 +250,7 @@ def _loop(loop: Loop, state, start: int) -> dict:
   """Steps start+1..steps; returns the last host-side normalised training metrics (with the last hook results)."""
   from jaxpod.train import step as sp
   pending = None  # (step number, device metrics) of the step whose metrics are still on the device
-  latest: dict = {}
+  latest = _start_hooks(loop, state, start)
 
   def drain(pending) -> dict:
     step, metrics = pending
@@ -285,6 +287,19 @@ def _loop(loop: Loop, state, start: int) -> dict:
   if pending is not None:
     latest = drain(pending)
   return latest
+
+
+def _start_hooks(loop: Loop, state, start: int) -> dict:
+  """Every hook's `on_start` with the state the loop starts from; what they return is logged at `start`."""
+  info = StepInfo(step=start, state=state, final=False, run_dir=loop.run_dir, mesh=loop.mesh, metrics={},
+                  extras={"data_state": loop.iterator.get_state})
+  out: dict = {}
+  for hook in loop.hooks:
+    out.update(hook.on_start(info) or {})
+  if out:
+    for hook in loop.hooks:
+      hook.on_results(start, out)
+  return out
 
 
 def _finish(cfg: TrainConfig, task, summary: RunSummary, console, print_summary) -> None:
