@@ -45,6 +45,7 @@ class LaunchConfig:
   timeout_s: float | None = None  # stop everything after this many seconds (None: no limit)
   shared_local_disk: bool = False  # hosts share HOME, TMPDIR and working dir (declare an NFS/gcsfuse setup)
   hosts_root: str | None = None  # parent of the private host_<i>/ roots; default: <log_dir>/hosts
+  label: str = ""  # prefix of every echoed line, e.g. "trainer " -> "[trainer host 0/2]" (several clusters at once)
 
   def __post_init__(self):
     if self.hosts < 1:
@@ -146,10 +147,11 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
 
 
 class _Host:
-  def __init__(self, i: int, n: int, proc: subprocess.Popen, log_path: Path, sink: TextIO | None, lock):
+  def __init__(self, i: int, n: int, proc: subprocess.Popen, log_path: Path, sink: TextIO | None, lock,
+               label: str = ""):
     self.i, self.proc, self.lines = i, proc, []
     self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    self._prefix = f"[host {i}/{n}] "
+    self._prefix = f"[{label}host {i}/{n}] "
     self._thread = threading.Thread(target=self._pump, args=(log_path, sink, lock), daemon=True)
     self._thread.start()
 
@@ -185,10 +187,12 @@ def _stop_all(procs: list[_Host], grace_s: float) -> None:
 
 
 def launch(cmd: list[str], cfg: LaunchConfig, sink: TextIO | None = sys.stdout, env: dict | None = None,
-           summary: TextIO | None = sys.stderr, echo_hosts: set[int] | None = None) -> LaunchResult:
+           summary: TextIO | None = sys.stderr, echo_hosts: set[int] | None = None,
+           stop: threading.Event | None = None) -> LaunchResult:
   """Run `cmd` as cfg.hosts simulated hosts; fail fast; return every host's outcome.
 
-  Lines of the hosts in `echo_hosts` (default: all) are echoed to `sink`; all are logged.
+  Lines of the hosts in `echo_hosts` (default: all) are echoed to `sink`; all are logged. Setting
+  `stop` (from another thread, e.g. a second cluster's launch) stops every host like a failure would.
   """
   if not cmd:
     raise ValueError("jaxpod launch needs a command after '--', e.g. jaxpod launch --hosts 2 -- jaxpod doctor")
@@ -215,7 +219,7 @@ def launch(cmd: list[str], cfg: LaunchConfig, sink: TextIO | None = sys.stdout, 
       _stop_all(procs, 0)
       raise ValueError(f"command not found: {cmd[0]!r}; check the command after '--'") from None
     echo = sink if echo_hosts is None or i in echo_hosts else None
-    procs.append(_Host(i, cfg.hosts, p, log_dir / f"host_{i}.log", echo, lock))
+    procs.append(_Host(i, cfg.hosts, p, log_dir / f"host_{i}.log", echo, lock, cfg.label))
 
   first_failed, reason = None, ""
   try:
@@ -232,6 +236,10 @@ def launch(cmd: list[str], cfg: LaunchConfig, sink: TextIO | None = sys.stdout, 
         reason = "timeout"
         _stop_all(procs, cfg.grace_s)
         break
+      if stop is not None and stop.is_set():
+        reason = "stopped"
+        _stop_all(procs, cfg.grace_s)
+        break
       time.sleep(0.02)
   except KeyboardInterrupt:
     reason = "interrupted"
@@ -244,7 +252,7 @@ def launch(cmd: list[str], cfg: LaunchConfig, sink: TextIO | None = sys.stdout, 
     rc = 128 - rc if rc < 0 else rc
   elif reason == "timeout":
     rc = 124
-  elif reason == "interrupted":
+  elif reason in ("interrupted", "stopped"):
     rc = 130
   else:
     rc = 0
@@ -266,5 +274,5 @@ def format_summary(result: LaunchResult, procs: list[_Host]) -> str:
     return (f"jaxpod launch: host {h.i}/{n} failed first (exit code {result.exit_codes[h.i]}) after "
             f"{result.seconds:.1f}s; the other hosts were stopped. Last lines of host {h.i}:\n{tail}\n"
             f"  full logs: {result.log_dir}")
-  what = "timed out" if result.reason == "timeout" else "was interrupted"
+  what = {"timeout": "timed out", "stopped": "was stopped"}.get(result.reason, "was interrupted")
   return f"jaxpod launch: {what} after {result.seconds:.1f}s; all hosts stopped; logs in {result.log_dir}"
