@@ -2,7 +2,8 @@
 
     cli                                  top: the command table, parse, call one workload
     bench                                benchmarks over the workloads
-    tasks                                what the trainer runs (TRM Sudoku, causal LM): composes train + sample
+    rl  tasks                            compositions: RL post-training (train + sample + transfer); what the
+                                         trainer runs (TRM Sudoku, causal LM); they never import each other
     train  sample  extract  transfer     the workloads: never import each other
     models  data  io  configs
     runtime                              bottom
@@ -14,7 +15,7 @@ from pathlib import Path
 
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-RANK = {"cli": 6, "bench": 5, "tasks": 4, "train": 3, "sample": 3, "extract": 3, "transfer": 3, "models": 2, "data": 2, "io": 2,
+RANK = {"cli": 6, "bench": 5, "tasks": 4, "rl": 4, "train": 3, "sample": 3, "extract": 3, "transfer": 3, "models": 2, "data": 2, "io": 2,
         "configs": 2, "runtime": 1}
 WORKLOADS = {"train", "sample", "extract", "transfer"}
 
@@ -83,6 +84,13 @@ def _cross_workload_imports() -> set[tuple[str, str]]:
 def test_workloads_do_not_import_each_other():
   """The LM task wires sampling into training from tasks/, a floor above both: train never imports sample."""
   bad = _cross_workload_imports()
+  assert not bad, "\n".join(f"{m} imports {t}" for m, t in sorted(bad))
+
+
+def test_compositions_do_not_import_each_other():
+  """rl/ and tasks/ sit on one floor: each composes the workloads below, neither builds on the other."""
+  bad = {(m, t) for m, imported in GRAPH.items() for t in imported
+         if {_room(m), _room(t)} == {"rl", "tasks"}}
   assert not bad, "\n".join(f"{m} imports {t}" for m, t in sorted(bad))
 
 

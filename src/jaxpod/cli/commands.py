@@ -70,6 +70,9 @@ COMMANDS: dict[str, Command | Group] = {
     }, default=Command("layer activations over a prompt set, written per host", "jaxpod.cli.extract:run",
                        "jaxpod.extract.config:ExtractConfig")),
     "bench": Group("benchmarks: " + " | ".join(BENCHES), BENCHES),
+    "rl": Command("RL post-training (GRPO): a trainer learns from rollouts sampled with its published weights "
+                  "(no arguments: addition with a small Llama, minutes on CPU)", "jaxpod.cli.commands:rl",
+                  "jaxpod.rl.config:RLConfig"),
     "train": Command("train a model (no arguments: a small TRM on 4x4 Sudoku, minutes on CPU)",
                      "jaxpod.cli.train:run", "jaxpod.train.config:TrainConfig", load="jaxpod.cli.train:load_config"),
     "plot": Command("plot a run's loss and accuracy curves to a PNG: jaxpod plot RUN_DIR",
@@ -179,7 +182,22 @@ def sample(cfg) -> int:
   return 0
 
 
+def rl(cfg) -> int:
+  """`jaxpod rl`: every job of the run (trainer hosts, rollout hosts) calls this with the same config."""
+  from jaxpod import runtime
+  from jaxpod.rl.run import run
+  run(cfg)
+  runtime.shutdown()
+  return 0
+
+
 def plot(cfg) -> int:
+  """`jaxpod plot RUN_DIR`: a training run's curves, or an RL run's reward and accuracy per policy version."""
+  from jaxpod.runtime import storage
+  if storage.exists(storage.join(cfg.run_dir, "train", "metrics.jsonl")) and cfg.out is None:
+    from jaxpod.rl.summary import plot as plot_rl
+    print(plot_rl(cfg.run_dir))
+    return 0
   from jaxpod.train.plot import plot_run
   print(plot_run(cfg.run_dir, cfg.out))
   return 0

@@ -1,0 +1,190 @@
+"""`RLConfig`: every section of `jaxpod rl`, frozen dataclasses validated before JAX starts (invariant 7).
+
+    jaxpod rl                                        # the built-in default (addition, colocated)
+    jaxpod rl --grpo.num_generations 8 --trainer.steps 300 --topology disaggregated
+
+Sections: task (the verifiable problems), rewards, model (architecture, or `model.hf` to start from
+a HF checkpoint), warmup (supervised steps on the task's own data before RL), grpo (the algorithm),
+rollout (the engine and the workers), transfer (weights between clusters when disaggregated),
+trainer / tracker / runtime / mesh (as in `jaxpod train`).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from jaxpod.models.llama.config import LlamaConfig
+from jaxpod.rl.grpo import LOSS_NORMS, SCALE_REWARDS
+from jaxpod.rl.tasks import AdditionTask, RLTaskConfig
+from jaxpod.runtime.mesh import MeshConfig
+from jaxpod.runtime.state import RuntimeConfig
+from jaxpod.train.config import TrackerConfig, TrainerConfig
+from jaxpod.transfer.config import TransferConfig
+
+TOPOLOGIES = ("colocated", "disaggregated")
+ROLES = ("auto", "trainer", "rollout")
+UPDATES = ("inflight", "drain")
+KV_LAYOUTS = ("slots", "paged")
+
+
+@dataclasses.dataclass(frozen=True)
+class RLModelConfig(LlamaConfig):
+  """The policy's architecture (byte-level vocabulary by default), or a HF checkpoint to start from."""
+
+  hf: str = ""  # HF Llama checkpoint (folder or URL) to start RL from: skips the warm-up; its config.json wins
+  vocab_size: int = 259  # ByteTokenizer: bytes 0..255, BOS 256, EOS 257, PAD 258
+  hidden_size: int = 128
+  intermediate_size: int = 384
+  num_hidden_layers: int = 2
+  num_attention_heads: int = 4
+  num_key_value_heads: int = 4
+  max_position_embeddings: int = 64
+  tie_word_embeddings: bool = True
+  bos_token_id: int | None = 256
+  eos_token_id: tuple[int, ...] = (257,)
+  pad_token_id: int | None = 258
+
+  def llama(self) -> LlamaConfig:
+    """The architecture alone (what the model and HF export take)."""
+    fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(LlamaConfig)}
+    return LlamaConfig(**fields)
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupConfig:
+  """Supervised fine-tuning on the task's own problems before RL (next-token loss on answer + EOS)."""
+
+  steps: int = 150  # optimizer steps (0: no warm-up; ignored when model.hf is set)
+  batch_size: int = 64  # problems per step over all hosts
+  lr: float = 1e-3  # peak learning rate (AdamW, linear warm-up over the first 10% of steps, then constant)
+
+  def __post_init__(self):
+    if self.steps < 0 or self.batch_size < 1 or self.lr <= 0:
+      raise ValueError(f"rl.warmup: steps={self.steps} must be >= 0, batch_size={self.batch_size} >= 1, "
+                       f"lr={self.lr} > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOConfig:
+  """The algorithm: n samples per prompt, group-relative advantages, clipped ratio vs the engine's log-probs."""
+
+  num_prompts_per_step: int = 16  # prompts (groups) per optimizer step
+  num_generations: int = 8  # samples per prompt, n (>= 2: the group baseline needs two)
+  epsilon: float = 0.2  # lower clip: ratio >= 1 - epsilon
+  epsilon_high: float = 0.28  # upper clip: ratio <= 1 + epsilon_high (DAPO's clip-higher; = epsilon is symmetric)
+  beta: float = 0.0  # KL weight to the frozen starting policy (0: no reference model kept)
+  scale_rewards: str = "group"  # advantage scale: group (GRPO) | batch | none (Dr. GRPO)
+  loss_norm: str = "token"  # token (DAPO/TRL: over all completion tokens) | sequence (GRPO) | constant (Dr. GRPO)
+  max_policy_lag: int = 2  # oldest version a trained token may come from: trainer version - this (older: dropped)
+  lr: float = 5e-4  # AdamW learning rate (constant after a 5-step warm-up)
+  weight_decay: float = 0.0  # AdamW decoupled weight decay
+  grad_clip: float = 1.0  # global-norm clip (0: none)
+
+  def __post_init__(self):
+    if self.num_generations < 2:
+      raise ValueError(f"rl.grpo.num_generations={self.num_generations}: GRPO needs n >= 2 samples per prompt "
+                       "(the advantage is relative to the group); use 2 or more")
+    if self.num_prompts_per_step < 1:
+      raise ValueError(f"rl.grpo.num_prompts_per_step={self.num_prompts_per_step} must be >= 1")
+    if not 0 < self.epsilon < 1 or self.epsilon_high <= 0:
+      raise ValueError(f"rl.grpo.epsilon={self.epsilon} must be in (0, 1) and epsilon_high={self.epsilon_high} > 0")
+    if self.beta < 0 or self.lr <= 0 or self.weight_decay < 0 or self.grad_clip < 0:
+      raise ValueError("rl.grpo: beta, weight_decay, grad_clip must be >= 0 and lr > 0")
+    if self.scale_rewards not in SCALE_REWARDS:
+      raise ValueError(f"rl.grpo.scale_rewards={self.scale_rewards!r}; use one of {SCALE_REWARDS}")
+    if self.loss_norm not in LOSS_NORMS:
+      raise ValueError(f"rl.grpo.loss_norm={self.loss_norm!r}; use one of {LOSS_NORMS}")
+    if self.max_policy_lag < 0:
+      raise ValueError(f"rl.grpo.max_policy_lag={self.max_policy_lag} must be >= 0")
+
+  @property
+  def rows(self) -> int:
+    """Sequences per optimizer step (prompts x samples)."""
+    return self.num_prompts_per_step * self.num_generations
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+  """Sampling and the rollout workers (the engine's shapes are fixed here, the same on every host)."""
+
+  temperature: float = 1.0  # sampling temperature (the loss uses the same: pi = softmax(logits / T))
+  top_k: int = 0  # 0: no top-k filter
+  top_p: float = 1.0  # 1: no nucleus filter
+  max_prompt_len: int = 16  # prompt tokens (BOS included); longer task prompts are refused before compiling
+  max_new_tokens: int = 8  # tokens sampled per completion at most
+  slots: int = 64  # decode slots of the engine (rows decoded together)
+  kv_layout: str = "paged"  # KV cache layout of the engine: slots | paged
+  steps_per_round: int = 4  # decode steps per device call between scheduling rounds
+  eval_slots: int = 64  # decode slots of the greedy held-out evaluation
+  update: str = "inflight"  # disaggregated workers: inflight (swap weights between decode steps) | drain (finish, then swap)
+  worker_id: int = 0  # this worker's number (role rollout)
+  workers: int = 1  # rollout workers `--role auto` starts (disaggregated)
+  hosts: int = 1  # hosts per rollout worker `--role auto` starts (disaggregated)
+  groups_per_file: int = 8  # prompts (groups) per rollout file a worker writes to the queue
+  max_queued_files: int = 3  # a worker pauses while this many of its files wait unconsumed
+  wait_for_weights_s: float = 900.0  # a worker fails if no weights are published within this (names the trainer)
+  heartbeat_s: float = 2.0  # how often a worker's leader writes its heartbeat
+  worker_timeout_s: float = 15.0  # the trainer names a worker lost after this long without a heartbeat
+  rollout_timeout_s: float = 900.0  # the trainer fails if no usable rollout arrives for this long
+
+  def __post_init__(self):
+    if self.temperature <= 0:
+      raise ValueError(f"rl.rollout.temperature={self.temperature}: RL samples at a temperature > 0 (its "
+                       "log-probs define pi_behaviour); use e.g. 1.0")
+    for name in ("max_prompt_len", "max_new_tokens", "slots", "steps_per_round", "eval_slots", "workers", "hosts",
+                 "groups_per_file", "max_queued_files"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"rl.rollout.{name}={getattr(self, name)} must be >= 1")
+    if self.worker_id < 0:
+      raise ValueError(f"rl.rollout.worker_id={self.worker_id} must be >= 0")
+    if self.update not in UPDATES:
+      raise ValueError(f"rl.rollout.update={self.update!r}; use one of {UPDATES}")
+    if self.kv_layout not in KV_LAYOUTS:
+      raise ValueError(f"rl.rollout.kv_layout={self.kv_layout!r}; use one of {KV_LAYOUTS}")
+    for name in ("wait_for_weights_s", "heartbeat_s", "worker_timeout_s", "rollout_timeout_s"):
+      if getattr(self, name) <= 0:
+        raise ValueError(f"rl.rollout.{name}={getattr(self, name)} must be > 0 seconds")
+
+
+def _rl_trainer() -> TrainerConfig:
+  return TrainerConfig(steps=60, eval_every=10, eval_at_start=True, checkpoint_every=20, ema=0.0,
+                       preemption_check_every=1, keep_last=2)
+
+
+def _rl_transfer() -> TransferConfig:
+  # a relative folder is inside the run folder (rl.run resolves it), so trainer and workers find it by the run alone
+  return TransferConfig(mode="checkpoint", coordinator="filesystem", folder="weights", keep_n=3)
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+  """`jaxpod rl`: warm-up, then GRPO with rollouts from the continuous engine (see the module docstring)."""
+
+  task: RLTaskConfig = dataclasses.field(default_factory=AdditionTask)  # verifiable problems (type: addition | sort)
+  rewards: tuple[str, ...] = ("exact_match",)  # reward plugins (registered names or "module:function"), summed
+  reward_weights: tuple[float, ...] = ()  # one weight per reward (empty: all 1.0)
+  model: RLModelConfig = dataclasses.field(default_factory=RLModelConfig)  # the policy (or model.hf)
+  warmup: WarmupConfig = dataclasses.field(default_factory=WarmupConfig)  # supervised steps before RL
+  grpo: GRPOConfig = dataclasses.field(default_factory=GRPOConfig)  # the algorithm
+  rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)  # engine + workers
+  topology: str = "colocated"  # colocated: one cluster, trainer and engine alternate | disaggregated: two clusters
+  role: str = "auto"  # auto: everything here (disaggregated: launches the clusters) | trainer | rollout
+  trainer_hosts: int = 1  # disaggregated, role auto: hosts of the trainer cluster it launches
+  transfer: TransferConfig = dataclasses.field(default_factory=_rl_transfer)  # disaggregated weight transport
+  export_hf: bool = True  # write the final policy as a HF checkpoint (<run>/hf)
+  trainer: TrainerConfig = dataclasses.field(default_factory=_rl_trainer)  # RL steps, eval/checkpoint cadence, runs_dir
+  tracker: TrackerConfig = dataclasses.field(default_factory=TrackerConfig)  # metrics sinks
+  runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)  # how this process joins its job
+  mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)  # this cluster's mesh
+
+  def __post_init__(self):
+    if self.topology not in TOPOLOGIES:
+      raise ValueError(f"rl.topology={self.topology!r}; use one of {TOPOLOGIES}")
+    if self.role not in ROLES:
+      raise ValueError(f"rl.role={self.role!r}; use one of {ROLES}")
+    if self.role != "auto" and self.topology != "disaggregated":
+      raise ValueError(f"rl.role={self.role!r} needs --topology disaggregated (colocated runs one job: role auto)")
+    if self.trainer_hosts < 1:
+      raise ValueError(f"rl.trainer_hosts={self.trainer_hosts} must be >= 1")
+    if self.rollout.groups_per_file > self.grpo.num_prompts_per_step:
+      raise ValueError(f"rl.rollout.groups_per_file={self.rollout.groups_per_file} exceeds "
+                       f"rl.grpo.num_prompts_per_step={self.grpo.num_prompts_per_step}; lower it")

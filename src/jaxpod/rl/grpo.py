@@ -1,0 +1,79 @@
+"""GRPO: group-relative advantages (host side, numpy) and the clipped-ratio policy loss (pure, jitted).
+
+Advantages, for the n samples of one prompt with rewards r_1..r_n (`scale_rewards`):
+  group  (r_i - mean(r)) / (std(r) + eps)      the original GRPO; std over the group (ddof=1, as TRL)
+  batch  (r_i - mean(r)) / (std(R) + eps)      std over every reward of the batch (TRL's "batch")
+  none   r_i - mean(r)                         Dr. GRPO: no std division (no difficulty bias)
+
+Per completion token t of sample i, with rho = pi_theta(t) / pi_behaviour(t), pi_behaviour the
+probability the rollout engine recorded when it sampled t (not recomputed):
+  l_t = -min(rho * A_i, clip(rho, 1 - epsilon, 1 + epsilon_high) * A_i)  [+ beta * KL_t]
+KL_t = exp(ref - logp) - (ref - logp) - 1 (the k3 estimator against the frozen reference policy).
+The loss over the batch (`loss_norm`):
+  token     sum of l_t over every completion token / number of those tokens (DAPO; TRL's default)
+  sequence  per-sample mean of l_t, then the mean over samples (the original GRPO; length-biased)
+  constant  sum of l_t / (samples * max_new_tokens) (Dr. GRPO)
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+SCALE_REWARDS = ("group", "batch", "none")
+LOSS_NORMS = ("token", "sequence", "constant")
+
+
+def advantages(rewards_GxN: np.ndarray, scale: str, eps: float = 1e-4) -> np.ndarray:
+  """Group-relative advantage of every sample, [G, N] float32 (see the module docstring)."""
+  r = np.asarray(rewards_GxN, np.float64)
+  if scale not in SCALE_REWARDS:
+    raise ValueError(f"rl.grpo.scale_rewards={scale!r}; use one of {SCALE_REWARDS}")
+  if r.ndim != 2 or r.shape[1] < 2:
+    raise ValueError(f"GRPO needs n >= 2 samples per prompt, got rewards of shape {r.shape}")
+  centered = r - r.mean(axis=1, keepdims=True)
+  if scale == "group":
+    centered = centered / (r.std(axis=1, ddof=1, keepdims=True) + eps)
+  elif scale == "batch":
+    centered = centered / (r.std(ddof=1) + eps)
+  return centered.astype(np.float32)
+
+
+def token_logprobs(logits_BxTxV, targets_BxT, temperature: float):
+  """log pi(target) under softmax(logits / temperature), float32 [B, T] (the engine's distribution at T > 0)."""
+  logits = logits_BxTxV.astype(jnp.float32) / (temperature if temperature > 0 else 1.0)
+  logz = jax.nn.logsumexp(logits, axis=-1)
+  picked = jnp.take_along_axis(logits, targets_BxT[..., None], axis=-1)[..., 0]
+  return picked - logz
+
+
+def policy_loss(logp_BxT, behaviour_BxT, adv_B, mask_BxT, ref_BxT=None, *, epsilon: float, epsilon_high: float,
+                beta: float, loss_norm: str, max_new_tokens: int):
+  """(loss, metric sums) of the clipped-ratio objective; mask_BxT marks completion tokens (see module docstring)."""
+  m = mask_BxT.astype(jnp.float32)
+  log_ratio = jnp.where(mask_BxT, logp_BxT - behaviour_BxT, 0.0)
+  ratio = jnp.exp(log_ratio)
+  a = adv_B[:, None].astype(jnp.float32)
+  unclipped = ratio * a
+  clipped = jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon_high) * a
+  per_token = -jnp.minimum(unclipped, clipped)
+  kl = jnp.zeros_like(per_token)
+  if ref_BxT is not None and beta > 0:
+    d = jnp.where(mask_BxT, ref_BxT - logp_BxT, 0.0)
+    kl = jnp.exp(d) - d - 1.0
+    per_token = per_token + beta * kl
+  tokens = jnp.sum(m)
+  b = mask_BxT.shape[0]
+  if loss_norm == "token":
+    loss = jnp.sum(per_token * m) / jnp.maximum(tokens, 1.0)
+  elif loss_norm == "sequence":
+    loss = jnp.mean(jnp.sum(per_token * m, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1.0))
+  elif loss_norm == "constant":
+    loss = jnp.sum(per_token * m) / (b * max_new_tokens)
+  else:
+    raise ValueError(f"rl.grpo.loss_norm={loss_norm!r}; use one of {LOSS_NORMS}")
+  was_clipped = (unclipped != clipped) & (clipped < unclipped)  # the min picked the clipped term
+  sums = {"tokens": tokens, "pg_loss_sum": jnp.sum(per_token * m),
+          "clipped_sum": jnp.sum(was_clipped * m), "kl_sum": jnp.sum(kl * m),
+          "ratio_sum": jnp.sum(ratio * m), "logprob_gap_sum": jnp.sum(jnp.abs(log_ratio) * m)}
+  return loss, sums

@@ -1,0 +1,90 @@
+"""Rewards: plugins that score one completion, registered by name like tasks.
+
+    rewards: [exact_match, format]            # in an RL config, with optional reward_weights: [1.0, 0.1]
+    rewards: [exact_match, my_pkg.scores:len_penalty]   # a user's function, imported by "module:function"
+
+A reward is `fn(problem: Problem, completion: str, finished: bool) -> float`, where `completion`
+is the decoded text without the stop token and `finished` says the sample ended with a stop
+token (not the length limit). Register one with `@register_reward("name")`. Every name is
+resolved when the config is checked, before anything compiles; a reward that raises while
+scoring names the plugin and the prompt.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Callable, Sequence
+
+from jaxpod.rl.tasks import Problem, RLTaskConfig
+
+RewardFn = Callable[[Problem, str, bool], float]
+REWARDS: dict[str, Callable[[RLTaskConfig], RewardFn]] = {}  # name -> factory(task) -> reward fn
+
+
+class RewardError(RuntimeError):
+  """A reward plugin raised; the message names the plugin and the prompt."""
+
+
+def register_reward(name: str):
+  """Decorator: register `factory(task) -> fn(problem, completion, finished)` under `name`."""
+  def wrap(factory):
+    REWARDS[name] = factory
+    return factory
+  return wrap
+
+
+@register_reward("exact_match")
+def _exact_match(task: RLTaskConfig) -> RewardFn:
+  """1 if the completion (whitespace stripped) is the answer and the sample stopped, else 0."""
+  return lambda problem, completion, finished: float(finished and completion.strip() == problem.answer)
+
+
+@register_reward("format")
+def _format(task: RLTaskConfig) -> RewardFn:
+  """1 if the sample stopped and the completion has the answer's form (the task's `well_formed`), else 0."""
+  return lambda problem, completion, finished: float(finished and task.well_formed(completion.strip()))
+
+
+def resolve(name: str, task: RLTaskConfig) -> RewardFn:
+  """The reward function `name` (registered, or "module:function"); one-line ValueError if neither."""
+  if name in REWARDS:
+    return REWARDS[name](task)
+  module, _, attr = name.partition(":")
+  if attr:
+    try:
+      fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+      raise ValueError(f"rl.rewards: cannot import {name!r} ({type(e).__name__}: {e}); give a registered "
+                       f"reward ({', '.join(sorted(REWARDS))}) or an importable 'module:function'") from None
+    if callable(fn):
+      return fn
+  raise ValueError(f"rl.rewards: {name!r} is not a registered reward ({', '.join(sorted(REWARDS))}) nor an "
+                   "importable 'module:function'")
+
+
+class Scorer:
+  """The weighted sum of the configured rewards, plus exact-match correctness for accuracy."""
+
+  def __init__(self, names: Sequence[str], weights: Sequence[float], task: RLTaskConfig):
+    if not names:
+      raise ValueError("rl.rewards is empty; name at least one reward (e.g. exact_match)")
+    if weights and len(weights) != len(names):
+      raise ValueError(f"rl.reward_weights has {len(weights)} values for {len(names)} rewards; give one per "
+                       "reward or none (all 1.0)")
+    self.names, self.weights = list(names), list(weights) or [1.0] * len(names)
+    self.fns = [resolve(n, task) for n in self.names]
+    self.exact = _exact_match(task)
+
+  def __call__(self, problem: Problem, completion: str, finished: bool) -> float:
+    """The reward of one completion; RewardError naming the plugin and the prompt if one raises."""
+    total = 0.0
+    for name, w, fn in zip(self.names, self.weights, self.fns):
+      try:
+        total += w * float(fn(problem, completion, finished))
+      except Exception as e:  # noqa: BLE001 - re-raised with context
+        raise RewardError(f"reward {name!r} raised on prompt {problem.prompt!r} (stream {problem.stream}, "
+                          f"problem {problem.index}): {type(e).__name__}: {e}") from e
+    return total
+
+  def correct(self, problem: Problem, completion: str, finished: bool) -> bool:
+    """Exact match (what held-out accuracy counts)."""
+    return bool(self.exact(problem, completion, finished))

@@ -1,0 +1,127 @@
+"""`run(RLConfig)`: what `jaxpod rl` does, by topology and role.
+
+The run folder is `<trainer.runs_dir>/<trainer.run_name or rl-<config hash>>`; the hash leaves out
+what differs between the jobs of one run (role, worker id, runtime, mesh, cadences), so the
+trainer and every rollout worker of a disaggregated run find the same folder, and rerunning the
+same command resumes it. Inside:
+
+    warmup/    the supervised warm-up run (jaxpod train layout) and its export warmup/hf/
+    train/     the GRPO run: metrics.jsonl, checkpoints/ (the data state says what was trained on)
+    queue/     disaggregated: rollout files, worker heartbeats, the trainer's progress record
+    weights/   disaggregated: published policy versions (transfer.folder, when relative)
+    hf/        the final policy as a HF checkpoint
+    summary.json, rl.png
+
+  colocated        one job (any number of hosts): warm-up, then GRPO with the engine on the
+                   trainer's devices, alternating with the train steps;
+  disaggregated    role trainer: warm-up, then GRPO on rollouts from the queue, publishing weights
+                   every step; role rollout: a worker job sampling with the newest weights;
+                   role auto: both, as `jaxpod launch` clusters on this machine.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+
+from jaxpod.rl.config import RLConfig
+from jaxpod.runtime import storage
+from jaxpod.runtime.log import get_logger
+
+log = get_logger("rl")
+
+RUN_ID_IGNORES = ("role", "trainer_hosts", "runtime", "mesh", "tracker", "rollout.worker_id", "rollout.workers", "rollout.hosts",
+                  "trainer.steps", "trainer.runs_dir", "trainer.run_name", "trainer.resume", "trainer.progress",
+                  "trainer.plot", "trainer.async_checkpoints", "trainer.preemption_check_every", "trainer.log_every",
+                  "trainer.eval_every", "trainer.checkpoint_every", "trainer.keep_last", "rollout.wait_for_weights_s",
+                  "rollout.heartbeat_s", "rollout.worker_timeout_s", "rollout.rollout_timeout_s")
+
+
+def run_id(cfg: RLConfig) -> str:
+  """`rl-<12 hex>`: a hash of the config without RUN_ID_IGNORES (the same for every job of one run)."""
+  tree = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+  tree["task"]["type"] = type(cfg.task).__name__
+  for dotted in RUN_ID_IGNORES:
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for p in parents:
+      node = node.get(p, {})
+    node.pop(leaf, None)
+  return "rl-" + hashlib.sha256(json.dumps(tree, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def run_dir(cfg: RLConfig) -> str:
+  """The run folder (see the module docstring)."""
+  return storage.join(storage.absolute(cfg.trainer.runs_dir), cfg.trainer.run_name or run_id(cfg))
+
+
+def run(cfg: RLConfig) -> dict | None:
+  """Run `jaxpod rl` as configured; returns the summary on the leader of the trainer (else None)."""
+  from jaxpod.rl import checks
+  checks.before_jax(cfg)  # invariant 7: everything that can fail does so here, in one line
+  folder = run_dir(cfg)
+  if cfg.topology == "disaggregated" and cfg.role == "auto":
+    from jaxpod.rl.launch import run_clusters
+    return run_clusters(cfg, folder)
+  from jaxpod import runtime
+  runtime.init(cfg.runtime, runs_dir=cfg.trainer.runs_dir)
+  if cfg.role == "rollout":
+    from jaxpod.rl.worker import run_worker
+    with runtime.guard():
+      run_worker(cfg, folder)
+    return None
+  with runtime.guard():
+    return train_policy(cfg, folder)
+
+
+def train_policy(cfg: RLConfig, folder: str) -> dict | None:
+  """Warm-up (unless model.hf), GRPO, summary; every host of the trainer job calls it."""
+  import time
+  from jaxpod import runtime
+  from jaxpod.rl import summary as summary_lib
+  from jaxpod.train.trainer import train
+  t0 = time.monotonic()
+  runtime.broadcast_call(lambda: storage.makedirs(folder), "rl.run_dir")
+  start = cfg.model.hf or None
+  warm = None
+  if not start and cfg.warmup.steps > 0:
+    warm = train(warmup_config(cfg, folder))
+    start = storage.join(folder, "warmup", "hf")
+  t_warm = time.monotonic() - t0
+  source = "colocated" if cfg.topology == "colocated" else "queue"
+  rl_summary = train(grpo_config(cfg, folder, start, source))
+  out = None
+  if runtime.is_leader():
+    out = summary_lib.write(cfg, folder, warm, rl_summary, warmup_s=t_warm, wall_s=time.monotonic() - t0)
+  runtime.barrier("rl.done", timeout_s=600)
+  return out
+
+
+def _trainer_cfg(cfg: RLConfig, folder: str, name: str, **changes):
+  from jaxpod.train.config import TrainConfig
+  trainer = dataclasses.replace(cfg.trainer, runs_dir=folder, run_name=name, **changes)
+  return trainer, dict(runtime=cfg.runtime, mesh=cfg.mesh, tracker=cfg.tracker), TrainConfig
+
+
+def warmup_config(cfg: RLConfig, folder: str):
+  """The TrainConfig of the supervised warm-up (`<run>/warmup`, exported to `<run>/warmup/hf`)."""
+  from jaxpod.rl.policy import WarmupTaskConfig
+  from jaxpod.train.config import DataConfig
+  w = cfg.warmup
+  trainer, common, TrainConfig = _trainer_cfg(cfg, folder, "warmup", steps=w.steps, eval_every=0, eval_at_start=False,
+                                              checkpoint_every=0)
+  data = DataConfig(global_batch_size=w.batch_size, eval_batch_size=w.batch_size, seed=cfg.trainer.seed)
+  task = WarmupTaskConfig(data=data, rl=cfg, export_to=storage.join(folder, "warmup", "hf"))
+  return TrainConfig(task=task, trainer=trainer, **common)
+
+
+def grpo_config(cfg: RLConfig, folder: str, start_from: str | None, source: str):
+  """The TrainConfig of the GRPO run (`<run>/train`, exported to `<run>/hf`)."""
+  from jaxpod.rl.policy import GRPOTaskConfig
+  from jaxpod.train.config import DataConfig
+  trainer, common, TrainConfig = _trainer_cfg(cfg, folder, "train")
+  rows = cfg.grpo.rows
+  data = DataConfig(global_batch_size=rows, eval_batch_size=rows, seed=cfg.trainer.seed)
+  task = GRPOTaskConfig(data=data, rl=cfg, start_from=start_from, source=source, run_dir=folder,
+                        export_to=storage.join(folder, "hf") if cfg.export_hf else None)
+  return TrainConfig(task=task, trainer=trainer, **common)

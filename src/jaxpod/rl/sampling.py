@@ -1,0 +1,116 @@
+"""From problems to scored groups through the continuous engine (`jaxpod.sample.Sampler`).
+
+    roller = Roller(sampler, tokenizer, scorer, n=8, seed=0)
+    groups = roller.run(problems)                      # colocated: every host, the same calls
+    roller.submit(problems); groups = roller.collect(sampler.step())   # workers: between weight swaps
+
+Request seeds are a pure function of (run seed, problem stream, problem index), so a problem's
+samples do not depend on batching, slots, hosts or restarts.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from jaxpod.rl.rewards import Scorer
+from jaxpod.rl.rollouts import Group, make_group
+from jaxpod.rl.tasks import Problem
+
+
+def request_seed(seed: int, problem: Problem) -> int:
+  """The engine seed of a problem's request (its n samples fold in their index)."""
+  return (seed * 1_000_003 + problem.stream * 7_919 + problem.index) % (2 ** 31)
+
+
+def answer_ids(tokenizer, text: str) -> list[int]:
+  """Token ids of `text` as the policy would generate it after a prompt (no BOS)."""
+  ids = tokenizer.encode(text)
+  return ids[1:] if ids and tokenizer.bos_id is not None and ids[0] == tokenizer.bos_id else ids
+
+
+def engine_config(rollout, greedy: bool = False):
+  """The engine's static shapes for rollouts (or for the greedy held-out evaluation)."""
+  from jaxpod.sample import EngineConfig
+  slots = rollout.eval_slots if greedy else rollout.slots
+  return EngineConfig(batch_size=slots, max_prompt_len=rollout.max_prompt_len, max_new_tokens=rollout.max_new_tokens,
+                      steps_per_round=rollout.steps_per_round, kv_layout=rollout.kv_layout,
+                      min_prefill_len=min(16, rollout.max_prompt_len), page_size=min(16, rollout.max_prompt_len))
+
+
+def sampling_params(rollout, greedy: bool = False):
+  from jaxpod.sample import SamplingParams
+  if greedy:
+    return SamplingParams()
+  return SamplingParams(temperature=rollout.temperature, top_k=rollout.top_k, top_p=rollout.top_p)
+
+
+def make_sampler(graphdef, params, mesh, rollout, stop_ids, greedy: bool = False, version: int = 0):
+  """A global-mode Sampler over `mesh` reading `params` in place (no copy; `update_params` swaps them)."""
+  from flax import nnx
+  from jaxpod.sample import Sampler
+  return Sampler(nnx.merge(graphdef, params), mesh, engine_config(rollout, greedy), sampling_params(rollout, greedy),
+                 stop_ids, mode="global", version=version)
+
+
+class Roller:
+  """Turns problems into scored `Group`s of n samples with one Sampler."""
+
+  def __init__(self, sampler, tokenizer, scorer: Scorer, n: int, seed: int):
+    self.sampler, self.tokenizer, self.scorer, self.n, self.seed = sampler, tokenizer, scorer, n, seed
+    self._open: dict[int, tuple[Problem, list[int], list]] = {}  # request -> (problem, prompt ids, completions)
+    self.tokens = 0  # sampled tokens so far
+
+  def _requests(self, problems: Sequence[Problem]):
+    ids = [self.tokenizer.encode(p.prompt) for p in problems]
+    return ids, [request_seed(self.seed, p) for p in problems]
+
+  def run(self, problems: Sequence[Problem]) -> list[Group]:
+    """Every problem's group, in order (runs the engine to completion)."""
+    ids, seeds = self._requests(problems)
+    outs = self.sampler.generate(ids, seeds, n=self.n)
+    return [self._group(p, ids[i], outs[i * self.n:(i + 1) * self.n]) for i, p in enumerate(problems)]
+
+  def submit(self, problems: Sequence[Problem]) -> None:
+    """Queue problems on the engine; their groups come back from `collect` as they finish."""
+    ids, seeds = self._requests(problems)
+    for handle, p, row in zip(self.sampler.submit(ids, seeds, n=self.n), problems, ids):
+      self._open[handle] = (p, row, [])
+
+  @property
+  def open_groups(self) -> int:
+    """Submitted problems whose group is not complete yet."""
+    return len(self._open)
+
+  def collect(self, completions) -> list[Group]:
+    """Groups completed by these finished samples (from `sampler.step()`)."""
+    done = []
+    for c in completions:
+      problem, row, got = self._open[c.request]
+      got.append(c)
+      if len(got) == self.n:
+        del self._open[c.request]
+        done.append(self._group(problem, row, got))
+    return done
+
+  def _group(self, problem: Problem, prompt_ids, completions) -> Group:
+    texts = [self.tokenizer.decode(c.tokens) for c in completions]
+    self.tokens += sum(len(c.sampled) for c in completions)
+    return make_group(problem, prompt_ids, completions, texts, self.scorer)
+
+
+def accuracy(sampler, tokenizer, scorer: Scorer, problems: Sequence[Problem]) -> dict:
+  """Greedy exact-match accuracy over `problems` (every host calls it; global mode)."""
+  ids = [tokenizer.encode(p.prompt) for p in problems]
+  outs = sampler.generate(ids, [0] * len(ids))
+  right = [scorer.correct(p, tokenizer.decode(c.tokens), c.finish_reason == "stop") for p, c in zip(problems, outs)]
+  return {"accuracy": sum(right) / len(right), "count": len(right)}
+
+
+@dataclasses.dataclass
+class Timer:
+  """Seconds spent per phase (rollout, train_step, publish, fetch, waiting, eval), summed."""
+
+  seconds: dict = dataclasses.field(default_factory=dict)
+
+  def add(self, phase: str, s: float) -> None:
+    self.seconds[phase] = self.seconds.get(phase, 0.0) + s

@@ -1,0 +1,114 @@
+"""The end of `jaxpod rl`: `summary.json`, a console table, and `rl.png` (reward and accuracy per policy version).
+
+Everything is read back from the runs' `metrics.jsonl` (warm-up and GRPO), so a resumed run
+summarises its whole history, not just the last process's part. Keys of summary.json:
+
+  accuracy.start / accuracy.end   held-out greedy exact match at the first and last GRPO step (fractions;
+                                  also nested as accuracy: {start, end, warmup_start})
+  reward_curve                    [[policy version that sampled, mean reward], ...] per GRPO step
+  accuracy_curve                  [[policy version, held-out accuracy], ...] per evaluation
+  tokens_per_s                    sampled tokens per second of rollout time
+  time_s                          wall seconds: warmup, rl, and within RL rollout / train / eval / waiting /
+                                  publish / fetch (the last three in disaggregated runs)
+"""
+from __future__ import annotations
+
+import json
+
+from jaxpod.runtime import storage
+
+METRICS = "metrics.jsonl"
+
+
+def read_metrics(run_dir: str) -> list[dict]:
+  """The records of a run's metrics.jsonl ([] if there is none)."""
+  url = storage.join(run_dir, METRICS)
+  if not storage.exists(url):
+    return []
+  return [json.loads(line) for line in storage.read_text(url).splitlines() if line.strip()]
+
+
+def _series(records: list[dict], key: str, x: str = "step") -> list[list[float]]:
+  return [[r.get(x, r["step"]), r[key]] for r in records if key in r]
+
+
+def collect(folder: str) -> dict:
+  """The summary's curves and totals from `<folder>/warmup` and `<folder>/train`."""
+  warm, rl = read_metrics(storage.join(folder, "warmup")), read_metrics(storage.join(folder, "train"))
+  acc = _series(rl, "eval/accuracy")
+  warm_acc = _series(warm, "eval/accuracy")
+  rewards = [[r.get("rl/behaviour_version", r["step"] - 1), r["reward"]] for r in rl if "reward" in r]
+  sums = {k: sum(r.get(f"rl/{k}_s", 0.0) for r in rl) for k in ("rollout", "waiting", "publish", "fetch")}
+  sums["eval"] = sum(r.get("eval/seconds", 0.0) for r in rl)
+  tokens = sum(r.get("rl/rollout_tokens", 0) for r in rl)
+  start = next((a for s, a in acc if s == 0), acc[0][1] if acc else float("nan"))
+  return {"accuracy.start": start, "accuracy.end": acc[-1][1] if acc else float("nan"),
+          "accuracy": {"start": start, "end": acc[-1][1] if acc else float("nan"),
+                       "warmup_end": warm_acc[-1][1] if warm_acc else None},
+          "reward_curve": rewards, "accuracy_curve": acc, "rollout_tokens": tokens,
+          "tokens_per_s": tokens / sums["rollout"] if sums["rollout"] else None, "seconds": sums}
+
+
+def write(cfg, folder: str, warm, rl, warmup_s: float, wall_s: float) -> dict:
+  """Leader: summary.json, the console table and rl.png; returns the summary."""
+  out = collect(folder)
+  rl_s = rl.wall_s
+  s = out.pop("seconds")
+  train_s = max(0.0, rl_s - s["rollout"] - s["eval"] - s["waiting"] - s["publish"] - rl.time_to_first_step_s)
+  out.update({"run_dir": folder, "topology": cfg.topology, "steps": rl.final_step, "resumed": rl.resumed,
+              "lift_points": 100 * (out["accuracy.end"] - out["accuracy.start"]),
+              "time_s": {"total": wall_s, "warmup": warmup_s, "rl": rl_s, "rollout": s["rollout"], "train": train_s,
+                         "eval": s["eval"], "waiting": s["waiting"], "publish": s["publish"], "fetch": s["fetch"],
+                         "rl_startup": rl.time_to_first_step_s}})
+  storage.write_text(storage.join(folder, "summary.json"), json.dumps(out, indent=1))
+  plot(folder, out)
+  _print(out)
+  return out
+
+
+def _print(out: dict) -> None:
+  from jaxpod.runtime.console import print_table
+  t = out["time_s"]
+  rewards = out["reward_curve"]
+  rows = [("run folder", out["run_dir"]),
+          ("held-out accuracy", f"{out['accuracy.start']:.1%} at the start of RL -> {out['accuracy.end']:.1%} "
+                                f"({out['lift_points']:+.1f} points)"),
+          ("reward", f"{rewards[0][1]:.3f} -> {rewards[-1][1]:.3f} over {len(rewards)} steps" if rewards else "-"),
+          ("rollout tokens/s", f"{out['tokens_per_s']:.0f}" if out["tokens_per_s"] else "-"),
+          ("time", f"{t['total']:.0f} s: warm-up {t['warmup']:.0f} s, RL {t['rl']:.0f} s (rollout "
+                   f"{t['rollout']:.0f}, train {t['train']:.0f}, eval {t['eval']:.0f}, waiting {t['waiting']:.0f}, "
+                   f"publish {t['publish']:.0f} s)"),
+          ("final policy", storage.join(out["run_dir"], "hf"))]
+  print_table("jaxpod rl: summary", ("what", "value"), rows, header=False)
+
+
+def plot(folder: str, out: dict | None = None) -> str:
+  """rl.png: mean reward and held-out accuracy per policy version; returns its URL."""
+  import io
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  out = out or collect(folder)
+  fig, (ax_r, ax_a) = plt.subplots(1, 2, figsize=(10, 3.5))
+  if out["reward_curve"]:
+    x, y = zip(*out["reward_curve"])
+    ax_r.plot(x, y, ".-", lw=1)
+  ax_r.set_xlabel("policy version that sampled")
+  ax_r.set_ylabel("mean reward")
+  ax_r.set_title("reward per policy version")
+  if out["accuracy_curve"]:
+    x, y = zip(*out["accuracy_curve"])
+    ax_a.plot(x, [100 * v for v in y], "o-")
+  ax_a.set_xlabel("policy version (GRPO step)")
+  ax_a.set_ylabel("held-out exact match (%)")
+  ax_a.set_ylim(0, 100)
+  ax_a.set_title("held-out accuracy")
+  for ax in (ax_r, ax_a):
+    ax.grid(alpha=0.3)
+  fig.tight_layout()
+  buf = io.BytesIO()
+  fig.savefig(buf, format="png", dpi=100)
+  plt.close(fig)
+  url = storage.join(folder, "rl.png")
+  storage.write_bytes(url, buf.getvalue())
+  return url

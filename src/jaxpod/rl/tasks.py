@@ -1,0 +1,156 @@
+"""Verifiable tasks: seeded streams of (prompt, answer) problems, one registered config class each.
+
+    task: {type: addition, digits: 3}          # in an RL config (a draccus choice, like `jaxpod train`'s task)
+
+A task config is a frozen dataclass registered with `@RLTaskConfig.register_subclass("name")`; it
+makes problem i of a stream from `numpy.random.default_rng([seed, stream, i])` alone, so any
+host or worker can rebuild any problem from three integers (nothing but indices crosses the
+control plane). The held-out set is the first `eval_size` distinct problems of stream
+EVAL_STREAM; training streams skip every problem whose prompt is in it, so held-out accuracy
+is measured on prompts the policy never trained on.
+
+Built in:
+  addition   "a+b=" -> the decimal sum (operands of 1..digits digits)
+  sort       "sort:3142=" -> "1234" (the digits in ascending order)
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import draccus
+import numpy as np
+
+EVAL_STREAM = 0  # stream of the held-out problems; training streams are 1, 2, ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  """One prompt with its reference answer."""
+
+  prompt: str  # what the policy is given, e.g. "123+456="
+  answer: str  # the exact answer the reward checks, e.g. "579"
+  stream: int = 0  # which seeded stream it came from
+  index: int = 0  # its position in that stream
+
+
+@dataclasses.dataclass(frozen=True)
+class RLTaskConfig(draccus.ChoiceRegistry):
+  """A seeded stream of problems with exact answers (subclasses: `addition`, `sort`)."""
+
+  eval_size: int = 256  # held-out problems for accuracy (never trained on)
+
+  def __post_init__(self):
+    if self.eval_size < 1:
+      raise ValueError(f"rl.task.eval_size={self.eval_size} must be >= 1")
+
+  @classmethod
+  def default_choice_name(cls) -> str | None:
+    return "addition"
+
+  def make(self, rng: np.random.Generator) -> tuple[str, str]:
+    """(prompt, answer) of one random problem."""
+    raise NotImplementedError
+
+  def well_formed(self, completion: str) -> bool:
+    """Whether a completion has the answer's form (the `format` reward)."""
+    return bool(completion)
+
+  def max_prompt_chars(self) -> int:
+    """Longest prompt in characters (checked against the engine's context before compiling)."""
+    raise NotImplementedError
+
+  def max_answer_chars(self) -> int:
+    """Longest answer in characters."""
+    raise NotImplementedError
+
+  def problem(self, seed: int, stream: int, index: int) -> Problem:
+    """Problem `index` of stream `stream` (a pure function of the three integers)."""
+    prompt, answer = self.make(np.random.default_rng([seed, stream, index]))
+    return Problem(prompt, answer, stream, index)
+
+  def eval_set(self, seed: int) -> list[Problem]:
+    """The held-out problems: the first eval_size distinct ones of EVAL_STREAM."""
+    return list(_eval_set(self, seed))
+
+  def train_problems(self, seed: int, stream: int, start: int, count: int) -> list[Problem]:
+    """`count` training problems of stream `stream` (>= 1) from index `start`, held-out prompts skipped."""
+    if stream == EVAL_STREAM:
+      raise ValueError(f"stream {EVAL_STREAM} holds the held-out problems; training streams start at 1")
+    held_out = {p.prompt for p in _eval_set(self, seed)}
+    out, i = [], start
+    while len(out) < count:
+      p = self.problem(seed, stream, i)
+      if p.prompt not in held_out:
+        out.append(p)
+      i += 1
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _eval_set(task: RLTaskConfig, seed: int) -> tuple[Problem, ...]:
+  seen, out, i = set(), [], 0
+  while len(out) < task.eval_size:
+    p = task.problem(seed, EVAL_STREAM, i)
+    if p.prompt not in seen:
+      seen.add(p.prompt)
+      out.append(p)
+    i += 1
+    if i > 100 * task.eval_size:
+      raise ValueError(f"rl.task: only {len(out)} distinct problems exist; lower rl.task.eval_size={task.eval_size}")
+  return tuple(out)
+
+
+@RLTaskConfig.register_subclass("addition")
+@dataclasses.dataclass(frozen=True)
+class AdditionTask(RLTaskConfig):
+  """"a+b=" -> a + b in decimal; each operand has 1..digits digits (uniform length, then uniform value)."""
+
+  digits: int = 3  # most digits per operand
+
+  def __post_init__(self):
+    super().__post_init__()
+    if not 1 <= self.digits <= 9:
+      raise ValueError(f"rl.task.digits={self.digits} must be in 1..9")
+
+  def _operand(self, rng) -> int:
+    n = int(rng.integers(1, self.digits + 1))
+    return int(rng.integers(0 if n == 1 else 10 ** (n - 1), 10 ** n))
+
+  def make(self, rng):
+    a, b = self._operand(rng), self._operand(rng)
+    return f"{a}+{b}=", str(a + b)
+
+  def well_formed(self, completion: str) -> bool:
+    return completion.isdigit() and len(completion) <= self.digits + 1
+
+  def max_prompt_chars(self) -> int:
+    return 2 * self.digits + 2
+
+  def max_answer_chars(self) -> int:
+    return self.digits + 1
+
+
+@RLTaskConfig.register_subclass("sort")
+@dataclasses.dataclass(frozen=True)
+class SortTask(RLTaskConfig):
+  """"sort:3142=" -> "1234": `length` random digits in ascending order."""
+
+  length: int = 6  # digits per problem
+
+  def __post_init__(self):
+    super().__post_init__()
+    if not 2 <= self.length <= 32:
+      raise ValueError(f"rl.task.length={self.length} must be in 2..32")
+
+  def make(self, rng):
+    digits = rng.integers(0, 10, self.length)
+    return f"sort:{''.join(map(str, digits))}=", "".join(map(str, sorted(digits)))
+
+  def well_formed(self, completion: str) -> bool:
+    return completion.isdigit() and len(completion) == self.length
+
+  def max_prompt_chars(self) -> int:
+    return self.length + 6
+
+  def max_answer_chars(self) -> int:
+    return self.length

@@ -1,0 +1,224 @@
+"""The disaggregated trainer: rollouts from the queue, weights published every step, workers watched.
+
+Before step k+1 the trainer holds policy version k (the weights after k steps). Its iterator
+(`QueueSource`) takes `num_prompts_per_step` groups from the queue whose every token was made by
+a version in [k - max_policy_lag, k] (invariant 9); older groups are dropped and counted
+(`rl/dropped_stale`), and groups from versions above k (made by weights a restored trainer never
+produced: a crash after publishing them) are dropped and counted too (`rl/dropped_future`). The
+leader lists and picks; the pick (file names and group indices, never data) is broadcast; every
+host reads those files from storage and builds the same global batch, then takes its share.
+
+While it waits, the leader reads the workers' heartbeats: a worker whose heartbeat stops
+changing for `rollout.worker_timeout_s` is named as lost (once), one that comes back is named as
+rejoined; training goes on with whoever produces rollouts. No usable rollout for
+`rollout.rollout_timeout_s` fails the run with the workers' states.
+
+`PublishPolicy` publishes the starting version at `on_start` and version k after step k; publish
+returns once version k can be fetched (transfer's commit), so a worker never waits on a version the
+trainer already reported.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+from jaxpod import runtime
+from jaxpod.rl.queue import Consumed, Queue
+from jaxpod.rl.rollouts import from_bytes
+from jaxpod.runtime.hooks import Hook, StepInfo
+from jaxpod.runtime.log import get_logger
+
+log = get_logger("rl.trainer")
+POLL_S = (0.05, 0.5)  # first and longest sleep while waiting for rollouts
+HEARTBEAT_CHECK_S = 2.0
+
+
+class WorkerMonitor:
+  """The leader's view of the rollout workers, from their heartbeats (staleness on this host's clock)."""
+
+  def __init__(self, queue: Queue, timeout_s: float):
+    self.queue, self.timeout_s = queue, timeout_s
+    self.seen: dict[int, dict] = {}  # worker -> {incarnation, beat, changed (monotonic), lost, record}
+    self._last = 0.0
+
+  def check(self, force: bool = False) -> None:
+    now = time.monotonic()
+    if not force and now - self._last < HEARTBEAT_CHECK_S:
+      return
+    self._last = now
+    for w, rec in sorted(self.queue.heartbeats().items()):
+      known = self.seen.get(w)
+      key = (rec.get("incarnation"), rec.get("beat"))
+      if known is None:
+        log.info("rollout worker %d joined (%d host(s), version %s)", w, rec.get("hosts", 1), rec.get("version"))
+        self.seen[w] = {"key": key, "changed": now, "lost": False, "record": rec}
+        continue
+      if key != known["key"]:
+        if known["lost"] or rec.get("incarnation") != known["key"][0]:
+          log.warning("rollout worker %d rejoined (new incarnation %s, version %s)", w, rec.get("incarnation"),
+                      rec.get("version"))
+        known.update(key=key, changed=now, lost=False, record=rec)
+      elif not known["lost"] and now - known["changed"] > self.timeout_s:
+        known["lost"] = True
+        alive = self.alive()
+        log.warning("rollout worker %d lost: no heartbeat for %.0f s (last version %s, %s files written); "
+                    "training continues with worker(s) %s", w, now - known["changed"], rec.get("version"),
+                    rec.get("produced"), alive or "none (waiting for a worker)")
+
+  def alive(self) -> list[int]:
+    return [w for w, s in sorted(self.seen.items()) if not s["lost"]]
+
+  def describe(self) -> str:
+    if not self.seen:
+      return "no rollout worker has written a heartbeat"
+    return "; ".join(f"worker {w}: {'lost' if s['lost'] else 'alive'}, version {s['record'].get('version')}"
+                     for w, s in sorted(self.seen.items()))
+
+
+class QueueSource:
+  """The trainer's iterator over the rollout queue (see the module docstring); its state is `Consumed`."""
+
+  def __init__(self, task, run_dir: str):
+    self.task, self.rl = task, task.rl
+    self.queue = Queue(run_dir)
+    self.consumed = Consumed()
+    self.trained = 0  # batches handed to the trainer = the version the next step trains from
+    self.monitor = WorkerMonitor(self.queue, self.rl.rollout.worker_timeout_s)
+    self.files: dict[str, list] = {}  # file -> its groups (read once)
+    self.counts = {"dropped_stale": 0, "dropped_future": 0, "groups": 0}
+    self.step_stats: dict = {}
+    self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rl-progress")
+
+  def __iter__(self):
+    return self
+
+  def _groups(self, name: str) -> list:
+    if name not in self.files:
+      self.files[name] = from_bytes(self.queue.get(name))[0]
+    return self.files[name]
+
+  def _pick(self, version: int) -> dict:
+    """Leader: {"take": [[file, [groups]]], "drop": [[file, [groups], why]]} once enough usable groups exist."""
+    lag, need = self.rl.grpo.max_policy_lag, self.rl.grpo.num_prompts_per_step
+    take, drop, got = {}, [], 0
+    t0, sleep = time.monotonic(), POLL_S[0]
+    skip: set[tuple[str, int]] = set()
+    while True:
+      self.monitor.check()
+      for name in self.queue.files():
+        if got >= need:
+          break
+        if self.consumed.is_full(name):
+          continue
+        done = self.consumed.taken(name)
+        for i, g in enumerate(self._groups(name)):
+          if got >= need:
+            break
+          if i in done or (name, i) in skip:
+            continue
+          skip.add((name, i))
+          if g.newest_version() > version:
+            drop.append([name, i, "future"])
+          elif g.oldest_version() < version - lag:
+            drop.append([name, i, "stale"])
+          else:
+            take.setdefault(name, []).append(i)
+            got += 1
+      if got >= need:
+        return {"take": [[k, v] for k, v in take.items()], "drop": drop, "waited": time.monotonic() - t0}
+      waited = time.monotonic() - t0
+      if waited > self.rl.rollout.rollout_timeout_s:
+        raise RuntimeError(f"rl trainer: no usable rollouts for {waited:.0f} s at version {version} "
+                           f"(have {got} of {need} groups; rl.grpo.max_policy_lag={lag}); {self.monitor.describe()}")
+      time.sleep(sleep)
+      sleep = min(sleep * 2, POLL_S[1])
+
+  def __next__(self) -> dict:
+    version = self.trained
+    pick = runtime.broadcast_call(lambda: self._pick(version), "rl.queue.pick",
+                                  timeout_s=self.rl.rollout.rollout_timeout_s + 120)
+    groups = [self._groups(name)[i] for name, idxs in pick["take"] for i in idxs]
+    for name, idxs in pick["take"]:
+      self.consumed.take(name, idxs, len(self._groups(name)))
+    for name, i, why in pick["drop"]:
+      self.consumed.take(name, [i], len(self._groups(name)))
+      self.counts[f"dropped_{why}"] += 1
+    self.counts["groups"] += len(groups)
+    for name in [n for n in self.files if self.consumed.is_full(n)]:
+      del self.files[name]  # whole files taken: never read again
+    newest = [g.newest_version() for g in groups]
+    self.step_stats = {"rl/waiting_s": pick["waited"], "rl/behaviour_version": sum(newest) / len(newest),
+                       "rl/lag": version - sum(g.oldest_version() for g in groups) / len(groups),
+                       "rl/rollout_tokens": sum(g.tokens() for g in groups),
+                       **{f"rl/{k}": float(v) for k, v in self.counts.items()},
+                       "rl/workers_alive": float(len(self.monitor.alive()))}
+    self.trained += 1
+    self._report(done=False)
+    return self.task._local(self.task.batch_arrays(groups))
+
+  def _report(self, done: bool) -> None:
+    """Leader: the progress record workers bound their backlog with (written in the background)."""
+    if runtime.is_leader():
+      record = {"step": self.trained, "taken_files": self.consumed.state()["taken_files"], "done": done}
+      future = self._writer.submit(self.queue.set_progress, record)
+      if done:
+        future.result()
+
+  def get_state(self) -> dict:
+    return {"trained": self.trained, "consumed": self.consumed.state(), "counts": self.counts}
+
+  def set_state(self, state: dict) -> None:
+    self.trained = int(state["trained"])
+    self.consumed = Consumed.from_state(state["consumed"])
+    self.counts = dict(state["counts"])
+
+  def hooks(self, graphdef, mesh) -> list:
+    return [PublishPolicy(self.task), QueueStats(self)]
+
+  def close(self) -> None:
+    self._report(done=True)
+    self._writer.shutdown(wait=True)
+
+
+class QueueStats(Hook):
+  """Every step: waiting time, staleness and dropped counts, live workers; at the end: tells workers to stop."""
+
+  def __init__(self, source: QueueSource):
+    self.source = source
+
+  def due(self, step: int, final: bool) -> bool:
+    return True
+
+  def on_start(self, info: StepInfo) -> None:
+    if runtime.is_leader():
+      self.source.monitor.check(force=True)
+
+  def __call__(self, info: StepInfo) -> dict:
+    return dict(self.source.step_stats)
+
+  def close(self) -> None:
+    self.source.close()
+
+
+class PublishPolicy(Hook):
+  """Publishes the policy as version `step`: at the start (the restored or first weights) and after every step."""
+
+  def __init__(self, task):
+    from jaxpod.rl.transport import transfer_config
+    from jaxpod.transfer.api import create_server
+    self.server = create_server(transfer_config(task.rl, task.tc.run_dir))
+    self.seconds = 0.0
+
+  def due(self, step: int, final: bool) -> bool:
+    return True
+
+  def on_start(self, info: StepInfo) -> dict:
+    return self(info)
+
+  def __call__(self, info: StepInfo) -> dict:
+    m = self.server.publish(int(info.step), info.state.params)
+    log.info("published policy version %d (%.1f MB, %.3f s)", info.step, m.nbytes / 1e6, m.seconds)
+    return {"rl/publish_s": m.seconds}
+
+  def close(self) -> None:
+    self.server.close()

@@ -1,0 +1,186 @@
+"""A rollout worker (`jaxpod rl --topology disaggregated --role rollout`): its own JAX job of any size.
+
+    wait for the first published version (fail after rollout.wait_for_weights_s, naming the trainer)
+    loop, every host making the same calls (global mode; the leader decides and broadcasts a plan):
+      - poll for a newer version (every POLL_S): inflight: swap it in between decode steps, sequences
+        in flight go on with it and their later tokens carry its number; drain: stop admitting,
+        finish what runs, then swap;
+      - admit problems of its own stream while its unconsumed files are under rollout.max_queued_files;
+      - one engine round; finished groups go to the queue, `groups_per_file` per file (the leader writes);
+    until the trainer's progress record says done.
+
+The worker's leader writes a heartbeat every `rollout.heartbeat_s` from a background thread (so a
+long compile does not look like a death): incarnation, version, files written, tokens, seconds
+spent rolling out, fetching and waiting. A restarted worker continues its file numbering and
+picks up the newest version.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+
+from jaxpod import runtime
+from jaxpod.rl.queue import Queue
+from jaxpod.rl.rollouts import to_bytes
+from jaxpod.runtime.log import get_logger
+
+log = get_logger("rl.worker")
+POLL_S = 0.2  # how often the leader looks for a newer version
+STREAM_BASE = 100  # worker w samples problems of training stream STREAM_BASE + w
+
+
+class Heartbeat:
+  """The leader's background heartbeat: the latest `stats` every `every_s` seconds."""
+
+  def __init__(self, queue: Queue, worker: int, every_s: float, stats: dict):
+    self.queue, self.worker, self.every_s, self.stats = queue, worker, every_s, stats
+    self.beat = 0
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, name="rl-heartbeat", daemon=True)
+    self._thread.start()
+
+  def _run(self) -> None:
+    while not self._stop.is_set():
+      self.beat += 1
+      try:
+        self.queue.beat(self.worker, {**self.stats, "beat": self.beat})
+      except Exception as e:  # noqa: BLE001 - a missed beat is not fatal; a lasting outage shows as "lost"
+        log.warning("heartbeat not written: %s", e)
+      self._stop.wait(self.every_s)
+
+  def close(self) -> None:
+    self._stop.set()
+    self._thread.join(timeout=10)
+    self.queue.beat(self.worker, {**self.stats, "beat": self.beat + 1, "stopped": True})
+
+
+def _like(llama, mesh):
+  """ShapeDtypeStructs of the policy's params with this worker's shardings (what `receive` fills)."""
+  import jax
+  from flax import nnx
+  from jaxpod.models.llama import abstract
+  from jaxpod.runtime.sharding import state_shardings
+  graphdef, params = nnx.split(abstract(llama))
+  shardings = state_shardings(params, mesh)
+  return graphdef, jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), params, shardings)
+
+
+def _first_weights(client, like, rl, w: int, run_dir: str):
+  """The newest version, polling up to rollout.wait_for_weights_s; a one-line error naming the trainer."""
+  from jaxpod.rl.transport import describe
+  wait = rl.rollout.wait_for_weights_s
+  update = client.receive(like, wait=wait)
+  if update is None:
+    raise RuntimeError(f"rollout worker {w}: no policy weights published within {wait:.0f} s ({describe(rl, run_dir)});"
+                       f" the trainer of run {run_dir} (jaxpod rl --topology disaggregated --role trainer, same "
+                       "config) is not running or still in its warm-up; start it, or raise rollout.wait_for_weights_s")
+  return update
+
+
+def run_worker(rl, run_dir: str) -> None:
+  """The worker loop (see the module docstring); every host of the worker job calls it."""
+  from jaxpod.rl.policy import model_config, tokenizer_for
+  from jaxpod.rl.rewards import Scorer
+  from jaxpod.rl.sampling import Roller, make_sampler
+  from jaxpod.rl.transport import transfer_config
+  from jaxpod.runtime import mesh_from_config
+  from jaxpod.transfer.api import create_client
+  r, w = rl.rollout, rl.rollout.worker_id
+  mesh = mesh_from_config(rl.mesh)
+  tokenizer = tokenizer_for(rl)
+  llama = model_config(rl, rl.model.hf or None)
+  stop_ids = tuple(sorted(set(tokenizer.eos_ids) | set(llama.eos_token_id)))
+  graphdef, like = _like(llama, mesh)
+  client = create_client(transfer_config(rl, run_dir))
+  queue = Queue(run_dir)
+  stats = {"worker": w, "incarnation": runtime.broadcast_call(lambda: uuid.uuid4().hex[:8], "rl.worker.id"),
+           "hosts": runtime.host_info().process_count, "pid": os.getpid(), "update": r.update, "version": None,
+           "produced": 0, "tokens": 0, "rollout_s": 0.0, "fetch_s": 0.0, "fetches": 0, "waiting_s": 0.0}
+  beat = Heartbeat(queue, w, r.heartbeat_s, stats) if runtime.is_leader() else None
+  try:
+    t0 = time.perf_counter()
+    update = _first_weights(client, like, rl, w, run_dir)
+    stats.update(version=update.weight_id, fetch_s=time.perf_counter() - t0, fetches=1)
+    log.info("rollout worker %d: received policy version %d", w, update.weight_id)
+    sampler = make_sampler(graphdef, update.params, mesh, r, stop_ids, version=update.weight_id)
+    roller = Roller(sampler, tokenizer, Scorer(rl.rewards, rl.reward_weights, rl.task), rl.grpo.num_generations,
+                    rl.trainer.seed)
+    _loop(rl, w, queue, client, like, sampler, roller, stats)
+  finally:
+    if beat is not None:
+      beat.close()
+    client.close()
+
+
+def _loop(rl, w: int, queue: Queue, client, like, sampler, roller, stats: dict) -> None:
+  r = rl.rollout
+  seq = int(runtime.broadcast_call(lambda: queue.next_seq(w), "rl.worker.seq"))
+  next_problem = seq * r.groups_per_file
+  finished: list = []
+  pending = None  # drain mode: the update waiting for the engine to empty
+  state = {"last_poll": 0.0, "progress": None, "progress_t": 0.0}
+  room = max(1, r.slots // rl.grpo.num_generations)  # groups the engine can decode at once
+
+  def plan() -> dict:  # leader only: what every host does this round
+    now = time.monotonic()
+    if now - state["progress_t"] > 0.5:
+      state["progress"], state["progress_t"] = queue.progress() or {}, now
+    prog = state["progress"]
+    taken = int(prog.get("taken_files", {}).get(str(w), 0))
+    backlog = seq - taken
+    open_now = roller.open_groups + len(finished)
+    budget = (r.max_queued_files - backlog) * r.groups_per_file - open_now
+    poll = now - state["last_poll"] >= POLL_S
+    if poll:
+      state["last_poll"] = now
+    return {"done": bool(prog.get("done")), "poll": poll,
+            "admit": max(0, min(room + 1 - roller.open_groups, budget)) if pending is None else 0}
+
+  last_log = time.monotonic()
+  while True:
+    p = runtime.broadcast_call(plan, "rl.worker.plan")
+    if p["done"]:
+      log.info("rollout worker %d: the trainer is done; %d files written", w, seq)
+      return
+    if p["poll"]:
+      t = time.perf_counter()
+      update = client.receive(like)
+      if update is not None:
+        stats["fetch_s"] += time.perf_counter() - t
+        stats["fetches"] += 1
+        if r.update == "inflight":
+          sampler.update_params(update.params, update.weight_id)
+          stats["version"] = update.weight_id
+        else:
+          pending = update
+    if pending is not None and sampler.idle:
+      sampler.update_params(pending.params, pending.weight_id)
+      stats["version"], pending = pending.weight_id, None
+    if p["admit"]:
+      problems = rl.task.train_problems(rl.trainer.seed, STREAM_BASE + w, next_problem, p["admit"])
+      next_problem += p["admit"]
+      roller.submit(problems)
+    if sampler.idle:
+      t = time.perf_counter()
+      time.sleep(0.02)
+      stats["waiting_s"] += time.perf_counter() - t
+      continue
+    t = time.perf_counter()
+    before = roller.tokens
+    finished += roller.collect(sampler.step())
+    stats["rollout_s"] += time.perf_counter() - t
+    stats["tokens"] += roller.tokens - before
+    while len(finished) >= r.groups_per_file:
+      batch, finished = finished[:r.groups_per_file], finished[r.groups_per_file:]
+      if runtime.is_leader():
+        versions = [v for g in batch for s in g.versions for v in s]
+        queue.put(w, seq, to_bytes(batch, {"worker": w, "seq": seq, "incarnation": stats["incarnation"],
+                                           "versions": [min(versions), max(versions)], "created": time.time()}))
+      seq += 1
+      stats["produced"] = seq
+    if time.monotonic() - last_log > 10:
+      last_log = time.monotonic()
+      log.info("rollout worker %d: version %s, %d files, %.0f tokens/s", w, stats["version"], seq,
+               stats["tokens"] / max(stats["rollout_s"], 1e-9))
