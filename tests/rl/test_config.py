@@ -1,0 +1,36 @@
+"""`jaxpod rl` refuses a bad config in one line, before JAX starts or anything compiles (invariant 7)."""
+import sys
+
+import pytest
+
+from jaxpod.cli.main import main
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rewards", "no_such_reward"], "rl.rewards: 'no_such_reward' is not a registered reward (exact_match, format)"),
+    (["--rewards", "no_such_module:fn"], "rl.rewards: cannot import 'no_such_module:fn'"),
+    (["--grpo.num_generations", "1"], "rl.grpo.num_generations=1: GRPO needs n >= 2 samples per prompt"),
+    (["--task.digits", "7"], "rl.task prompts reach 17 tokens (e.g."),
+    (["--rollout.max_new_tokens", "3"], "rl.task answers need 5 tokens with EOS but rl.rollout.max_new_tokens=3"),
+    (["--topology", "sideways"], "rl.topology='sideways'; use one of ('colocated', 'disaggregated')"),
+    (["--role", "trainer"], "rl.role='trainer' needs --topology disaggregated"),
+    (["--model.hf", "/no/such/checkpoint"], "model.hf=/no/such/checkpoint: no config.json there"),
+])
+def test_bad_config_is_one_line_before_jax(argv, message, capsys, tmp_path):
+  code = main(["rl", "--trainer.runs_dir", str(tmp_path / "runs"), *argv])
+  err = capsys.readouterr().err.strip()
+  assert code == 2, err
+  assert message in err and len(err.splitlines()) == 1, err
+  assert "jax" not in sys.modules or not _jax_initialised()
+
+
+def _jax_initialised() -> bool:
+  from jaxpod import runtime
+  return runtime.is_initialized()
+
+
+def test_help_lists_every_section(capsys):
+  assert main(["rl", "--help"]) == 0
+  out = capsys.readouterr().out
+  for section in ("--grpo.num_generations", "--rollout.update", "--model.hf", "--topology", "--warmup.steps"):
+    assert section in out
