@@ -1,18 +1,13 @@
 """The continuous engine against the lock-step one: same tokens, pages freed, n samples, preemption, bad input."""
 import jax
-import numpy as np
 import pytest
-from flax import nnx
 
-from jaxpod.models.llama import ByteTokenizer, hf_io
+from jaxpod.models.llama import hf_io
 from jaxpod.runtime import make_mesh
-from jaxpod.sample import EngineConfig, Sampler, SamplingParams, engine
+from jaxpod.sample import EngineConfig, Sampler, SamplingParams
 
-from sample_fixtures import EOS, PROMPTS, STOP
+from sample_fixtures import EOS, IDS, SEEDS, STOP, lockstep, same
 
-TOK = ByteTokenizer()
-IDS = [TOK.encode(p) for p in PROMPTS]
-SEEDS = list(range(100, 100 + len(IDS)))
 SAMPLED = SamplingParams(temperature=0.8, top_k=20, top_p=0.9)
 # 2 slots, 2-row prefill, 4-token pages, 3 steps per round: requests join and leave mid-stream
 SMALL = dict(batch_size=2, max_prompt_len=32, max_new_tokens=10, page_size=4, steps_per_round=3, prefill_batch=2,
@@ -24,17 +19,6 @@ def model(tiny_ckpt):
   return hf_io.load(tiny_ckpt, make_mesh(devices=jax.devices()[:1]))
 
 
-def _lockstep(model, sp, new=10):
-  """The lock-step engine, all prompts in one chunk of 8 rows."""
-  graphdef, params = nnx.split(model)
-  ec = EngineConfig(batch_size=8, max_prompt_len=32, max_new_tokens=new)
-  tokens, lengths, seeds = np.zeros((8, 32), np.int32), np.ones((8,), np.int32), np.zeros((8,), np.uint32)
-  for i, row in enumerate(IDS):
-    tokens[i, :len(row)], lengths[i], seeds[i] = row, len(row), SEEDS[i]
-  out = np.asarray(engine.compiled_generate(ec, sp, (EOS, STOP))(graphdef, params, tokens, lengths, seeds))
-  return [engine.trim(out[i], (EOS, STOP)) for i in range(len(IDS))]
-
-
 def _sampler(model, sp=SamplingParams(), **kw):
   return Sampler(model, make_mesh(devices=jax.devices()[:1]), EngineConfig(**(SMALL | kw)), sp, [EOS, STOP])
 
@@ -44,10 +28,9 @@ def test_token_identical_to_lockstep_and_pages_freed(model, sp):
   """Ragged prompts through 2 slots: the lock-step engine's tokens; every page back in the pool."""
   s = _sampler(model, sp)
   got = s.generate(IDS, SEEDS)
-  want = _lockstep(model, sp)
-  assert got == want
+  same(got, lockstep(model, sp))
   if sp.temperature == 0:
-    assert {"stop", "length"} <= {r for _, r in got}  # both ways of freeing a slot are exercised
+    assert {"stop", "length"} <= {c.finish_reason for c in got}  # both ways of freeing a slot are exercised
   assert s.last.rounds > 10 // SMALL["steps_per_round"] + 1  # more rounds than one chunk: slots were refilled
   assert s.last.pool.free == s.ec.pool_pages - 1
   assert s.last.pool.peak_used < s.ec.pool_pages - 1  # memory followed lengths, not the static layout
@@ -56,11 +39,13 @@ def test_token_identical_to_lockstep_and_pages_freed(model, sp):
 def test_n_samples_share_the_prefill(model):
   """Sample 0 of n is the n=1 completion; greedy samples agree; seeded ones differ; prompt pages shared."""
   greedy = _sampler(model).generate(IDS, SEEDS, n=3)
-  assert [greedy[3 * i] for i in range(len(IDS))] == _lockstep(model, SamplingParams())
-  assert all(greedy[3 * i] == greedy[3 * i + 1] == greedy[3 * i + 2] for i in range(len(IDS)))
+  same([greedy[3 * i] for i in range(len(IDS))], lockstep(model, SamplingParams()))
+  assert all(greedy[3 * i].sampled == greedy[3 * i + 1].sampled == greedy[3 * i + 2].sampled for i in range(len(IDS)))
+  assert [c.sample for c in greedy[:3]] == [0, 1, 2] and [c.request for c in greedy[-3:]] == [len(IDS) - 1] * 3
   s = _sampler(model, SAMPLED, batch_size=4, prefill_batch=1, max_new_tokens=10)
   got = s.generate([IDS[4]], [SEEDS[4]], n=3)  # 26 tokens: 6 full pages shared, 1 partial page each
-  assert got[0] == _lockstep(model, SAMPLED)[4] and len({tuple(g[0]) for g in got}) == 3
+  same(got[:1], [lockstep(model, SAMPLED)[4]._replace(request=0)])
+  assert len({g.sampled for g in got}) == 3
   full = len(IDS[4]) // 4  # 6 prompt pages, shared; each sample's positions reach 26 + 10 - 2 = 34: page 8
   assert s.last.pool.peak_used <= full + 3 * (9 - full) < 3 * 9  # prompt pages held once, not three times
 
@@ -68,7 +53,7 @@ def test_n_samples_share_the_prefill(model):
 def test_small_pool_preempts_and_restarts_to_the_same_tokens(model):
   """A pool that holds one full sequence and a bit: sequences are preempted and restarted, same output."""
   s = _sampler(model, SAMPLED, batch_size=4, prefill_batch=4, num_pages=12)
-  assert s.generate(IDS, SEEDS) == _lockstep(model, SAMPLED)
+  same(s.generate(IDS, SEEDS), lockstep(model, SAMPLED))
   assert s.last.preemptions > 0 and s.last.pool.free == 11
 
 

@@ -31,7 +31,8 @@ def test_greedy_matches_hf_generate_on_ragged_prompts(tiny_ckpt):
   ids = [TOK.encode(p) for p in PROMPTS]
   got = _sampler(tiny_ckpt, devices=4, model_axis=2).generate(ids, [0] * len(ids))
   reasons = []
-  for row, (new, reason) in zip(ids, got):
+  for row, c in zip(ids, got):
+    new, reason = c.tokens, c.finish_reason
     with torch.no_grad():
       out = hf.generate(torch.tensor([row]), max_new_tokens=10, do_sample=False, eos_token_id=[EOS, STOP],
                         pad_token_id=258, attention_mask=torch.ones(1, len(row), dtype=torch.long))
@@ -49,9 +50,11 @@ def test_sampled_outputs_independent_of_chunking_and_mode(tiny_ckpt):
   seeds = list(range(100, 100 + len(ids)))
   a = _sampler(tiny_ckpt, devices=2, batch=2, sp=sp).generate(ids, seeds)
   b = _sampler(tiny_ckpt, devices=4, model_axis=2, batch=4, sp=sp, mode="replicated").generate(ids, seeds)
-  assert a == b
+  assert [x.sampled for x in a] == [x.sampled for x in b]
+  for x, y in zip(a, b):
+    np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5)
   c = _sampler(tiny_ckpt, devices=2, batch=2, sp=sp).generate(ids, [s + 1 for s in seeds])
-  assert a != c  # seeds matter
+  assert [x.sampled for x in a] != [x.sampled for x in c]  # seeds matter
 
 
 def test_sample_tokens_knobs():
@@ -59,11 +62,14 @@ def test_sample_tokens_knobs():
   keys = jax.vmap(jax.random.key)(jnp.arange(16))
   greedy = np.asarray(jnp.argmax(logits, -1))
   for sp in (SamplingParams(), SamplingParams(temperature=2.0, top_k=1), SamplingParams(temperature=2.0, top_p=1e-6)):
-    np.testing.assert_array_equal(np.asarray(sample_tokens(logits, keys, sp)), greedy)
+    np.testing.assert_array_equal(np.asarray(sample_tokens(logits, keys, sp)[0]), greedy)
   top5 = np.asarray(jax.lax.top_k(logits, 5)[1])
-  got = np.asarray(sample_tokens(logits, keys, SamplingParams(temperature=5.0, top_k=5)))
+  got, logp = map(np.asarray, sample_tokens(logits, keys, SamplingParams(temperature=5.0, top_k=5)))
   assert all(g in row for g, row in zip(got, top5))
   assert (got != greedy).any()
+  top = np.asarray(jax.lax.top_k(logits / 5.0, 5)[0])  # log-prob under the top-5 distribution it was drawn from
+  want = [np.asarray(jax.nn.log_softmax(top[i]))[list(top5[i]).index(g)] for i, g in enumerate(got)]
+  np.testing.assert_allclose(logp, want, atol=1e-6)
 
 
 def test_memory_check_names_the_knob(tiny_ckpt):
@@ -88,6 +94,7 @@ def test_run_writes_jsonl_once(tiny_ckpt, tmp_path):
   assert [r["seed"] for r in rows] == [9] + list(range(1, len(PROMPTS)))
   assert all(set(r) >= {"prompt", "completion", "token_ids", "finish_reason", "weight_version"} for r in rows)
   assert rows[0]["weight_version"] == "v1" and rows[0]["completion"] == TOK.decode(rows[0]["token_ids"])
+  assert all(len(r["logprobs"]) == len(r["token_ids"]) + (r["finish_reason"] == "stop") for r in rows)
   with pytest.raises(ValueError, match="max_prompt_len=4"):
     run(dataclasses.replace(cfg, max_prompt_len=4))
 

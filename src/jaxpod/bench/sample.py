@@ -94,12 +94,12 @@ def _jaxpod_engines(folder: str, tokens: np.ndarray, opts: SampleBench) -> dict[
   gen = engine.compiled_generate(ec, SamplingParams(), ())
   pre = jax.jit(lambda params, t, l: engine.prefill_only(graphdef, params, t, l, ec=ec))
   lengths, seeds = np.full((b,), p, np.int32), np.zeros((b,), np.uint32)
-  lock = {"full": lambda: np.asarray(gen(graphdef, params, tokens, lengths, seeds)),
+  lock = {"full": lambda: np.asarray(gen(graphdef, params, tokens, lengths, seeds)[0]),
           "first": lambda: np.asarray(pre(params, tokens, lengths).argmax(-1))}
   rows, sd = tokens.tolist(), [0] * b
   cont_full = Sampler(model, mesh, ec, SamplingParams(), ())
   cont_first = Sampler(model, mesh, dataclasses.replace(ec, max_new_tokens=1), SamplingParams(), ())
-  cont = {"full": lambda: np.asarray([new for new, _ in cont_full.generate(rows, sd)]),
+  cont = {"full": lambda: np.asarray([c.tokens for c in cont_full.generate(rows, sd)]),
           "first": lambda: cont_first.generate(rows, sd)}
   cont_full.warmup(), cont_first.warmup()
   engines = {"continuous": cont, "lockstep": lock}

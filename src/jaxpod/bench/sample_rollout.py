@@ -47,7 +47,7 @@ def _continuous(model, mesh, opts, prompts, seeds, stops) -> dict[str, Any]:
 
   def go():
     out = s.generate(prompts, seeds, n=opts.rollout_n)
-    return [len(new) + (r == "stop") for new, r in out]
+    return [len(c.sampled) for c in out]
   return {"run": go, "sampler": s}
 
 
@@ -67,7 +67,7 @@ def _lockstep(model, opts, prompts, seeds, stops) -> dict[str, Any]:
       lengths, sd = np.ones((ec.batch_size,), np.int32), np.zeros((ec.batch_size,), np.uint32)
       for r, (p, seed) in enumerate(chunk):
         tokens[r, :len(p)], lengths[r], sd[r] = p, len(p), seed
-      out = np.asarray(fn(graphdef, params, tokens, lengths, sd))
+      out = np.asarray(fn(graphdef, params, tokens, lengths, sd)[0])
       counts += [int((out[r] != engine.NO_TOKEN).sum()) for r in range(len(chunk))]
     return counts
   return {"run": go, "warm": lambda: go(rows[:1])}  # every chunk has the same shape: one compile

@@ -5,8 +5,14 @@
 
 or, with a model already in memory (e.g. during training), on every host:
     sampler = Sampler(model, mesh, EngineConfig(...), SamplingParams(), stop_ids, mode="global")
-    completions = sampler.generate(prompt_ids, seeds)   # [(new ids, "stop" | "length"), ...]
+    completions = sampler.generate(prompt_ids, seeds)   # [Completion(sampled, finish_reason, logprobs, versions, ...)]
     completions = sampler.generate(prompt_ids, seeds, n=4)  # 4 per prompt sharing its prefill, request-major
+
+incrementally, with new weights between scheduling rounds (RL rollout workers):
+    handles = sampler.submit(prompt_ids, seeds, n=4)
+    while not sampler.idle:
+      done = sampler.step()                     # completions finished in this round
+      sampler.update_params(new_params, version=7)  # same shapes/shardings: no recompilation
 
 during training (a `jaxpod.runtime.hooks.Hook`):
     from jaxpod.sample.hook import SampleHook
@@ -14,6 +20,6 @@ during training (a `jaxpod.runtime.hooks.Hook`):
                                        options=SamplingOptions(max_new_tokens=32))])
 """
 from jaxpod.sample.config import MODES, EngineConfig, SampleConfig, SamplingOptions, SamplingParams
-from jaxpod.sample.engine import generate, sample_tokens
+from jaxpod.sample.engine import Completion, generate, sample_tokens
 from jaxpod.sample.run import read_prompts, run
 from jaxpod.sample.sampler import Sampler, check_batch, check_memory, check_prompts, make_sample_mesh, memory_plan

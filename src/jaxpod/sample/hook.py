@@ -80,16 +80,17 @@ class SampleHook(Hook):
       params = local_copy(params, info.mesh, mesh)
     model: Llama = nnx.merge(self.graphdef, params)
     if self._sampler is None:
-      self._sampler = Sampler(model, mesh, self.engine, self.sampling, self.tokenizer.eos_ids, mode=self.mode)
+      self._sampler = Sampler(model, mesh, self.engine, self.sampling, self.tokenizer.eos_ids, mode=self.mode,
+                              version=info.step)
     else:
-      self._sampler.update_params(nnx.split(model)[1])
+      self._sampler.update_params(nnx.split(model)[1], version=info.step)
     seeds = [self.seed + i for i in range(len(ids))]
     results = self._sampler.generate(ids, seeds)  # blocks: the tokens are on every host when it returns
     if runtime.is_leader():
-      texts = [self.tokenizer.decode(new) for new, _ in results]
+      texts = [self.tokenizer.decode(c.tokens) for c in results]
       self.history.append((info.step, texts))
-      rows = [json.dumps({"step": info.step, "index": i, "prompt": p, "completion": text, "token_ids": new,
-                          "finish_reason": reason, "weight_version": f"step {info.step}"}) + "\n"
-              for i, (p, text, (new, reason)) in enumerate(zip(self.prompts, texts, results))]
+      rows = [json.dumps({"step": info.step, "index": i, "prompt": p, "completion": text, "token_ids": c.tokens,
+                          "finish_reason": c.finish_reason, "weight_version": f"step {info.step}"}) + "\n"
+              for i, (p, text, c) in enumerate(zip(self.prompts, texts, results))]
       storage.append_text(storage.join(info.run_dir, self.file_name), "".join(rows))
-    return {"sample/mean_new_tokens": sum(len(n) for n, _ in results) / max(len(results), 1)}
+    return {"sample/mean_new_tokens": sum(len(c.tokens) for c in results) / max(len(results), 1)}

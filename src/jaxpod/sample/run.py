@@ -9,7 +9,9 @@ Order of work, the same on every host:
   2. every host loads the checkpoint straight into its sharding (global: all devices;
      replicated: its own devices);
   3. every host runs the continuous engine over the requests it takes part in (see `sampler.py`);
-  4. the leader detokenizes and writes the JSONL once; a named barrier closes the job.
+  4. the leader detokenizes and writes the JSONL once (`logprobs`: one per sampled token, the stop
+     token's included, so one more than `token_ids` when `finish_reason` is "stop"); a named
+     barrier closes the job.
 """
 from __future__ import annotations
 
@@ -133,10 +135,10 @@ def run(cfg: SampleConfig) -> list[dict[str, Any]] | None:
   if runtime.is_leader():
     version = cfg.weight_version or cfg.model
     n = cfg.n
-    records = [{"index": k // n, **({"sample": k % n} if n > 1 else {}), "prompt": prompts[k // n],
-                "completion": tok.decode(new), "token_ids": new, "finish_reason": reason,
-                "seed": seeds[k // n], "weight_version": version}
-               for k, (new, reason) in enumerate(results)]
+    records = [{"index": c.request, **({"sample": c.sample} if n > 1 else {}), "prompt": prompts[c.request],
+                "completion": tok.decode(c.tokens), "token_ids": c.tokens, "finish_reason": c.finish_reason,
+                "logprobs": [round(x, 6) for x in c.logprobs], "seed": seeds[c.request], "weight_version": version}
+               for c in results]
     storage.write_text(cfg.out, "".join(json.dumps(r) + "\n" for r in records))  # atomic: no half file
   runtime.barrier("sample.done")
   return records

@@ -1,7 +1,7 @@
 """`Sampler`: token-id prompts in, completions out, on every host at once; plus the memory check.
 
-Every host calls `Sampler.generate` with the same prompt ids (decided on the leader and
-broadcast). The continuous engine (`scheduler.py` over `runner.py`) decodes them in a
+Every host calls `Sampler.generate` (or `submit` / `step` / `update_params`) with the same
+prompt ids (decided on the leader and broadcast). The continuous engine (`scheduler.py` over `runner.py`) decodes them in a
 fixed number of slots with a paged KV cache; shapes are static (slots, prefill buckets,
 power-of-two KV lengths), so every host compiles the same few programs.
 
@@ -31,7 +31,8 @@ from jaxpod.runtime.sharding import DEFAULT as DEFAULT_RULES, state_shardings
 from jaxpod.sample import engine
 from jaxpod.sample.config import MODES, EngineConfig, SamplingParams
 from jaxpod.sample.runner import PagedRunner
-from jaxpod.sample.scheduler import Completion, Scheduler
+from jaxpod.sample.engine import Completion
+from jaxpod.sample.scheduler import Scheduler
 
 
 def make_sample_mesh(mode: str, mesh_cfg: mesh_lib.MeshConfig):
@@ -111,60 +112,126 @@ def check_prompts(ids: Sequence[Sequence[int]], ec: EngineConfig) -> None:
 
 
 class Sampler:
-  """Generate completions for tokenized prompts; every host calls `generate` with the same inputs."""
+  """Generate completions for tokenized prompts; in global mode every host makes the same calls.
+
+  Run to completion with `generate`, or drive the engine yourself (RL rollout workers, in-flight
+  weight updates): `submit` requests, call `step` (one scheduling round) until `idle`, and swap
+  weights between steps with `update_params`; tokens sampled after the swap carry the new version."""
 
   def __init__(self, model: Llama, mesh, ec: EngineConfig, sp: SamplingParams, stop_ids: Sequence[int],
-               mode: str = "global"):
+               mode: str = "global", version: int = 0):
     if mode not in MODES:
       raise ValueError(f"sample.mode={mode!r}; use one of {MODES}")
     check_batch(ec, mesh)
     self.mesh, self.ec, self.sp, self.mode = mesh, ec, sp, mode
     self.stop_ids = tuple(sorted(set(int(i) for i in stop_ids)))
-    self.runner = PagedRunner(model, mesh, ec, sp, self.stop_ids, global_mode=mode == "global")
-    self.last: Scheduler | None = None  # the scheduler of the latest call (occupancy, pages, preemptions)
+    self.runner = PagedRunner(model, mesh, ec, sp, self.stop_ids, global_mode=mode == "global", version=version)
+    self.scheduler = Scheduler(ec, self.stop_ids, self.runner)
+    self._next_request = 0
+
+  @property
+  def last(self) -> Scheduler:
+    """The scheduler (occupancy, pages, preemptions) since the latest `generate` (or since the start)."""
+    return self.scheduler
+
+  @property
+  def version(self) -> int:
+    """Label of the weights the next step runs with."""
+    return self.runner.version
+
+  @property
+  def pending(self) -> int:
+    """Samples submitted and not finished yet."""
+    return self.scheduler.pending
+
+  @property
+  def idle(self) -> bool:
+    """Nothing queued or running."""
+    return self.scheduler.idle
 
   def warmup(self, n: int = 1) -> int:
-    """Compile every program `generate(..., n=n)` may run, before timing or serving; returns how many."""
-    return self.runner.warmup(n)
+    """Compile every program the engine may run, before timing or serving; returns how many (n: unused, kept
+    for callers of the old signature; prefill shapes no longer depend on it)."""
+    del n
+    return self.runner.warmup()
 
-  def update_params(self, params) -> None:
-    """Sample from these parameters from now on (same tree and shardings, e.g. the next training step)."""
-    self.runner.params = params
+  def update_params(self, params, version: int) -> None:
+    """Sample from these parameters from the next step on, labelled `version`.
+
+    Same tree, shapes, dtypes and shardings as the current ones (no recompilation); otherwise a
+    ValueError names the first leaf that differs. Sequences in flight keep their KV cache and go on."""
+    self.runner.update_params(params, version)
+
+  def submit(self, ids: Sequence[Sequence[int]], seeds: Sequence[int], n: int = 1) -> list[int]:
+    """Queue n samples of each prompt; returns their request numbers (increasing across calls)."""
+    check_prompts(ids, self.ec)
+    if n < 1:
+      raise ValueError(f"sample.n={n} must be >= 1")
+    if len(seeds) != len(ids):
+      raise ValueError(f"submit: {len(ids)} prompts but {len(seeds)} seeds; give one seed per prompt")
+    handles = list(range(self._next_request, self._next_request + len(ids)))
+    self._next_request += len(ids)
+    for h, row, seed in zip(handles, ids, seeds):
+      self.scheduler.submit(h, [int(t) for t in row], int(seed), n)
+    return handles
+
+  def step(self) -> list[Completion]:
+    """One scheduling round (admit and prefill, then `steps_per_round` decode steps); the completions it finished."""
+    return self.scheduler.step()
 
   def generate(self, ids: Sequence[Sequence[int]], seeds: Sequence[int],
                on_chunk: Callable[[int], None] | None = None, n: int = 1) -> list[Completion]:
-    """n completions per prompt, request-major (sample j of prompt i at i*n+j), on every host.
+    """n completions per prompt, request-major (sample j of prompt i at i*n+j, `request` = i), on every host.
 
-    `on_chunk(k)` reports k more finished completions (global mode; replicated: this host's)."""
+    Needs an idle sampler. `on_chunk(k)` reports k more finished completions (global mode; replicated: this host's)."""
+    if not self.idle:
+      raise RuntimeError(f"Sampler.generate needs an idle sampler; {self.pending} submitted samples are not "
+                         "finished: call step() until idle first")
     check_prompts(ids, self.ec)
     if n < 1:
       raise ValueError(f"sample.n={n} must be >= 1")
     if self.mode == "replicated" and jax.process_count() > 1:
       return self._generate_replicated(ids, seeds, n, on_chunk)
-    self.last = Scheduler(self.ec, self.stop_ids, self.runner)
-    out = self.last.run(ids, seeds, n, on_chunk)
+    out = self._run(ids, seeds, n, on_chunk)
     if jax.process_count() > 1:  # invariant 1: every host must have taken the same schedule
-      seen = runtime.allgather(self.last.digest(), "sample.schedule")
+      seen = runtime.allgather(self.scheduler.digest(), "sample.schedule")
       bad = [h for h, d in enumerate(seen) if d != seen[0]]
       if bad:
         raise RuntimeError(f"sample: host(s) {bad} took a different schedule than host 0 "
                            f"(rounds/occupancy/preemptions differ); their inputs or tokens differ")
     return out
 
+  def _run(self, ids, seeds, n, on_chunk) -> list[Completion]:
+    """A fresh schedule (statistics start again) of these requests to completion, request-major."""
+    self.scheduler = Scheduler(self.ec, self.stop_ids, self.runner)
+    first = self.submit(ids, seeds, n)[0] if ids else 0
+    got: dict[tuple[int, int], Completion] = {}
+    while not self.idle:
+      done = self.step()
+      for c in done:
+        got[(c.request - first, c.sample)] = c._replace(request=c.request - first)
+      if on_chunk and done:
+        on_chunk(len(done))
+    return [got[(i, j)] for i in range(len(ids)) for j in range(n)]
+
   def _generate_replicated(self, ids, seeds, n, on_chunk) -> list[Completion]:
     hosts, me = jax.process_count(), jax.process_index()
     mine = list(range(me, len(ids), hosts))
-    self.last = Scheduler(self.ec, self.stop_ids, self.runner)
-    got = self.last.run([ids[i] for i in mine], [seeds[i] for i in mine], n, on_chunk)
-    per_host = -(-len(ids) // hosts) * n
-    width = self.ec.max_new_tokens + 2  # [finish (1 = stop), length, tokens...]
-    table = np.full((per_host, width), engine.NO_TOKEN, np.int32)
-    for r, (new, reason) in enumerate(got):
-      table[r, :2], table[r, 2:2 + len(new)] = (reason == "stop", len(new)), new
-    every = np.asarray(multihost_utils.process_allgather(table))  # [hosts, per_host, width]
+    got = self._run([ids[i] for i in mine], [seeds[i] for i in mine], n, on_chunk)
+    per_host, width = -(-len(ids) // hosts) * n, self.ec.max_new_tokens
+    head = np.zeros((per_host, 2), np.int32)  # [finish (1 = stop), sampled length]
+    tokens = np.full((per_host, width), engine.NO_TOKEN, np.int32)
+    logprobs, versions = np.zeros((per_host, width), np.float32), np.zeros((per_host, width), np.int32)
+    for r, c in enumerate(got):
+      k = len(c.sampled)
+      head[r], tokens[r, :k], logprobs[r, :k], versions[r, :k] = (c.finish_reason == "stop", k), c.sampled, \
+          c.logprobs, c.versions
+    every = [np.asarray(x) for x in multihost_utils.process_allgather((head, tokens, logprobs, versions))]
     out: list[Completion] = []
     for i in range(len(ids)):
       for j in range(n):
-        row = every[i % hosts, (i // hosts) * n + j]
-        out.append(([int(t) for t in row[2:2 + row[1]]], "stop" if row[0] else "length"))
+        at = (i % hosts, (i // hosts) * n + j)
+        (stop, k), toks, lps, vers = (x[at] for x in every)
+        out.append(Completion(tuple(int(t) for t in toks[:k]), "stop" if stop else "length",
+                              tuple(float(x) for x in lps[:k]), tuple(int(v) for v in vers[:k]), i, j))
     return out

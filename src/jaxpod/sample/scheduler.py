@@ -1,6 +1,7 @@
 """`Scheduler`: continuous batching over a fixed number of decode slots and a paged KV pool (host side).
 
-A request (prompt, seed) asks for samples 0..n-1. Each scheduling round:
+A request (prompt, seed) asks for samples 0..n-1; `submit` queues requests, `step` runs one
+scheduling round and returns the completions it finished:
 
   1. admit: while slots are free (not running, not already waiting in `ready`), take
      waiting requests in order, up to `prefill_rows` per call, pad them to the smallest
@@ -15,21 +16,25 @@ A request (prompt, seed) asks for samples 0..n-1. Each scheduling round:
   4. decode one round on the device; stop ids and token limits end sequences, whose pages
      and slots are free for the next round.
 
+Every sampled token is kept with its log-prob and the weights version of the device call
+that made it (`device.version`, read after each prefill and decode round).
+
 The scheduler is a pure function of its inputs and of the tokens the device returns, so in
-global mode every host, given the same prompts and the same (all-gathered) tokens, takes
+global mode every host, given the same calls and the same (all-gathered) tokens, takes
 the same decisions and issues the same programs in the same order.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import time
-from typing import Callable, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
 from jaxpod.sample.config import EngineConfig
-from jaxpod.sample.engine import NO_TOKEN
+from jaxpod.sample.engine import NO_TOKEN, Completion
 from jaxpod.sample.pages import PagePool
 
 
@@ -42,17 +47,16 @@ def decode_page_buckets(max_pages: int) -> list[int]:
   return out + [max_pages]
 
 
-Completion = tuple[list[int], str]  # (new token ids without the stop token, "stop" | "length")
-
-
 class Device(Protocol):
-  """What the scheduler needs from the device side (`runner.PagedRunner`)."""
+  """What the scheduler needs from the device side (`runner.PagedRunner`): tokens and their log-probs."""
 
-  def prefill(self, tokens_RxP, lengths_R, table_RxM, seeds_R, samples_RxN, copy_src_C,
-              copy_dst_C) -> np.ndarray: ...
+  version: int  # label of the weights the next call runs with
+
+  def prefill(self, tokens_RxP, lengths_R, table_RxM, seeds_R, row_D, sample_D, copy_src_D,
+              copy_dst_D) -> tuple[np.ndarray, np.ndarray]: ...
 
   def decode(self, table_BxM, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B,
-             kv_len: int) -> np.ndarray: ...
+             kv_len: int) -> tuple[np.ndarray, np.ndarray]: ...
 
 
 @dataclasses.dataclass
@@ -64,10 +68,17 @@ class Seq:
   pages: list[int]  # page-table row: page of positions [i*page_size, (i+1)*page_size)
   plen: int  # prompt length
   out: list[int]  # generated tokens so far (the stop token included)
+  logprobs: list[float]  # one per token of `out`
+  versions: list[int]  # one per token of `out`
+
+  def add(self, token: int, logprob: float, version: int) -> None:
+    self.out.append(int(token))
+    self.logprobs.append(float(logprob))
+    self.versions.append(version)
 
 
 class Scheduler:
-  """Runs requests to completion through a `Device`; every host with the same inputs takes the same steps."""
+  """Continuous batching through a `Device`; every host with the same calls takes the same steps."""
 
   def __init__(self, ec: EngineConfig, stop_ids: Sequence[int], device: Device):
     self.ec, self.stop_ids, self.device = ec, frozenset(int(i) for i in stop_ids), device
@@ -75,30 +86,45 @@ class Scheduler:
     self.occupancy: list[tuple[float, int]] = []  # (seconds since start, live slots) per round
     self.preemptions = 0
     self.rounds = 0
-
-  def run(self, ids: Sequence[Sequence[int]], seeds: Sequence[int], n: int = 1,
-          on_done: Callable[[int], None] | None = None) -> list[Completion]:
-    """Completions of every request, request-major: sample j of request i at index i * n + j."""
-    self._ids, self._seeds, self._n, self._on_done = ids, seeds, n, on_done
-    self.waiting = collections.deque((i, tuple(range(n))) for i in range(len(ids)))
+    self._t0 = time.perf_counter()
+    self._ids: dict[int, Sequence[int]] = {}  # request -> prompt ids (while it is not finished)
+    self._seeds: dict[int, int] = {}
+    self._left: dict[int, int] = {}  # request -> samples not finished yet
+    self.waiting: collections.deque[tuple[int, tuple[int, ...]]] = collections.deque()  # (request, samples)
     self.ready: list[Seq] = []
-    self.slots: list[Seq | None] = [None] * self.ec.batch_size
-    self.results: dict[tuple[int, int], Completion] = {}
-    t0 = time.perf_counter()
-    while self.waiting or self.ready or any(self.slots):
-      self._admit()
-      self._fill()
-      if not any(self.slots):
-        continue
+    self.slots: list[Seq | None] = [None] * ec.batch_size
+    self._done: list[Completion] = []  # finished in the current round
+    self._digest = hashlib.sha256()
+
+  def submit(self, request: int, ids: Sequence[int], seed: int, n: int) -> None:
+    """Queue samples 0..n-1 of one request (numbered by the caller, unique)."""
+    self._ids[request], self._seeds[request], self._left[request] = ids, int(seed), n
+    self.waiting.append((request, tuple(range(n))))
+
+  @property
+  def pending(self) -> int:
+    """Samples submitted and not finished yet."""
+    return sum(self._left.values())
+
+  @property
+  def idle(self) -> bool:
+    return not (self.waiting or self.ready or any(self.slots))
+
+  def step(self) -> list[Completion]:
+    """One round: admit (prefill), fill free slots, grow pages, decode `steps_per_round` tokens; returns the
+    completions finished in it (at prefill or in decode)."""
+    self._done = []
+    self._admit()
+    self._fill()
+    if any(self.slots):
       self._grow()
-      self.occupancy.append((time.perf_counter() - t0, sum(s is not None for s in self.slots)))
+      self.occupancy.append((time.perf_counter() - self._t0, sum(s is not None for s in self.slots)))
       self._decode()
-    return [self.results[(i, j)] for i in range(len(ids)) for j in range(n)]
+    return self._done
 
   def digest(self) -> str:
-    """A hash of the schedule taken (occupancy per round, preemptions, results): equal on hosts in step."""
-    import hashlib
-    text = repr(([o for _, o in self.occupancy], self.preemptions, sorted(self.results.items())))
+    """A hash of the schedule taken (occupancy per round, preemptions, completions): equal on hosts in step."""
+    text = repr(([o for _, o in self.occupancy], self.preemptions, self._digest.hexdigest()))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
   # -- admission -------------------------------------------------------------------------
@@ -108,19 +134,21 @@ class Scheduler:
 
   def _admit(self) -> None:
     while self.waiting and self.ec.batch_size - sum(s is not None for s in self.slots) > len(self.ready):
-      batch = []
+      batch, started = [], 0  # one prefill call starts at most batch_size sequences (its static output width)
       reserve = sum(self._need(s) for s in self.slots if s is not None)  # running rows grow first
-      while self.waiting and len(batch) < self.ec.prefill_rows:
+      while self.waiting and len(batch) < self.ec.prefill_rows and started < self.ec.batch_size:
         req, samples = self.waiting[0]
         plen = len(self._ids[req])
         free = self.pool.free - reserve
-        fit = max((k for k in range(1, len(samples) + 1) if self._prompt_pages(plen, k) <= free), default=0)
+        most = min(len(samples), self.ec.batch_size - started)
+        fit = max((k for k in range(1, most + 1) if self._prompt_pages(plen, k) <= free), default=0)
         if fit == 0:
           break
         self.waiting.popleft()
         if fit < len(samples):  # the rest waits for pages
           self.waiting.appendleft((req, samples[fit:]))
         batch.append((req, samples[:fit], self._take_prompt_pages(plen, fit)))
+        started += fit
       if not batch:
         return
       self._prefill(batch)
@@ -136,28 +164,32 @@ class Scheduler:
     return rows
 
   def _prefill(self, batch) -> None:
-    ec, r, m = self.ec, self.ec.prefill_rows, self.ec.pages_per_seq
+    ec, r, m, d = self.ec, self.ec.prefill_rows, self.ec.pages_per_seq, self.ec.batch_size
     longest = max(len(self._ids[req]) for req, _, _ in batch)
     bucket = next(b for b in ec.prefill_buckets() if b >= longest)
-    n = self._n
     tokens, lengths = np.zeros((r, bucket), np.int32), np.ones((r,), np.int32)
     table, seeds = np.zeros((r, m), np.int32), np.zeros((r,), np.uint32)
-    samples = np.zeros((r, n), np.int32)
-    src, dst = np.zeros((max(1, r * (n - 1)),), np.int32), np.zeros((max(1, r * (n - 1)),), np.int32)
-    c = 0
+    row_D, sample_D = np.zeros((d,), np.int32), np.zeros((d,), np.int32)  # the prompt row and sample j of each start
+    src_D, dst_D = np.zeros((d,), np.int32), np.zeros((d,), np.int32)  # partial-page copies (pad: scratch to scratch)
+    c = k = 0
     for row, (req, js, rows) in enumerate(batch):
       ids = self._ids[req]
       tokens[row, :len(ids)], lengths[row], seeds[row] = ids, len(ids), self._seeds[req]
       table[row, :len(rows[0])] = rows[0]
-      samples[row, :len(js)] = js
+      for j in js:
+        row_D[k], sample_D[k] = row, j
+        k += 1
       if len(ids) % ec.page_size:
         for own in rows[1:]:
-          src[c], dst[c] = rows[0][-1], own[-1]
+          src_D[c], dst_D[c] = rows[0][-1], own[-1]
           c += 1
-    first = self.device.prefill(tokens, lengths, table, seeds, samples, src, dst)
-    for row, (req, js, rows) in enumerate(batch):
-      for col, (j, pages) in enumerate(zip(js, rows)):
-        seq = Seq(req, j, pages, len(self._ids[req]), [int(first[row, col])])
+    first_D, logp_D = self.device.prefill(tokens, lengths, table, seeds, row_D, sample_D, src_D, dst_D)
+    version, k = self.device.version, 0
+    for req, js, rows in batch:
+      for j, pages in zip(js, rows):
+        seq = Seq(req, j, pages, len(self._ids[req]), [], [], [])
+        seq.add(first_D[k], logp_D[k], version)
+        k += 1
         if not self._finished(seq):
           self.ready.append(seq)
 
@@ -219,15 +251,16 @@ class Scheduler:
       last = max(last, self._last_pos(s))
     pages = next(p for p in decode_page_buckets(m) if p * ec.page_size > last)  # few programs: power-of-two KV
     limit = np.full((b,), ec.max_new_tokens, np.int32)
-    out = self.device.decode(table, tok, pos, gen, limit, seeds, samples, live, pages * ec.page_size)
+    out, logp = self.device.decode(table, tok, pos, gen, limit, seeds, samples, live, pages * ec.page_size)
+    version = self.device.version
     self.rounds += 1
     for i, s in enumerate(self.slots):
       if s is None:
         continue
-      for t in out[i]:
+      for t, lp in zip(out[i], logp[i]):
         if t == NO_TOKEN:
           break
-        s.out.append(int(t))
+        s.add(t, lp, version)
         if self._finished(s):
           self.slots[i] = None
           break
@@ -235,13 +268,16 @@ class Scheduler:
   def _finished(self, seq: Seq) -> bool:
     """Record the sequence and free its pages if its last token ends it."""
     if seq.out[-1] in self.stop_ids:
-      result = (seq.out[:-1], "stop")
+      reason = "stop"
     elif len(seq.out) >= self.ec.max_new_tokens:
-      result = (seq.out, "length")
+      reason = "length"
     else:
       return False
     self.pool.release(seq.pages)
-    self.results[(seq.req, seq.sample)] = result
-    if self._on_done:
-      self._on_done(1)
+    done = Completion(tuple(seq.out), reason, tuple(seq.logprobs), tuple(seq.versions), seq.req, seq.sample)
+    self._done.append(done)
+    self._digest.update(repr((done.request, done.sample, done.sampled, done.versions)).encode())
+    self._left[seq.req] -= 1
+    if not self._left[seq.req]:
+      del self._ids[seq.req], self._seeds[seq.req], self._left[seq.req]
     return True

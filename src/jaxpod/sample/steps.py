@@ -5,8 +5,9 @@ them. The scheduler (`scheduler.py`) owns every index: page tables, positions, w
 are live; these functions only compute.
 
   prefill       R prompts right-padded to a bucket length, written into their pages; the
-                first token of each of N samples per prompt; then the copies of the
-                prompt's partial last page into each extra sample's own page.
+                first token of each of up to D = batch_size sequences it starts (samples of
+                those prompts); then the copies of the prompt's partial last page into each
+                extra sample's own page.
   decode_round  up to `steps` decode steps for all B slots in one `lax.while_loop`; a row
                 stops at a stop id or at its token limit (later steps write to scratch).
 
@@ -36,28 +37,29 @@ def row_keys(seeds_B, samples_B, steps_B):
   return jax.vmap(one)(seeds_B, samples_B, steps_B)
 
 
-def prefill(graphdef, params, k_pool, v_pool, tokens_RxP, lengths_R, table_RxM, seeds_R, samples_RxN,
-            copy_src_C, copy_dst_C, *, sp: SamplingParams):
-  """Pure: (k_pool, v_pool, first tokens [R, N]) after writing R prompts into their pages."""
+def prefill(graphdef, params, k_pool, v_pool, tokens_RxP, lengths_R, table_RxM, seeds_R, row_D, sample_D,
+            copy_src_D, copy_dst_D, *, sp: SamplingParams):
+  """Pure: (k_pool, v_pool, first tokens [D], their log-probs [D]) after writing R prompts into their pages.
+
+  Sequence d starts as sample sample_D[d] of prompt row row_D[d] (unused entries: anything; ignored)."""
   model: Llama = nnx.merge(graphdef, params)
   r, p = tokens_RxP.shape
-  n = samples_RxN.shape[1]
   positions_RxP = jnp.broadcast_to(jnp.arange(p), (r, p))
   cache = PagedKVCache(k_pool, v_pool, table_RxM)  # prompts start at position 0: no earlier slot to read
   out = model(tokens_RxP, positions_RxP, cache=cache, logits_at_B=lengths_R - 1, kv_len=0)
-  logits_RNxV = jnp.repeat(out.logits[:, 0], n, axis=0)
-  keys = row_keys(jnp.repeat(seeds_R, n), samples_RxN.reshape(-1), jnp.zeros((r * n,), jnp.int32))
-  first_RxN = sample_tokens(logits_RNxV, keys, sp).reshape(r, n)
+  with jax.named_scope("sampling"):
+    keys = row_keys(seeds_R[row_D], sample_D, jnp.zeros_like(sample_D))
+    first_D, logp_D = sample_tokens(out.logits[:, 0][row_D], keys, sp)
   committed = out.cache.commit(positions_RxP)
   k, v = committed.k, committed.v
-  k = k.at[:, copy_dst_C].set(k[:, copy_src_C])  # pad entries copy scratch onto scratch
-  v = v.at[:, copy_dst_C].set(v[:, copy_src_C])
-  return k, v, first_RxN
+  k = k.at[:, copy_dst_D].set(k[:, copy_src_D])  # pad entries copy scratch onto scratch
+  v = v.at[:, copy_dst_D].set(v[:, copy_src_D])
+  return k, v, first_D, logp_D
 
 
 def decode_round(graphdef, params, k_pool, v_pool, table_BxM, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B,
                  live_B, *, sp: SamplingParams, stop_ids: tuple[int, ...], steps: int, kv_len: int):
-  """Pure: (k_pool, v_pool, new tokens [B, steps]) with NO_TOKEN where a row was not live.
+  """Pure: (k_pool, v_pool, new tokens [B, steps], their log-probs [B, steps]); NO_TOKEN where a row was not live.
 
   Row b feeds tok_B[b] at position pos_B[b]; gen_B[b] tokens are already generated and
   the row stops after limit_B[b] or at a stop id."""
@@ -71,26 +73,28 @@ def decode_round(graphdef, params, k_pool, v_pool, table_BxM, tok_B, pos_B, gen_
 
   def body(carry):
     # the previous step's keys/values are written first, so no read of the pools follows the write
-    i, tok, pos, gen, live, k, v, pending, out_BxS = carry
+    i, tok, pos, gen, live, k, v, pending, out_BxS, logp_BxS = carry
     k, v = PagedKVCache.write(k, v, *pending)
     cache = PagedKVCache(k, v, jnp.where(live[:, None], table_BxM, 0))  # finished rows write to scratch
     o = model(tok[:, None], pos[:, None], cache=cache, kv_len=kv_len)
     pending = (*cache.slots(pos[:, None]), *o.cache.staged())
-    nxt = sample_tokens(o.logits[:, 0], row_keys(seeds_B, samples_B, gen), sp)
+    with jax.named_scope("sampling"):
+      nxt, lp = sample_tokens(o.logits[:, 0], row_keys(seeds_B, samples_B, gen), sp)
     nxt = jnp.where(live, nxt, NO_TOKEN)
     out_BxS = jax.lax.dynamic_update_slice(out_BxS, nxt[:, None], (0, i))
+    logp_BxS = jax.lax.dynamic_update_slice(logp_BxS, jnp.where(live, lp, 0.0)[:, None], (0, i))
     live = live & ~jnp.isin(nxt, stop) & (gen + 1 < limit_B)
-    return i + 1, jnp.maximum(nxt, 0), pos + 1, gen + 1, live, k, v, pending, out_BxS
+    return i + 1, jnp.maximum(nxt, 0), pos + 1, gen + 1, live, k, v, pending, out_BxS, logp_BxS
 
   l, _, _, kh, e = k_pool.shape
   nothing = (jnp.zeros((b, 1), jnp.int32), jnp.zeros((b, 1), jnp.int32),  # scratch page 0
              jnp.zeros((l, b, 1, kh, e), k_pool.dtype), jnp.zeros((l, b, 1, kh, e), v_pool.dtype))
   init = (jnp.int32(0), tok_B, pos_B, gen_B, live_B, k_pool, v_pool, nothing,
-          jnp.full((b, steps), NO_TOKEN, jnp.int32))
+          jnp.full((b, steps), NO_TOKEN, jnp.int32), jnp.zeros((b, steps), jnp.float32))
   with jax.named_scope("decode_round"):
     carry = jax.lax.while_loop(cond, body, init)
   k, v = PagedKVCache.write(carry[5], carry[6], *carry[7])
-  return k, v, carry[8]
+  return k, v, carry[8], carry[9]
 
 
 @functools.lru_cache(maxsize=None)
