@@ -55,8 +55,7 @@ class ColocatedRollouts(Hook):
   def __init__(self, buffer: RolloutBuffer, graphdef, mesh):
     self.buffer, self.graphdef, self.mesh = buffer, graphdef, mesh
     self.roller = None
-    self.tokens = 0
-    self.seconds = 0.0
+    self.last_end: float | None = None  # when the previous call ended: the span since is the train step and hooks
 
   def due(self, step: int, final: bool) -> bool:
     return not final
@@ -66,6 +65,7 @@ class ColocatedRollouts(Hook):
 
   def __call__(self, info: StepInfo) -> dict:
     t0 = time.perf_counter()
+    interval = t0 - self.last_end if self.last_end is not None else 0.0
     task, rl = self.buffer.task, self.buffer.task.rl
     params, version = info.state.params, int(info.step)
     if self.roller is None:
@@ -81,9 +81,9 @@ class ColocatedRollouts(Hook):
     before = self.roller.tokens
     groups = self.roller.run(problems)
     self.buffer.ready = task.batch_arrays(groups)
-    dt = time.perf_counter() - t0
+    self.last_end = time.perf_counter()
+    dt = self.last_end - t0
     tokens = self.roller.tokens - before
-    self.tokens, self.seconds = self.tokens + tokens, self.seconds + dt
     rewards = [r for g in groups for r in g.rewards]
     return {"rl/rollout_s": dt, "rl/rollout_tok_s": tokens / max(dt, 1e-9), "rl/rollout_tokens": tokens,
-            "rl/behaviour_version": version, "rl/rollout_reward": sum(rewards) / len(rewards)}
+            "rl/interval_s": interval, "rl/sampled_version": version, "rl/sampled_reward": sum(rewards) / len(rewards)}

@@ -145,14 +145,28 @@ class RolloutConfig:
         raise ValueError(f"rl.rollout.{name}={getattr(self, name)} must be > 0 seconds")
 
 
-def _rl_trainer() -> TrainerConfig:
-  return TrainerConfig(steps=60, eval_every=10, eval_at_start=True, checkpoint_every=20, ema=0.0,
-                       preemption_check_every=1, keep_last=2)
+# Sections with RL's own defaults are subclasses, not default_factory values: draccus rebuilds a
+# section from its class defaults as soon as one of its fields is given on the command line.
+@dataclasses.dataclass(frozen=True)
+class RLTrainerConfig(TrainerConfig):
+  """`jaxpod train`'s trainer section with RL's defaults (steps are rollout batches; metrics every step)."""
+
+  steps: int = 60  # GRPO steps (one rollout batch each)
+  eval_every: int = 10  # held-out accuracy every N steps (and at the end)
+  eval_at_start: bool = True  # accuracy of the starting policy (summary: accuracy.start)
+  checkpoint_every: int = 20  # checkpoint every N steps (and at the end)
+  log_every: int = 1  # metrics every step (an RL step is slow; the reward curve needs them all)
+  ema: float = 0.0  # RL evaluates and exports the live policy
+  preemption_check_every: int = 1  # a SIGTERM is honoured at the next step
 
 
-def _rl_transfer() -> TransferConfig:
-  # a relative folder is inside the run folder (rl.run resolves it), so trainer and workers find it by the run alone
-  return TransferConfig(mode="checkpoint", coordinator="filesystem", folder="weights", keep_n=3)
+@dataclasses.dataclass(frozen=True)
+class RLTransferConfig(TransferConfig):
+  """`jaxpod.transfer`'s config with RL's defaults: versions and records in the run's shared storage."""
+
+  mode: str = "checkpoint"  # checkpoint | arrow_flight | ray | jax_transfer (see the transfer section of the README)
+  coordinator: str | None = "filesystem"  # where versions are registered; filesystem = in `folder`
+  folder: str = "weights"  # relative: inside the run folder, so trainer and workers find it from the run alone
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,9 +183,9 @@ class RLConfig:
   topology: str = "colocated"  # colocated: one cluster, trainer and engine alternate | disaggregated: two clusters
   role: str = "auto"  # auto: everything here (disaggregated: launches the clusters) | trainer | rollout
   trainer_hosts: int = 1  # disaggregated, role auto: hosts of the trainer cluster it launches
-  transfer: TransferConfig = dataclasses.field(default_factory=_rl_transfer)  # disaggregated weight transport
+  transfer: RLTransferConfig = dataclasses.field(default_factory=RLTransferConfig)  # disaggregated weight transport
   export_hf: bool = True  # write the final policy as a HF checkpoint (<run>/hf)
-  trainer: TrainerConfig = dataclasses.field(default_factory=_rl_trainer)  # RL steps, eval/checkpoint cadence, runs_dir
+  trainer: RLTrainerConfig = dataclasses.field(default_factory=RLTrainerConfig)  # RL steps, cadences, runs_dir
   tracker: TrackerConfig = dataclasses.field(default_factory=TrackerConfig)  # metrics sinks
   runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)  # how this process joins its job
   mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)  # this cluster's mesh

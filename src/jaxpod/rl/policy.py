@@ -245,7 +245,7 @@ class GRPOTaskConfig(TaskConfig):
   export_to: str | None = None  # HF checkpoint written at the end
   source: str = "colocated"  # where rollouts come from: colocated (this job's engine) | queue (rollout workers)
   run_dir: str = ""  # the RL run folder (queue, weights)
-  bar_metrics: tuple[str, ...] = ("reward", "accuracy")
+  bar_metrics: tuple[str, ...] = ("reward", "loss")
   plot_metrics: tuple[str, ...] = ("reward", "accuracy")
 
   prefix = "grpo"

@@ -92,7 +92,12 @@ def train_policy(cfg: RLConfig, folder: str) -> dict | None:
   rl_summary = train(grpo_config(cfg, folder, start, source))
   out = None
   if runtime.is_leader():
-    out = summary_lib.write(cfg, folder, warm, rl_summary, warmup_s=t_warm, wall_s=time.monotonic() - t0)
+    workers = None
+    if source == "queue":
+      from jaxpod.rl.queue import Queue
+      workers = {str(w): rec for w, rec in Queue(folder).heartbeats().items()}
+    out = summary_lib.write(cfg, folder, warm, rl_summary, warmup_s=t_warm, wall_s=time.monotonic() - t0,
+                            workers=workers)
   runtime.barrier("rl.done", timeout_s=600)
   return out
 

@@ -37,29 +37,36 @@ def collect(folder: str) -> dict:
   warm, rl = read_metrics(storage.join(folder, "warmup")), read_metrics(storage.join(folder, "train"))
   acc = _series(rl, "eval/accuracy")
   warm_acc = _series(warm, "eval/accuracy")
+  # the batch trained at step k was sampled by version k-1 (colocated) or by the versions the queue held
   rewards = [[r.get("rl/behaviour_version", r["step"] - 1), r["reward"]] for r in rl if "reward" in r]
-  sums = {k: sum(r.get(f"rl/{k}_s", 0.0) for r in rl) for k in ("rollout", "waiting", "publish", "fetch")}
+  sums = {k: sum(r.get(f"rl/{k}_s", 0.0) for r in rl) for k in ("rollout", "waiting", "publish", "interval")}
   sums["eval"] = sum(r.get("eval/seconds", 0.0) for r in rl)
-  tokens = sum(r.get("rl/rollout_tokens", 0) for r in rl)
-  start = next((a for s, a in acc if s == 0), acc[0][1] if acc else float("nan"))
-  return {"accuracy.start": start, "accuracy.end": acc[-1][1] if acc else float("nan"),
-          "accuracy": {"start": start, "end": acc[-1][1] if acc else float("nan"),
-                       "warmup_end": warm_acc[-1][1] if warm_acc else None},
+  later = [r for r in rl if r["step"] > 0]  # step 0's rollout compiled the engine: left out of the rate
+  tokens, rollout_s = sum(r.get("rl/rollout_tokens", 0) for r in later), sum(r.get("rl/rollout_s", 0) for r in later)
+  start = next((a for s, a in acc if s == 0), float("nan"))
+  end = acc[-1][1] if acc else float("nan")
+  return {"accuracy.start": start, "accuracy.end": end,
+          "accuracy": {"start": start, "end": end, "warmup_end": warm_acc[-1][1] if warm_acc else None},
           "reward_curve": rewards, "accuracy_curve": acc, "rollout_tokens": tokens,
-          "tokens_per_s": tokens / sums["rollout"] if sums["rollout"] else None, "seconds": sums}
+          "tokens_per_s": tokens / rollout_s if rollout_s else None, "seconds": sums}
 
 
-def write(cfg, folder: str, warm, rl, warmup_s: float, wall_s: float) -> dict:
+def write(cfg, folder: str, warm, rl, warmup_s: float, wall_s: float, workers: dict | None = None) -> dict:
   """Leader: summary.json, the console table and rl.png; returns the summary."""
   out = collect(folder)
-  rl_s = rl.wall_s
   s = out.pop("seconds")
-  train_s = max(0.0, rl_s - s["rollout"] - s["eval"] - s["waiting"] - s["publish"] - rl.time_to_first_step_s)
+  train_s = max(0.0, s["interval"] - s["eval"] - s["waiting"] - s["publish"])
   out.update({"run_dir": folder, "topology": cfg.topology, "steps": rl.final_step, "resumed": rl.resumed,
               "lift_points": 100 * (out["accuracy.end"] - out["accuracy.start"]),
-              "time_s": {"total": wall_s, "warmup": warmup_s, "rl": rl_s, "rollout": s["rollout"], "train": train_s,
-                         "eval": s["eval"], "waiting": s["waiting"], "publish": s["publish"], "fetch": s["fetch"],
-                         "rl_startup": rl.time_to_first_step_s}})
+              "time_s": {"total": wall_s, "warmup": warmup_s, "rl": rl.wall_s, "rl_startup": rl.time_to_first_step_s,
+                         "rollout": s["rollout"], "train": train_s, "eval": s["eval"], "waiting": s["waiting"],
+                         "publish": s["publish"]}})
+  if workers:
+    out["workers"] = workers
+    out["time_s"]["fetch"] = sum(w.get("fetch_s", 0.0) for w in workers.values())
+    out["time_s"]["rollout"] = sum(w.get("rollout_s", 0.0) for w in workers.values())
+    rate = [w["tokens"] / w["rollout_s"] for w in workers.values() if w.get("rollout_s")]
+    out["tokens_per_s"] = sum(rate) if rate else None
   storage.write_text(storage.join(folder, "summary.json"), json.dumps(out, indent=1))
   plot(folder, out)
   _print(out)

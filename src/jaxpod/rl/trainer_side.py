@@ -185,6 +185,7 @@ class QueueStats(Hook):
 
   def __init__(self, source: QueueSource):
     self.source = source
+    self.last_end: float | None = None  # the span between calls: waiting, the train step, publishing, eval
 
   def due(self, step: int, final: bool) -> bool:
     return True
@@ -194,7 +195,10 @@ class QueueStats(Hook):
       self.source.monitor.check(force=True)
 
   def __call__(self, info: StepInfo) -> dict:
-    return dict(self.source.step_stats)
+    now = time.perf_counter()
+    interval = now - self.last_end if self.last_end is not None else 0.0
+    self.last_end = now
+    return {**self.source.step_stats, "rl/interval_s": interval}
 
   def close(self) -> None:
     self.source.close()
