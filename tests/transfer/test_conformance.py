@@ -304,6 +304,9 @@ def ray_node_env() -> dict:
 def test_multi_host_trainer_sends_each_array_once(launch_hosts, fresh, tmp_path, ray_namespace, ray_address):
   """Invariant 4 (replica 0 only), every mode: each host of a 2-host trainer calls publish;
   together they put each element on the wire once, and a client on another mesh gets the model.
+  Invariant 9: on every host, publish returns only once the version is committed (the first mode's
+  leader commit is held back until host 1 has read, so a host returning early is always caught),
+  and a leader whose commit fails makes publish raise on every host (PeerFailed on host 1), not hang.
   (One launch serves every mode in turn, to start the 2-host job once.)"""
   _, client, _ = fresh
   configs = [config(mode, tmp_path, ray_namespace, name=f"weights_{mode}") for mode in MODES]
@@ -326,10 +329,14 @@ def test_multi_host_trainer_sends_each_array_once(launch_hosts, fresh, tmp_path,
     _kill_actors(ray_namespace, [cfg["name"] for cfg in configs])
   result = box[0]
   assert result.returncode == 0, result.all_output[-4000:]
+  failed = [line for i in range(2) for line in result.output[i] if line.startswith("COMMIT_FAILED")]
+  assert failed == ["COMMIT_FAILED RuntimeError", "COMMIT_FAILED PeerFailed"], failed
   for mode in MODES:
     expect(replies[mode], 7, 7)
     sent = [int(line.split()[2]) for i in range(2) for line in result.output[i] if line.startswith(f"BYTES {mode} ")]
     assert len(sent) == 2 and sum(sent) == _params_bytes(7), (mode, sent)
+    committed = [line for i in range(2) for line in result.output[i] if line.startswith(f"COMMITTED {mode} ")]
+    assert committed == [f"COMMITTED {mode} True"] * 2, (mode, committed)
 
 
 def _kill_actors(namespace: str, names: list[str]) -> None:
