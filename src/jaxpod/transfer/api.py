@@ -50,6 +50,10 @@ class TransferError(RuntimeError):
   """A version could not be fetched (its source died, it was pruned, or a deadline passed)."""
 
 
+class TransferAuthError(RuntimeError):
+  """The trainer's servers refused this client's secret (a setup error: receive raises it, never retries)."""
+
+
 @dataclasses.dataclass
 class WeightUpdate:
   """A received version: the params on the client's shardings and the trainer's weight id."""
