@@ -210,6 +210,27 @@ def test_coordinator_actor_restart(mode, fresh, tmp_path, ray_namespace):
   expect(client.call("receive", wait=WAIT_S), 3, 3)
 
 
+def test_ray_cluster_and_its_joiners_listen_on_loopback_only(agents):
+  """Security: the Ray cluster jaxpod starts (`ray_local.local_cluster`, here the tests' own) reports
+  127.0.0.1 for its GCS and node, and no process of this test session (GCS server, raylet, Ray
+  workers and agents, the processes that joined it, the transports' servers) listens on any
+  address but loopback."""
+  import psutil
+
+  from jaxpod.transfer import ray_local, secrets
+  assert all(secrets.is_loopback(host) for host in ray_local.addresses()), ray_local.addresses()
+  listening, names = [], set()
+  for proc in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+    try:
+      found = [c.laddr.ip for c in proc.net_connections("inet") if c.status == psutil.CONN_LISTEN]
+      names.add(proc.name())
+    except psutil.NoSuchProcess:
+      continue
+    listening += [(proc.name(), ip) for ip in found]
+  assert {"gcs_server", "raylet"} <= names and listening, names  # Ray's own servers were looked at
+  assert [(name, ip) for name, ip in listening if not secrets.is_loopback(ip)] == []
+
+
 def test_jax_transfer_unregistered_pull_ends_at_its_deadline(pool, tmp_path, ray_namespace):
   """jax_transfer: `pull` of an id the server never registered ignores its own timeout (field
   failure); the client's guard turns it into a TransferError at the deadline instead of a hang."""
