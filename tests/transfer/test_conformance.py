@@ -375,7 +375,8 @@ IN_JOB_MODES = ("checkpoint", "jax_transfer", "arrow_flight")  # "ray" keeps ref
 @pytest.mark.slow
 def test_in_job_kv_coordinator(launch_hosts, tmp_path):
   """Trainer (host 0) and worker (host 1) in one jax.distributed job, coordinated through the
-  JAX key-value store, for every mode that can use it (one launch runs them in turn)."""
+  JAX key-value store, for every mode that can use it (one launch runs them in turn). Neither host,
+  host 0 running the coordination service, listens on any address but loopback."""
   configs = [config(mode, tmp_path, "unused", coordinator="kv", name=f"weights_{mode}",
                     folder=str(tmp_path / mode)) for mode in IN_JOB_MODES]
   script = os.path.join(os.path.dirname(common.__file__), "in_job.py")
@@ -384,3 +385,5 @@ def test_in_job_kv_coordinator(launch_hosts, tmp_path):
   lines = [line for line in result.output[1] if line.startswith(("GOT", "NONE", "UNEXPECTED"))]
   want = [line for m in IN_JOB_MODES for line in (f"GOT {m} 1 True", f"GOT {m} 2 True", f"NONE {m}")]
   assert lines == want, result.all_output[-4000:]
+  listeners = [line for i in range(2) for line in result.output[i] if line.startswith("OFF_HOST_LISTENERS")]
+  assert listeners == ["OFF_HOST_LISTENERS []"] * 2, listeners
