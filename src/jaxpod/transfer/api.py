@@ -10,7 +10,8 @@ client may use another mesh than the trainer (and another floating dtype: values
 `None` means "nothing newer than what you hold", or a newer version could not be fetched
 before `receive_timeout_s` (its trainer died, it was pruned): the failure is counted in
 `client.metrics()` and the next call retries. `wait` bounds the polling for a newer version;
-each fetch attempt is bounded separately by `receive_timeout_s`. Coordinator errors raise.
+each fetch attempt is bounded separately by `receive_timeout_s`. Coordinator errors raise, and so
+does `TransferAuthError` (the trainer's servers refused this client's secret: see `secrets`).
 
 The version record the coordinator holds per publication says which trainer host serves which
 slice of which array: {seq, weight_id, epoch, meta: {table: name -> {shape, dtype, wire},
