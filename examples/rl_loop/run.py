@@ -2,12 +2,13 @@
 
     .venv/bin/python examples/rl_loop/run.py [--mode arrow_flight|ray|jax_transfer|checkpoint]
 
-Starts a local Ray cluster for the Ray-coordinated modes (1 CPU, no dashboard), runs both
-processes, prints their logs, and shuts everything down.
+Starts a local Ray cluster on 127.0.0.1 for the Ray-coordinated modes (1 CPU, no dashboard),
+runs both processes, prints their logs, and shuts everything down.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -24,21 +25,18 @@ def main() -> int:
   args = p.parse_args()
   flags = ["--mode", args.mode, "--steps", str(args.steps), "--every", str(args.every),
            "--folder", tempfile.mkdtemp(prefix="rl_loop-")]
-  ray = None
-  if args.mode != "checkpoint":
-    import ray
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    flags += ["--ray_address", ray.get_runtime_context().gcs_address]
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  try:
+  with contextlib.ExitStack() as stack:
+    if args.mode != "checkpoint":
+      from jaxpod.transfer import ray_local
+      address = stack.enter_context(ray_local.local_cluster(num_cpus=1, include_dashboard=False,
+                                                            log_to_driver=False))
+      flags += ["--ray_address", address]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")  # after the cluster started: children join it on 127.0.0.1
     trainer = subprocess.Popen([sys.executable, os.path.join(HERE, "trainer.py"), *flags], env=env,
                                stdin=subprocess.PIPE)
     worker = subprocess.run([sys.executable, os.path.join(HERE, "worker.py"), *flags], env=env, timeout=300)
     trainer.stdin.close()
     return trainer.wait(timeout=60) or worker.returncode
-  finally:
-    if ray is not None:
-      ray.shutdown()
 
 
 if __name__ == "__main__":

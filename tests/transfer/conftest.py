@@ -114,14 +114,11 @@ class Pool:
 
 @pytest.fixture(scope="module")
 def ray_address(tmp_path_factory):
-  """A real local Ray cluster for this module (1 CPU, no dashboard), shut down at the end."""
-  import ray
-  ray.init(num_cpus=1, include_dashboard=False, object_store_memory=256 << 20,
-           namespace=f"jaxpod_test_{uuid.uuid4().hex[:8]}", log_to_driver=False)
-  try:
-    yield ray.get_runtime_context().gcs_address
-  finally:
-    ray.shutdown()
+  """A real local Ray cluster for this module (1 CPU, no dashboard) on 127.0.0.1, shut down at the end."""
+  from jaxpod.transfer import ray_local
+  with ray_local.local_cluster(num_cpus=1, include_dashboard=False, object_store_memory=256 << 20,
+                               namespace=f"jaxpod_test_{uuid.uuid4().hex[:8]}", log_to_driver=False) as address:
+    yield address
 
 
 @pytest.fixture(scope="module")

@@ -210,6 +210,27 @@ def test_coordinator_actor_restart(mode, fresh, tmp_path, ray_namespace):
   expect(client.call("receive", wait=WAIT_S), 3, 3)
 
 
+def test_ray_cluster_and_its_joiners_listen_on_loopback_only(agents):
+  """Security: the Ray cluster jaxpod starts (`ray_local.local_cluster`, here the tests' own) reports
+  127.0.0.1 for its GCS and node, and no process of this test session (GCS server, raylet, Ray
+  workers and agents, the processes that joined it, the transports' servers) listens on any
+  address but loopback."""
+  import psutil
+
+  from jaxpod.transfer import ray_local, secrets
+  assert all(secrets.is_loopback(host) for host in ray_local.addresses()), ray_local.addresses()
+  listening, names = [], set()
+  for proc in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+    try:
+      found = [c.laddr.ip for c in proc.net_connections("inet") if c.status == psutil.CONN_LISTEN]
+      names.add(proc.name())
+    except psutil.NoSuchProcess:
+      continue
+    listening += [(proc.name(), ip) for ip in found]
+  assert {"gcs_server", "raylet"} <= names and listening, names  # Ray's own servers were looked at
+  assert [(name, ip) for name, ip in listening if not secrets.is_loopback(ip)] == []
+
+
 def test_jax_transfer_unregistered_pull_ends_at_its_deadline(pool, tmp_path, ray_namespace):
   """jax_transfer: `pull` of an id the server never registered ignores its own timeout (field
   failure); the client's guard turns it into a TransferError at the deadline instead of a hang."""
@@ -304,6 +325,9 @@ def ray_node_env() -> dict:
 def test_multi_host_trainer_sends_each_array_once(launch_hosts, fresh, tmp_path, ray_namespace, ray_address):
   """Invariant 4 (replica 0 only), every mode: each host of a 2-host trainer calls publish;
   together they put each element on the wire once, and a client on another mesh gets the model.
+  Invariant 9: on every host, publish returns only once the version is committed (the first mode's
+  leader commit is held back until host 1 has read, so a host returning early is always caught),
+  and a leader whose commit fails makes publish raise on every host (PeerFailed on host 1), not hang.
   (One launch serves every mode in turn, to start the 2-host job once.)"""
   _, client, _ = fresh
   configs = [config(mode, tmp_path, ray_namespace, name=f"weights_{mode}") for mode in MODES]
@@ -326,10 +350,14 @@ def test_multi_host_trainer_sends_each_array_once(launch_hosts, fresh, tmp_path,
     _kill_actors(ray_namespace, [cfg["name"] for cfg in configs])
   result = box[0]
   assert result.returncode == 0, result.all_output[-4000:]
+  failed = [line for i in range(2) for line in result.output[i] if line.startswith("COMMIT_FAILED")]
+  assert failed == ["COMMIT_FAILED RuntimeError", "COMMIT_FAILED PeerFailed"], failed
   for mode in MODES:
     expect(replies[mode], 7, 7)
     sent = [int(line.split()[2]) for i in range(2) for line in result.output[i] if line.startswith(f"BYTES {mode} ")]
     assert len(sent) == 2 and sum(sent) == _params_bytes(7), (mode, sent)
+    committed = [line for i in range(2) for line in result.output[i] if line.startswith(f"COMMITTED {mode} ")]
+    assert committed == [f"COMMITTED {mode} True"] * 2, (mode, committed)
 
 
 def _kill_actors(namespace: str, names: list[str]) -> None:
@@ -347,7 +375,8 @@ IN_JOB_MODES = ("checkpoint", "jax_transfer", "arrow_flight")  # "ray" keeps ref
 @pytest.mark.slow
 def test_in_job_kv_coordinator(launch_hosts, tmp_path):
   """Trainer (host 0) and worker (host 1) in one jax.distributed job, coordinated through the
-  JAX key-value store, for every mode that can use it (one launch runs them in turn)."""
+  JAX key-value store, for every mode that can use it (one launch runs them in turn). Neither host,
+  host 0 running the coordination service, listens on any address but loopback."""
   configs = [config(mode, tmp_path, "unused", coordinator="kv", name=f"weights_{mode}",
                     folder=str(tmp_path / mode)) for mode in IN_JOB_MODES]
   script = os.path.join(os.path.dirname(common.__file__), "in_job.py")
@@ -356,3 +385,5 @@ def test_in_job_kv_coordinator(launch_hosts, tmp_path):
   lines = [line for line in result.output[1] if line.startswith(("GOT", "NONE", "UNEXPECTED"))]
   want = [line for m in IN_JOB_MODES for line in (f"GOT {m} 1 True", f"GOT {m} 2 True", f"NONE {m}")]
   assert lines == want, result.all_output[-4000:]
+  listeners = [line for i in range(2) for line in result.output[i] if line.startswith("OFF_HOST_LISTENERS")]
+  assert listeners == ["OFF_HOST_LISTENERS []"] * 2, listeners

@@ -16,6 +16,8 @@ from jaxpod.transfer import PublishWeightsHook, TransferConfig, flatten
     ({"keep_n": 0}, "transfer.keep_n"),
     ({"wire_dtype": "int8"}, "transfer.wire_dtype"),
     ({"chunk_bytes": 8, "stream_bytes": 4}, "transfer.stream_bytes"),
+    ({"mode": "jax_transfer", "bind_address": "0.0.0.0"}, "transfer.bind_address"),  # no authentication
+    ({"secret_env": "not a variable"}, "transfer.secret_env"),
 ])
 def test_config_errors_name_the_field(kwargs, field):
   """Invariant 7: config errors are reported before anything starts, naming the field."""
@@ -173,3 +175,52 @@ def test_flight_serves_the_trainers_buffers_without_a_copy_and_survives_donation
     update = client.receive({"w": jax.ShapeDtypeStruct((64, 64), jnp.float32)})
     np.testing.assert_array_equal(np.asarray(update.params["w"]), np.arange(4096.0).reshape(64, 64))
     np.testing.assert_array_equal(np.asarray(y), np.arange(4096.0).reshape(64, 64) * 2 + 1)
+
+
+def test_ensure_secret_keeps_a_set_secret_and_makes_a_new_one_otherwise():
+  from jaxpod.transfer import secrets
+  made = secrets.ensure_secret({"PATH": "/bin"})
+  assert len(made[secrets.SECRET_ENV]) >= secrets.MIN_CHARS and made["PATH"] == "/bin"
+  assert secrets.ensure_secret(made) == made  # a run keeps its secret
+  assert secrets.ensure_secret({})[secrets.SECRET_ENV] != made[secrets.SECRET_ENV]
+  assert [secrets.is_loopback(h) for h in ("127.0.0.1", "localhost", "::1", "::ffff:127.0.0.1", "0.0.0.0", "::",
+                                                "10.0.0.2", "vm")] == [True] * 4 + [False] * 4
+
+
+def test_flight_off_host_needs_the_runs_secret_and_refuses_other_clients(tmp_path, monkeypatch, caplog, capfd):
+  """Security: an arrow_flight server bound off-host does not start without the run's secret (a
+  one-line error naming the variable and how to make one); with it, a client without the secret
+  or with another one is refused (TransferAuthError), a client with it receives, and the secret
+  appears in no log line or output of either side."""
+  import logging
+
+  from jaxpod.transfer import TransferAuthError, create_client, create_server, secrets
+  caplog.set_level(logging.DEBUG)
+  var = secrets.SECRET_ENV
+  cfg = TransferConfig(mode="arrow_flight", coordinator="filesystem", folder=str(tmp_path / "w"), num_servers=1,
+                       bind_address="0.0.0.0", advertise_address="127.0.0.1")
+  monkeypatch.delenv(var, raising=False)
+  with pytest.raises(ValueError, match=f"{var}.*secrets.token_urlsafe") as missing:
+    create_server(cfg)
+  assert "\n" not in str(missing.value) and not (tmp_path / "w").exists()  # nothing started
+  run_secret = secrets.new_secret()
+  monkeypatch.setenv(var, run_secret)
+  params = {"w": jnp.arange(64.0).reshape(8, 8)}
+  like = flatten.abstract(params)
+  with create_server(cfg) as server:
+    server.publish(1, params)
+    for client_secret in (None, secrets.new_secret()):  # none, then another run's
+      if client_secret is None:
+        monkeypatch.delenv(var)
+        client_cfg = TransferConfig(**{**cfg.__dict__, "bind_address": "127.0.0.1"})  # a loopback-configured client
+      else:
+        monkeypatch.setenv(var, client_secret)
+        client_cfg = cfg
+      with create_client(client_cfg) as client, pytest.raises(TransferAuthError, match=f"refused.*{var}"):
+        client.receive(like)
+    monkeypatch.setenv(var, run_secret)
+    with create_client(cfg) as client:
+      update = client.receive(like)
+    np.testing.assert_array_equal(np.asarray(update.params["w"]), np.arange(64.0).reshape(8, 8))
+  out, err = capfd.readouterr()
+  assert run_secret not in out + err + caplog.text + repr(cfg)

@@ -10,6 +10,7 @@ beside this machine's memcpy and one-stream loopback TCP throughput measured in 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
@@ -183,22 +184,18 @@ def run(size_bytes: int, modes: list[str] | tuple[str, ...] | None = None, json_
   results = {"size_bytes": size_bytes, "machine": common.machine(), "trainer_hosts": trainer_hosts, "clients": clients,
              "memcpy_gb_per_s": memcpy_gbps(size_bytes), "loopback_tcp_gb_per_s": loopback_tcp_gbps(size_bytes),
              "modes": {}}
-  ray_address = None
-  needs_ray = "ray" in modes
-  if needs_ray:
-    ray = require("ray", "`jaxpod bench transfer` modes other than checkpoint")
-    ray.init(num_cpus=1, include_dashboard=False, object_store_memory=max(5 * size_bytes, 1 << 30),
-             log_to_driver=False)
-    ray_address = ray.get_runtime_context().gcs_address
   folder = folder or tempfile.mkdtemp(prefix="jaxpod-bench-transfer-", dir="/dev/shm" if os.path.isdir(
       "/dev/shm") else None)
   results["checkpoint_folder"] = folder
-  try:
+  with contextlib.ExitStack() as stack:
+    ray_address = None
+    if "ray" in modes:  # on 127.0.0.1, never the machine's network address
+      from jaxpod.transfer import ray_local
+      require("ray", "`jaxpod bench transfer` mode 'ray'")
+      ray_address = stack.enter_context(ray_local.local_cluster(
+          num_cpus=1, include_dashboard=False, object_store_memory=max(5 * size_bytes, 1 << 30), log_to_driver=False))
     for mode in modes:
       results["modes"][mode] = bench_mode(mode, size_bytes, rounds, folder, ray_address, trainer_hosts, clients)
-  finally:
-    if needs_ray:
-      ray.shutdown()
   _print(results)
   common.write_json(json_path, results)
   return results

@@ -7,6 +7,7 @@ imports run start-up -> control/program_check -> state, never back.
 """
 from __future__ import annotations
 
+import ipaddress
 import sys
 
 from jaxpod.runtime import compile_cache, control, program_check
@@ -29,6 +30,15 @@ def _configure_cpu(host: HostInfo, cfg: RuntimeConfig) -> None:
       jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
 
+def _is_loopback(address: str) -> bool:
+  """Whether a "host:port" coordinator address is on this machine's loopback interface."""
+  name = address.rsplit(":", 1)[0].strip("[]")
+  try:
+    return name == "localhost" or ipaddress.ip_address(name).is_loopback
+  except ValueError:
+    return False
+
+
 def _start_distributed(host: HostInfo, cfg: RuntimeConfig) -> None:
   import jax
   heartbeat = cfg.heartbeat_timeout_s or (5 if host.simulated else 30)
@@ -38,6 +48,8 @@ def _start_distributed(host: HostInfo, cfg: RuntimeConfig) -> None:
   if host.source in ("config", "jaxpod-launch"):
     kwargs.update(coordinator_address=host.coordinator, num_processes=host.process_count,
                   process_id=host.process_index)
+    if _is_loopback(host.coordinator):  # all hosts on this machine: listen on loopback, not JAX's default [::]
+      kwargs.update(coordinator_bind_address=host.coordinator)
   try:
     jax.distributed.initialize(**kwargs)
   except Exception as e:

@@ -12,7 +12,8 @@ import importlib
 _EXPORTS = {
     "TransferConfig": "config", "MODES": "config",
     "create_server": "api", "create_client": "api", "WeightUpdate": "api", "WeightServer": "api",
-    "WeightClient": "api", "TransferError": "api",
+    "WeightClient": "api", "TransferError": "api", "TransferAuthError": "api",
+    "ensure_secret": "secrets", "SECRET_ENV": "secrets",
     "get_or_create_actor": "coordinators",
     "abstract": "flatten",
     "PublishWeightsHook": "hooks",

@@ -10,7 +10,8 @@ client may use another mesh than the trainer (and another floating dtype: values
 `None` means "nothing newer than what you hold", or a newer version could not be fetched
 before `receive_timeout_s` (its trainer died, it was pruned): the failure is counted in
 `client.metrics()` and the next call retries. `wait` bounds the polling for a newer version;
-each fetch attempt is bounded separately by `receive_timeout_s`. Coordinator errors raise.
+each fetch attempt is bounded separately by `receive_timeout_s`. Coordinator errors raise, and so
+does `TransferAuthError` (the trainer's servers refused this client's secret: see `secrets`).
 
 The version record the coordinator holds per publication says which trainer host serves which
 slice of which array: {seq, weight_id, epoch, meta: {table: name -> {shape, dtype, wire},
@@ -48,6 +49,10 @@ log = logging.getLogger("jaxpod.transfer")
 
 class TransferError(RuntimeError):
   """A version could not be fetched (its source died, it was pruned, or a deadline passed)."""
+
+
+class TransferAuthError(RuntimeError):
+  """The trainer's servers refused this client's secret (a setup error: receive raises it, never retries)."""
 
 
 @dataclasses.dataclass
@@ -109,7 +114,7 @@ class _Endpoint:
 
 
 class ServerBase(_Endpoint):
-  """Publish = flatten (replica 0) -> reserve seq -> transport stages -> leader commits."""
+  """Publish = flatten (replica 0) -> reserve seq -> transport stages -> leader commits -> every host returns."""
 
   keeps_pieces = False  # True: the transport serves the pieces after publish returns (see flatten._host)
 
@@ -146,14 +151,11 @@ class ServerBase(_Endpoint):
       m.num_params = len(table)
       m.largest_param_bytes = max((p.data.nbytes for p in pieces), default=0)
       with m.phase("register"):
-        seq = self._reserve(multi)
+        seq = m.seq = self._reserve(multi)
       part = self._stage(seq, table, pieces, m)  # records its own phases
       part = {"host": jax.process_index(), "pieces": [p.meta() for p in pieces], **part}
       with m.phase("register"):
-        parts = self._gather_parts(seq, part, multi)
-        if self.leader:  # re-read the epoch: a restarted coordinator actor starts a new one
-          self.epoch = self.coord.epoch()
-          self.coord.commit(seq, weight_id, self.epoch, {"table": table, "parts": parts})
+        self._commit(seq, weight_id, table, part, multi)
       self.staged.append(seq)
       old, self.staged = self.staged[:-self.config.keep_n], self.staged[-self.config.keep_n:]
       if old:
@@ -183,19 +185,32 @@ class ServerBase(_Endpoint):
     return int(runtime.broadcast_call(self.coord.reserve, f"transfer/{self.config.name}/reserve",
                                       timeout_s=self.config.publish_timeout_s))
 
-  def _gather_parts(self, seq: int, part: dict, multi: bool) -> list[dict]:
-    """Every host's part, on the leader (through the coordinator's store: Ray refs travel too)."""
+  def _commit(self, seq: int, weight_id: int, table: dict, part: dict, multi: bool) -> None:
+    """The leader commits the version record with every host's part; every host returns only once
+    it is committed (invariant 9), and a failed commit raises on every host (PeerFailed on the others).
+
+    The parts travel through the coordinator's store (Ray refs travel too); the commit is one
+    broadcast, time-limited by publish_timeout_s, whose value every other host waits for."""
+    def commit(parts: list[dict]) -> int:
+      self.epoch = self.coord.epoch()  # re-read: a restarted coordinator actor starts a new epoch
+      self.coord.commit(seq, weight_id, self.epoch, {"table": table, "parts": parts})
+      return seq
     if not multi:
-      return [part]
+      commit([part])
+      return
     from jaxpod import runtime
+    name, timeout_s = f"transfer/{self.config.name}", self.config.publish_timeout_s
     self.coord.store.put(f"part/{seq}/{jax.process_index()}", part)
-    runtime.barrier(f"transfer/{self.config.name}/parts", timeout_s=self.config.publish_timeout_s)
-    if jax.process_index() != 0:
-      return []
+    runtime.barrier(f"{name}/parts", timeout_s=timeout_s)
+    runtime.broadcast_call(lambda: commit(self._collect_parts(seq)), f"{name}/commit", timeout_s=timeout_s)
+
+  def _collect_parts(self, seq: int) -> list[dict]:
+    """Every host's part of version `seq`, read (and removed) from the coordinator's store by the leader."""
     found = self.coord.store.items(f"part/{seq}/")
     for key, _ in found:
       self.coord.store.delete(key)
     return [v for _, v in found]
+
 
 class ClientBase(_Endpoint):
   """Receive = look up the newest version -> fetch its pieces -> place them on `like`'s shardings."""
@@ -333,11 +348,11 @@ def _module(config: TransferConfig):
   return importlib.import_module(f"jaxpod.transfer.{_MODULES[config.mode]}")
 
 
-def create_server(config: TransferConfig) -> ServerBase:
-  """The trainer side of `config.mode`, registered with its coordinator."""
-  return _module(config).Server(config)
+def create_server(config: TransferConfig, coordinator: coordinators.Coordinator | None = None) -> ServerBase:
+  """The trainer side of `config.mode`, registered with its coordinator (by default `config.coordinator`'s)."""
+  return _module(config).Server(config, coordinator)
 
 
-def create_client(config: TransferConfig) -> ClientBase:
+def create_client(config: TransferConfig, coordinator: coordinators.Coordinator | None = None) -> ClientBase:
   """The worker side of `config.mode`."""
-  return _module(config).Client(config)
+  return _module(config).Client(config, coordinator)

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+
+from jaxpod.transfer.secrets import SECRET_ENV, is_loopback
 
 MODES = ("checkpoint", "ray", "jax_transfer", "arrow_flight")
 COORDINATORS = ("ray", "kv", "filesystem")
@@ -19,8 +22,9 @@ class TransferConfig:
   folder: str = ""  # fsspec URL (local path, gs://...) for checkpoint mode and the filesystem coordinator
   keep_n: int = 3  # versions kept alive (files, object-store refs, served tables) for clients mid-pull
   wire_dtype: str | None = None  # cast floating arrays to this dtype on the wire (e.g. "bfloat16")
-  bind_address: str = "127.0.0.1"  # interface servers listen on; "0.0.0.0" only on a trusted network
+  bind_address: str = "127.0.0.1"  # interface servers listen on; not loopback: arrow_flight only, with a secret
   advertise_address: str | None = None  # host clients dial; None: bind_address, or this host's name if wildcard
+  secret_env: str = SECRET_ENV  # environment variable holding the run's secret (the value is never in the config)
   num_servers: int = 2  # arrow_flight: servers in the trainer process
   streams: int = 4  # arrow_flight: parallel client streams
   chunk_bytes: int = 4 << 20  # arrow_flight: bytes per record batch
@@ -49,6 +53,14 @@ class TransferConfig:
       raise ValueError(f"transfer.keep_n={self.keep_n} must be >= 1 (clients mid-pull need their version)")
     if self.wire_dtype not in WIRE_DTYPES:
       raise ValueError(f"transfer.wire_dtype={self.wire_dtype!r} is unknown; use one of {WIRE_DTYPES}")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.secret_env):
+      # the value is not echoed: a secret pasted here by mistake must not reach a log
+      raise ValueError(f"transfer.secret_env must name an environment variable (letters, digits, _; e.g. "
+                       f"{SECRET_ENV!r}) that holds the secret, never the secret itself")
+    if self.mode == "jax_transfer" and not is_loopback(self.bind_address):
+      raise ValueError(f"transfer.bind_address={self.bind_address!r}: mode='jax_transfer' cannot authenticate "
+                       "clients, so it binds loopback only; across machines use mode='arrow_flight' (with a "
+                       f"secret in {self.secret_env}) or mode='checkpoint' (a bucket)")
     if self.advertise_address is not None and self.advertise_address in ("0.0.0.0", "::", ""):
       raise ValueError(f"transfer.advertise_address={self.advertise_address!r} cannot be dialled; give this "
                        "host's name or IP (or leave it None)")
@@ -60,6 +72,11 @@ class TransferConfig:
     for field in ("publish_timeout_s", "receive_timeout_s", "poll_interval_s", "coordinator_timeout_s"):
       if getattr(self, field) <= 0:
         raise ValueError(f"transfer.{field}={getattr(self, field)} must be > 0 seconds")
+
+  @property
+  def off_host(self) -> bool:
+    """Whether servers listen on an address other machines can reach (then a secret is required)."""
+    return self.mode == "arrow_flight" and not is_loopback(self.bind_address)
 
   def dial_host(self) -> str:
     """The host name clients use to reach servers bound to `bind_address`."""

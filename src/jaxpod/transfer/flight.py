@@ -7,6 +7,12 @@ tickets so one big array uses several streams, and each stream sends `chunk_byte
 batches of one uint8 column. The coordinator holds (weight id, parameter table, addresses).
 Clients fetch with `streams` threads spread over the servers and copy each chunk into its
 place; nothing is unpickled: tickets are JSON and data are Arrow buffers.
+
+Authentication (see `secrets`): when the run's secret is set (required for a bind address other
+than loopback), every server call must carry it in the `jaxpod-transfer-secret` header, checked
+in constant time by server middleware before the call runs; a client without it or with another
+one raises `api.TransferAuthError` from receive (a setup error, not a transient failure). The
+secret authenticates; it does not encrypt: across an untrusted network also use a private network.
 """
 from __future__ import annotations
 
@@ -19,17 +25,39 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from jaxpod.transfer import api, flatten
+from jaxpod.transfer import api, flatten, secrets
 from jaxpod.transfer.metrics import TransferMetrics
 
 _SCHEMA = pa.schema([("b", pa.uint8())])
+_HEADER = "jaxpod-transfer-secret"
+
+
+class _SecretCheck(fl.ServerMiddlewareFactory):
+  """Rejects every call whose secret header is missing or differs from the run's secret."""
+
+  def __init__(self, secret: str, var: str):
+    super().__init__()
+    self._secret, self.var = secret, var
+
+  def start_call(self, info, headers):
+    given = headers.get(_HEADER) or [None]
+    if not secrets.matches(given[0], self._secret):
+      raise fl.FlightUnauthenticatedError(f"jaxpod transfer: this call lacks the run's secret ({self.var})")
+    return None
+
+
+def _secret(config, side: str) -> str | None:
+  """The run's secret for this server or client: required when the servers are off-host."""
+  return secrets.read_secret(config.secret_env, config.off_host,
+                             f"transfer.bind_address={config.bind_address!r} (arrow_flight {side}, reachable "
+                             "from other machines)")
 
 
 class _FlightServer(fl.FlightServerBase):
   """Serves byte ranges of the pieces of kept versions, in chunks."""
 
-  def __init__(self, location: str, versions: dict, chunk_bytes: int):
-    super().__init__(location)
+  def __init__(self, location: str, versions: dict, chunk_bytes: int, middleware: dict):
+    super().__init__(location, middleware=middleware)
     self.versions, self.chunk_bytes = versions, chunk_bytes
 
   def do_get(self, context, ticket):
@@ -77,9 +105,11 @@ class Server(api.ServerBase):
   keeps_pieces = True
 
   def __init__(self, config, coordinator=None):
+    secret = _secret(config, "server")  # before anything starts
     super().__init__(config, coordinator)
     self.versions: dict[int, list[np.ndarray]] = {}  # seq -> pieces (wire dtype, piece shape)
-    self.servers = [_FlightServer(f"grpc://{config.bind_address}:0", self.versions, config.chunk_bytes)
+    middleware = {"secret": _SecretCheck(secret, config.secret_env)} if secret else {}
+    self.servers = [_FlightServer(f"grpc://{config.bind_address}:0", self.versions, config.chunk_bytes, middleware)
                     for _ in range(config.num_servers)]
     self.addresses = [f"grpc://{config.dial_host()}:{s.port}" for s in self.servers]
 
@@ -102,7 +132,9 @@ class Client(api.ClientBase):
   """Fetches every byte range in parallel threads, each copying chunks into the piece buffer."""
 
   def __init__(self, config, coordinator=None):
+    secret = _secret(config, "client")
     super().__init__(config, coordinator)
+    self.headers = [(_HEADER.encode(), secret.encode())] if secret else []
     self.local = threading.local()
     self.pool = concurrent.futures.ThreadPoolExecutor(config.streams, thread_name_prefix="flight-fetch")
 
@@ -120,7 +152,7 @@ class Client(api.ClientBase):
       raise
 
   def _stream(self, address: str, ticket: dict, dst: np.ndarray, deadline: float) -> None:
-    options = fl.FlightCallOptions(timeout=max(0.1, deadline - time.monotonic()))
+    options = fl.FlightCallOptions(timeout=max(0.1, deadline - time.monotonic()), headers=self.headers)
     reader = self._conn(address).do_get(fl.Ticket(json.dumps(ticket).encode()), options)
     off, end = 0, ticket["end"] - ticket["start"]
     for chunk in reader:
@@ -152,6 +184,13 @@ class Client(api.ClientBase):
       try:
         for f in futures:
           f.result(timeout=max(0.1, deadline - time.monotonic()))
+      except fl.FlightUnauthenticatedError:
+        for f in futures:
+          f.cancel()
+        have = (f"this client's {self.config.secret_env} differs from the trainer's" if self.headers else
+                f"this client has no secret: set {self.config.secret_env} to the trainer's in its environment")
+        raise api.TransferAuthError(f"arrow_flight: the trainer's servers refused version seq={record['seq']}: "
+                                    f"{have}") from None
       except (fl.FlightError, pa.ArrowException, OSError, concurrent.futures.TimeoutError) as e:
         for f in futures:
           f.cancel()

@@ -12,6 +12,7 @@ class TransferMetrics:
 
   side: str  # "server" or "client"
   weight_id: int = -1
+  seq: int = -1  # the publication's number on the coordinator (set by publish; see the older-id rule)
   nbytes: int = 0
   num_params: int = 0
   largest_param_bytes: int = 0
@@ -37,8 +38,8 @@ class TransferMetrics:
 
   def as_dict(self) -> dict:
     """JSON-able summary, one MB/s figure per phase."""
-    return {"side": self.side, "weight_id": self.weight_id, "bytes": self.nbytes, "num_params": self.num_params,
-            "largest_param_bytes": self.largest_param_bytes, "seconds": self.seconds,
+    return {"side": self.side, "weight_id": self.weight_id, "seq": self.seq, "bytes": self.nbytes,
+            "num_params": self.num_params, "largest_param_bytes": self.largest_param_bytes, "seconds": self.seconds,
             "mb_per_s": self.mb_per_s(), "phases": dict(self.phases),
             "phase_mb_per_s": {k: self.mb_per_s(k) for k in self.phases}}
 

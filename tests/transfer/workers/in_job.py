@@ -2,7 +2,8 @@
 host 0 is the trainer, host 1 the inference worker (params reshard onto its own mesh).
 
 argv: configs_json (one per mode, run in turn). Host 1 prints `GOT mode weight_id ok` per
-received version and `NONE mode` when nothing newer is left.
+received version and `NONE mode` when nothing newer is left. At the end every host prints
+`OFF_HOST_LISTENERS [...]`: the addresses it listens on other than loopback (none expected).
 """
 from __future__ import annotations
 
@@ -58,9 +59,19 @@ def run(cfg) -> None:
       print(f"{'NONE' if client.receive(like) is None else 'UNEXPECTED'} {cfg.mode}", flush=True)
 
 
+def off_host_listeners() -> list[str]:
+  """Addresses this process listens on other than loopback (host 0 runs the coordination service)."""
+  import psutil
+
+  from jaxpod.transfer.secrets import is_loopback
+  return [f"{c.laddr.ip}:{c.laddr.port}" for c in psutil.Process().net_connections("inet")
+          if c.status == psutil.CONN_LISTEN and not is_loopback(c.laddr.ip)]
+
+
 def main() -> None:
   for cfg in json.loads(sys.argv[1]):
     run(transfer.TransferConfig(**cfg))
+  print(f"OFF_HOST_LISTENERS {off_host_listeners()}", flush=True)
   runtime.shutdown()
 
 

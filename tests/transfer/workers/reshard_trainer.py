@@ -30,7 +30,7 @@ def params(seed: int):
 
 
 def signal(sync: str, mode: str, event: str) -> None:
-  if jax.process_index() == 0:  # the host that commits: the others return from publish before it
+  if jax.process_index() == 0:  # one host signals (every host returns from publish once the version is committed)
     common.signal(sync, mode, event)
 
 
