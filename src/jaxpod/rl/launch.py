@@ -90,11 +90,9 @@ def run_clusters(cfg: RLConfig, folder: str) -> dict | None:
 
 
 def _child_env(cfg: RLConfig) -> dict:
-  """The clusters' environment: this one, plus a per-run transfer secret when the transport listens off-host."""
+  """The clusters' environment: this one, plus a per-run transfer secret when the transport listens off-host
+  (generated here, handed over in the environment only, never logged)."""
+  from jaxpod.transfer.secrets import ensure_secret
   env = dict(os.environ)
   env.pop("JAX_NUM_CPU_DEVICES", None)
-  try:
-    from jaxpod.transfer.secrets import ensure_secret
-  except ImportError:  # transports without network endpoints need none
-    return env
-  return ensure_secret(env, cfg.transfer)
+  return ensure_secret(env, cfg.transfer.secret_env) if cfg.transfer.off_host else env
