@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import sys
 import tempfile
 import threading
+import time
 
 from jaxpod.rl.config import RLConfig
 from jaxpod.runtime import storage
@@ -68,10 +70,16 @@ def run_clusters(cfg: RLConfig, folder: str) -> dict | None:
   trainer = start("trainer", ["--role", "trainer"], cfg.trainer_hosts)
   workers = [start(f"worker{i}", ["--role", "rollout", "--rollout.worker_id", str(i)], cfg.rollout.hosts)
              for i in range(cfg.rollout.workers)]
+  previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())  # a preempted job stops both clusters cleanly
   try:
+    while trainer.is_alive() and not stop.is_set():
+      failed = [f"worker{i}" for i, t in enumerate(workers) if not t.is_alive()
+                and results.get(f"worker{i}") is not None and results[f"worker{i}"].returncode != 0]
+      if len(failed) == len(workers):
+        log.error("rl: every rollout worker failed (%s); stopping the trainer", ", ".join(failed))
+        stop.set()
+      time.sleep(0.5)
     trainer.join()
-    if results["trainer"].returncode != 0:
-      stop.set()
     for t in workers:
       t.join(WORKERS_GRACE_S)
     stop.set()
@@ -79,8 +87,10 @@ def run_clusters(cfg: RLConfig, folder: str) -> dict | None:
       t.join()
   except KeyboardInterrupt:
     stop.set()
+    trainer.join()
     raise
   finally:
+    signal.signal(signal.SIGTERM, previous)
     os.unlink(path)
   rc = results["trainer"].returncode
   if rc != 0:

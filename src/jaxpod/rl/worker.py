@@ -63,8 +63,10 @@ def _like(llama, mesh):
   from jaxpod.models.llama import abstract
   from jaxpod.runtime.sharding import state_shardings
   graphdef, params = nnx.split(abstract(llama))
-  shardings = state_shardings(params, mesh)
-  return graphdef, jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), params, shardings)
+  leaves, treedef = jax.tree.flatten(params)
+  shardings = jax.tree.leaves(state_shardings(params, mesh))  # one per parameter, in the same order
+  return graphdef, jax.tree.unflatten(treedef, [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+                                                for a, s in zip(leaves, shardings)])
 
 
 def _first_weights(client, like, rl, w: int, run_dir: str):
