@@ -4,7 +4,7 @@ Handled here once for every command and benchmark:
   - `--help` (exit 0), unknown commands (exit 2, with the list);
   - bad input (a bad option value, a missing or malformed file: ValueError, FileNotFoundError, ...):
     one line `jaxpod CMD: error: ...` and exit 2 (set JAXPOD_TRACEBACK=1 to see the traceback);
-  - another host's failure (`PeerFailed`): one line, exit 1;
+  - another host's failure (`PeerFailed`) or a missing peer job (`Unavailable`): one line, exit 1;
   - an optional package that is not installed: one line naming the pip extra, exit 2;
   - `--hosts N` (N > 1) outside `jaxpod launch`: rerun the same command as N simulated hosts.
 """
@@ -125,7 +125,7 @@ def _failed(prog: str, e: BaseException) -> int:
       control.abort(e)
     print(f"{prog}: error: {hint}", file=sys.stderr)
     return 2
-  peer_failed = control is not None and isinstance(e, control.PeerFailed)
+  peer_failed = control is not None and isinstance(e, (control.PeerFailed, control.Unavailable))
   if not peer_failed and not _is_input_error(e):
     if control is not None:
       control.abort(e)

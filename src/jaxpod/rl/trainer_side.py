@@ -23,7 +23,7 @@ import concurrent.futures
 import time
 
 from jaxpod import runtime
-from jaxpod.rl.queue import Consumed, Queue
+from jaxpod.rl.queue import Consumed, Queue, parse_name
 from jaxpod.rl.rollouts import from_bytes
 from jaxpod.runtime.hooks import Hook, StepInfo
 from jaxpod.runtime.log import get_logger
@@ -105,7 +105,7 @@ class QueueSource:
     skip: set[tuple[str, int]] = set()
     while True:
       self.monitor.check()
-      for name in self.queue.files():
+      for name in sorted(self.queue.files(), key=lambda n: parse_name(n)[::-1]):  # oldest first, workers interleaved
         if got >= need:
           break
         if self.consumed.is_full(name):
@@ -147,7 +147,9 @@ class QueueSource:
     for name in [n for n in self.files if self.consumed.is_full(n)]:
       del self.files[name]  # whole files taken: never read again
     newest = [g.newest_version() for g in groups]
-    self.step_stats = {"rl/waiting_s": pick["waited"], "rl/behaviour_version": sum(newest) / len(newest),
+    self.step_stats = {"rl/took": [f"{name}:{','.join(map(str, idxs))}" for name, idxs in pick["take"]],
+                       "rl/dropped": [f"{name}:{i}:{why}" for name, i, why in pick["drop"]],
+                       "rl/waiting_s": pick["waited"], "rl/behaviour_version": sum(newest) / len(newest),
                        "rl/lag": version - sum(g.oldest_version() for g in groups) / len(groups),
                        "rl/rollout_tokens": sum(g.tokens() for g in groups),
                        **{f"rl/{k}": float(v) for k, v in self.counts.items()},

@@ -75,7 +75,7 @@ def _first_weights(client, like, rl, w: int, run_dir: str):
   wait = rl.rollout.wait_for_weights_s
   update = client.receive(like, wait=wait)
   if update is None:
-    raise RuntimeError(f"rollout worker {w}: no policy weights published within {wait:.0f} s ({describe(rl, run_dir)});"
+    raise runtime.Unavailable(f"rollout worker {w}: no policy weights published within {wait:.0f} s ({describe(rl, run_dir)});"
                        f" the trainer of run {run_dir} (jaxpod rl --topology disaggregated --role trainer, same "
                        "config) is not running or still in its warm-up; start it, or raise rollout.wait_for_weights_s")
   return update

@@ -6,7 +6,7 @@
     prompts = runtime.broadcast_call(read_prompts, "prompts")
 """
 from jaxpod.runtime.compile_cache import CompileCacheConfig
-from jaxpod.runtime.control import (ControlTimeout, PeerFailed, abort, allgather, barrier, broadcast,
+from jaxpod.runtime.control import (ControlTimeout, PeerFailed, Unavailable, abort, allgather, barrier, broadcast,
                                     broadcast_call, check_peers, guard, leader_only)
 from jaxpod.runtime.distributed import init, shutdown
 from jaxpod.runtime.state import RuntimeConfig, cache_dir, host_info, is_initialized, is_leader

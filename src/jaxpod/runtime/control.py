@@ -42,6 +42,11 @@ class PeerFailed(RuntimeError):
     super().__init__(f"host {host} failed{at}: {exc_type}: {message}")
 
 
+class Unavailable(RuntimeError):
+  """Another job this one depends on (an RL trainer, a rollout worker) is not there; the message names it and
+  what to start. The command line prints it as one line (exit 1)."""
+
+
 class ControlTimeout(TimeoutError):
   """A control-plane call ran past its deadline; the message names the call and who was missing."""
 
