@@ -46,6 +46,8 @@ BENCHES = {
                           "jaxpod.bench.checkpoint:cli", "jaxpod.bench.checkpoint:CheckpointBench"),
     "transfer": Command("weight transfer per mode (checkpoint, ray, jax_transfer, arrow_flight)",
                         "jaxpod.bench.transfer:cli", "jaxpod.bench.transfer:TransferBench"),
+    "rl": Command("RL post-training per topology and weight-update mode (colocated, in-flight, drain-and-sync)",
+                  "jaxpod.bench.rl:cli", "jaxpod.bench.rl:RLBench"),
 }
 
 COMMANDS: dict[str, Command | Group] = {

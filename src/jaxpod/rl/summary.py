@@ -28,13 +28,21 @@ def read_metrics(run_dir: str) -> list[dict]:
   return [json.loads(line) for line in storage.read_text(url).splitlines() if line.strip()]
 
 
+def by_step(records: list[dict]) -> list[dict]:
+  """One record per step: the trainer logs a step's training metrics and its hooks' results as two lines."""
+  merged: dict[int, dict] = {}
+  for r in records:
+    merged.setdefault(r["step"], {}).update(r)
+  return [merged[k] for k in sorted(merged)]
+
+
 def _series(records: list[dict], key: str, x: str = "step") -> list[list[float]]:
   return [[r.get(x, r["step"]), r[key]] for r in records if key in r]
 
 
 def collect(folder: str) -> dict:
   """The summary's curves and totals from `<folder>/warmup` and `<folder>/train`."""
-  warm, rl = read_metrics(storage.join(folder, "warmup")), read_metrics(storage.join(folder, "train"))
+  warm, rl = by_step(read_metrics(storage.join(folder, "warmup"))), by_step(read_metrics(storage.join(folder, "train")))
   acc = _series(rl, "eval/accuracy")
   warm_acc = _series(warm, "eval/accuracy")
   # the batch trained at step k was sampled by version k-1 (colocated) or by the versions the queue held

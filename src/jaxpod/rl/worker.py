@@ -104,7 +104,7 @@ def run_worker(rl, run_dir: str) -> None:
   try:
     t0 = time.perf_counter()
     update = _first_weights(client, like, rl, w, run_dir)
-    stats.update(version=update.weight_id, fetch_s=time.perf_counter() - t0, fetches=1)
+    stats.update(version=update.weight_id, waited_first_s=time.perf_counter() - t0)  # not a fetch: waiting
     log.info("rollout worker %d: received policy version %d", w, update.weight_id)
     sampler = make_sampler(graphdef, update.params, mesh, r, stop_ids, version=update.weight_id)
     roller = Roller(sampler, tokenizer, Scorer(rl.rewards, rl.reward_weights, rl.task), rl.grpo.num_generations,
@@ -172,8 +172,11 @@ def _loop(rl, w: int, queue: Queue, client, like, sampler, roller, stats: dict) 
     t = time.perf_counter()
     before = roller.tokens
     finished += roller.collect(sampler.step())
-    stats["rollout_s"] += time.perf_counter() - t
-    stats["tokens"] += roller.tokens - before
+    if "compile_s" not in stats:  # the first rounds compile the engine: kept out of the rollout rate
+      stats["compile_s"] = time.perf_counter() - t
+    else:
+      stats["rollout_s"] += time.perf_counter() - t
+      stats["tokens"] += roller.tokens - before
     while len(finished) >= r.groups_per_file:
       batch, finished = finished[:r.groups_per_file], finished[r.groups_per_file:]
       if runtime.is_leader():

@@ -1,0 +1,169 @@
+"""`jaxpod bench rl`: RL post-training per topology and weight-update mode, from one warm-up, in one run.
+
+One supervised warm-up is run first and exported; every arm then runs `jaxpod rl` from that
+checkpoint (`--model.hf`) for `--steps` GRPO steps in its own process(es), arms interleaved over
+`--repeats` rounds (medians reported):
+
+  colocated   one process: engine and trainer alternate on the same devices, weights in memory
+  inflight    disaggregated: a trainer job and a rollout-worker job (each launched as its own
+              cluster), weights through `--transfer-mode`, workers swap weights between decode steps
+  drain       the same, but workers finish the sequences in flight before swapping (drain-and-sync)
+
+Both disaggregated arms run with the same `max_policy_lag`. Per arm, per GRPO step (seconds): rollout
+(the engine), train (the trainer's step and its hooks), publish (trainer), fetch (worker, per step),
+waiting (trainer idle for rollouts); sampled tokens/s; reward per wall-clock second (the rewards of
+every sample trained on, summed, over the RL wall time) and held-out accuracy at the end. Checks
+printed with the table: publish + fetch as a share of a trainer step (disaggregated), and in-flight
+reward/s over drain-and-sync reward/s. On this 2-core machine every arm shares the same two cores:
+the disaggregated jobs do not get more hardware, they compete for it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from jaxpod.bench.common import machine, print_table, write_json
+
+ARMS = ("colocated", "inflight", "drain")
+
+
+@dataclasses.dataclass(frozen=True)
+class RLBench:
+  """Options of `jaxpod bench rl`."""
+
+  steps: int = 20  # GRPO steps per arm
+  warmup_steps: int = 150  # supervised steps of the shared warm-up
+  repeats: int = 1  # rounds over the arms (interleaved); medians reported
+  arms: tuple[str, ...] = ARMS  # which arms to run
+  max_policy_lag: int = 2  # the same for every arm
+  transfer_mode: str = "checkpoint"  # weight transport of the disaggregated arms (checkpoint | arrow_flight)
+  extra: tuple[str, ...] = ()  # more `jaxpod rl` options for every arm, e.g. --extra=--task.digits,2
+  json: str | None = None  # write the results here
+
+  def __post_init__(self):
+    if self.steps < 2 or self.warmup_steps < 1 or self.repeats < 1:
+      raise ValueError("--steps must be >= 2, --warmup-steps and --repeats >= 1")
+    bad = [a for a in self.arms if a not in ARMS]
+    if bad or not self.arms:
+      raise ValueError(f"--arms {list(self.arms)}: use some of {ARMS}")
+
+
+def _jaxpod_rl(args: list[str], log_path: str) -> float:
+  """Run `jaxpod rl ARGS` in a fresh process; its wall seconds (output to log_path; raises naming it on failure)."""
+  env = dict(os.environ)
+  env.pop("JAX_NUM_CPU_DEVICES", None)
+  t = time.perf_counter()
+  with open(log_path, "w") as log:
+    proc = subprocess.run([sys.executable, "-m", "jaxpod.cli.main", "rl", *args], stdout=log, stderr=subprocess.STDOUT,
+                          env=env)
+  if proc.returncode:
+    tail = open(log_path).read()[-3000:]
+    raise RuntimeError(f"bench rl: `jaxpod rl {' '.join(args)}` failed (exit {proc.returncode}); log {log_path}:\n{tail}")
+  return time.perf_counter() - t
+
+
+def _arm_args(arm: str, opts: RLBench, warm: str, runs: str, name: str) -> list[str]:
+  args = ["--model.hf", warm, "--trainer.steps", str(opts.steps), "--trainer.runs_dir", runs,
+          "--trainer.run_name", name, "--trainer.eval_every", str(opts.steps), "--trainer.checkpoint_every", "0",
+          "--trainer.progress", "false", "--grpo.max_policy_lag", str(opts.max_policy_lag), "--export_hf", "false",
+          *opts.extra]
+  if arm != "colocated":
+    args += ["--topology", "disaggregated", "--rollout.update", arm, "--transfer.mode", opts.transfer_mode]
+  return args
+
+
+def _measure(folder: str, rows: int) -> dict:
+  """Steady-state per-step figures of one finished arm (steps >= 2: the first steps compile)."""
+  from jaxpod.rl.summary import by_step, read_metrics
+  s = json.loads(open(os.path.join(folder, "summary.json")).read())
+  records = [r for r in by_step(read_metrics(os.path.join(folder, "train"))) if r["step"] >= 2 and "reward" in r]
+  get = lambda r, k: r.get(k, 0.0)  # noqa: E731
+  colocated = s["topology"] == "colocated"
+  parts = {k: [get(r, f"rl/{k}_s") for r in records] for k in ("interval", "rollout", "waiting", "publish")}
+  evals = [get(r, "eval/seconds") for r in records]
+  train = [i - w - p - e for i, w, p, e in zip(parts["interval"], parts["waiting"], parts["publish"], evals)]
+  step = [i + (r if colocated else 0.0) - e for i, r, e in zip(parts["interval"], parts["rollout"], evals)]
+  workers = s.get("workers") or {}
+  fetches = sum(w.get("fetches", 0) for w in workers.values())
+  fetch_total = sum(w.get("fetch_s", 0.0) for w in workers.values())
+  n = len(records)
+  out = {"step_s": statistics.mean(step), "train_s": statistics.mean(train),
+         "rollout_s": statistics.mean(parts["rollout"]) if colocated else None,
+         "publish_s": statistics.mean(parts["publish"]), "fetch_s": fetch_total / (s["steps"] or 1),
+         "fetch_per_version_s": fetch_total / fetches if fetches else 0.0, "waiting_s": statistics.mean(parts["waiting"]),
+         "tokens_per_s": s["tokens_per_s"], "reward_per_s": sum(r["reward"] for r in records) * rows / sum(step),
+         "reward_last5": statistics.mean(r["reward"] for r in records[-5:]),
+         "accuracy_start": s["accuracy.start"], "accuracy_end": s["accuracy.end"], "steps_measured": n,
+         "dropped_stale": records[-1].get("rl/dropped_stale", 0.0),
+         "lag": statistics.mean(get(r, "rl/lag") for r in records)}
+  out["publish_fetch_over_train"] = (out["publish_s"] + out["fetch_s"]) / out["train_s"] if out["train_s"] > 0 else None
+  return out
+
+
+def run(json_path: str | None = None, **overrides) -> dict:
+  """Warm-up once, then every arm `repeats` times (interleaved); table + JSON."""
+  import draccus
+  from jaxpod.rl.config import RLConfig
+  opts = dataclasses.replace(RLBench(json=json_path), **overrides)
+  rows = draccus.parse(RLConfig, args=list(opts.extra)).grpo.rows
+  root = tempfile.mkdtemp(prefix="jaxpod-bench-rl-")
+  runs = os.path.join(root, "runs")
+  print(f"bench rl: warm-up ({opts.warmup_steps} steps) in {root}", flush=True)
+  _jaxpod_rl(["--warmup.steps", str(opts.warmup_steps), "--trainer.steps", "2", "--trainer.runs_dir", runs,
+              "--trainer.run_name", "warm", "--trainer.progress", "false", "--export_hf", "false", *opts.extra],
+             os.path.join(root, "warm.log"))
+  warm = os.path.join(runs, "warm", "warmup", "hf")
+  by_arm: dict[str, list[dict]] = {a: [] for a in opts.arms}
+  for r in range(opts.repeats):
+    for arm in opts.arms:
+      name = f"{arm}-{r}"
+      wall = _jaxpod_rl(_arm_args(arm, opts, warm, runs, name), os.path.join(root, f"{name}.log"))
+      by_arm[arm].append(_measure(os.path.join(runs, name), rows) | {"wall_s": wall})
+      print(f"bench rl: {name} done in {wall:.0f} s", flush=True)
+  results = {a: {k: (statistics.median(v[k] for v in runs_) if all(v[k] is not None for v in runs_) else None)
+                 for k in runs_[0]} for a, runs_ in by_arm.items()}  # medians over the repeats
+  checks = {}
+  if "inflight" in results and "drain" in results:
+    drain = results["drain"]["reward_per_s"]
+    checks["inflight_over_drain_reward_per_s"] = results["inflight"]["reward_per_s"] / drain if drain else None
+  for a in ("inflight", "drain"):
+    if a in results:
+      checks[f"{a}_publish_fetch_over_train_step"] = results[a]["publish_fetch_over_train"]
+  payload = {"benchmark": "rl", "baseline": "colocated", "options": dataclasses.asdict(opts), "results": results,
+             "checks": checks, "runs": by_arm, "folder": root, "machine": machine(),
+             "load_average": os.getloadavg()[0]}
+  _table(opts, results, checks)
+  write_json(json_path, payload)
+  return payload
+
+
+def _table(opts: RLBench, results: dict, checks: dict) -> None:
+  ms = lambda x: "workers" if x is None else f"{1e3 * x:.0f}"  # noqa: E731
+  rows = [(arm, ms(r["step_s"]), ms(r["rollout_s"]), ms(r["train_s"]), ms(r["publish_s"]), ms(r["fetch_s"]),
+           ms(r["waiting_s"]), f"{r['tokens_per_s'] or 0:.0f}", f"{r['reward_per_s']:.1f}",
+           f"{r['accuracy_start']:.0%}->{r['accuracy_end']:.0%}") for arm, r in results.items()]
+  notes = []
+  if checks.get("inflight_over_drain_reward_per_s") is not None:
+    notes.append(f"in-flight / drain-and-sync reward per second = {checks['inflight_over_drain_reward_per_s']:.2f}")
+  for a in ("inflight", "drain"):
+    v = checks.get(f"{a}_publish_fetch_over_train_step")
+    if v is not None:
+      notes.append(f"{a}: publish + fetch = {v:.1%} of a train step")
+  print_table(f"rl: {opts.steps} GRPO steps per arm from one warm-up (ms per step, steady state), medians of "
+              f"{opts.repeats}, max_policy_lag {opts.max_policy_lag}, transfer {opts.transfer_mode}; "
+              + "; ".join(notes), ["arm", "step", "rollout", "train", "publish", "fetch", "wait", "tok/s", "reward/s",
+                                   "accuracy"], rows)
+
+
+def cli(opts: RLBench) -> int:
+  """Entry of `jaxpod bench rl`."""
+  kwargs = {k: v for k, v in dataclasses.asdict(opts).items() if k != "json"}
+  kwargs["arms"], kwargs["extra"] = tuple(opts.arms), tuple(opts.extra)
+  run(json_path=opts.json, **kwargs)
+  return 0
