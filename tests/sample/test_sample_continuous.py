@@ -1,4 +1,5 @@
-"""The continuous engine against the lock-step one: same tokens, pages freed, n samples, preemption, bad input."""
+"""The continuous engine (both KV layouts) against the lock-step one: same tokens, n samples sharing a prefill,
+KV capacity buckets, pages freed, preemption, bad input."""
 import jax
 import pytest
 
@@ -23,36 +24,45 @@ def _sampler(model, sp=SamplingParams(), **kw):
   return Sampler(model, make_mesh(devices=jax.devices()[:1]), EngineConfig(**(SMALL | kw)), sp, [EOS, STOP])
 
 
+@pytest.mark.parametrize("layout", ["slots", "paged"])
 @pytest.mark.parametrize("sp", [SamplingParams(), SAMPLED], ids=["greedy", "seeded"])
-def test_token_identical_to_lockstep_and_pages_freed(model, sp):
-  """Ragged prompts through 2 slots: the lock-step engine's tokens; every page back in the pool."""
-  s = _sampler(model, sp)
+def test_token_identical_to_lockstep(model, sp, layout):
+  """Ragged prompts through 2 slots: the lock-step engine's tokens; paged: every page back in the pool;
+  slots: the KV capacity followed the longest live row (several buckets)."""
+  s = _sampler(model, sp, kv_layout=layout)
   got = s.generate(IDS, SEEDS)
   same(got, lockstep(model, sp))
   if sp.temperature == 0:
     assert {"stop", "length"} <= {c.finish_reason for c in got}  # both ways of freeing a slot are exercised
   assert s.last.rounds > 10 // SMALL["steps_per_round"] + 1  # more rounds than one chunk: slots were refilled
-  assert s.last.pool.free == s.ec.pool_pages - 1
-  assert s.last.pool.peak_used < s.ec.pool_pages - 1  # memory followed lengths, not the static layout
+  if layout == "paged":
+    assert s.last.pool.free == s.ec.pool_pages - 1
+    assert s.last.pool.peak_used < s.ec.pool_pages - 1  # memory followed lengths, not the static layout
+  else:
+    assert len(set(s.last.capacities)) > 1 and s.runner.resizes > 1
 
 
-def test_n_samples_share_the_prefill(model):
-  """Sample 0 of n is the n=1 completion; greedy samples agree; seeded ones differ; prompt pages shared."""
-  greedy = _sampler(model).generate(IDS, SEEDS, n=3)
-  same([greedy[3 * i] for i in range(len(IDS))], lockstep(model, SamplingParams()))
-  assert all(greedy[3 * i].sampled == greedy[3 * i + 1].sampled == greedy[3 * i + 2].sampled for i in range(len(IDS)))
-  assert [c.sample for c in greedy[:3]] == [0, 1, 2] and [c.request for c in greedy[-3:]] == [len(IDS) - 1] * 3
-  s = _sampler(model, SAMPLED, batch_size=4, prefill_batch=1, max_new_tokens=10)
+@pytest.mark.parametrize("layout", ["slots", "paged"])
+def test_n_samples_share_the_prefill(model, layout):
+  """Sample 0 of n is the n=1 completion; greedy samples agree; seeded ones differ; a prompt is prefilled once
+  per group (paged: its full pages held once)."""
+  greedy = _sampler(model, kv_layout=layout, batch_size=4, prefill_batch=2).generate(IDS, SEEDS, n=2)
+  same([greedy[2 * i] for i in range(len(IDS))], lockstep(model, SamplingParams()))
+  assert all(greedy[2 * i].sampled == greedy[2 * i + 1].sampled for i in range(len(IDS)))
+  assert [c.sample for c in greedy[:2]] == [0, 1] and [c.request for c in greedy[-2:]] == [len(IDS) - 1] * 2
+  s = _sampler(model, SAMPLED, kv_layout=layout, batch_size=4, prefill_batch=1, max_new_tokens=10)
   got = s.generate([IDS[4]], [SEEDS[4]], n=3)  # 26 tokens: 6 full pages shared, 1 partial page each
   same(got[:1], [lockstep(model, SAMPLED)[4]._replace(request=0)])
   assert len({g.sampled for g in got}) == 3
-  full = len(IDS[4]) // 4  # 6 prompt pages, shared; each sample's positions reach 26 + 10 - 2 = 34: page 8
-  assert s.last.pool.peak_used <= full + 3 * (9 - full) < 3 * 9  # prompt pages held once, not three times
+  assert s.last.prefill_prompt_tokens == len(IDS[4]) and s.last.sample_prompt_tokens == 3 * len(IDS[4])
+  if layout == "paged":
+    full = len(IDS[4]) // 4  # 6 prompt pages, shared; each sample's positions reach 26 + 10 - 2 = 34: page 8
+    assert s.last.pool.peak_used <= full + 3 * (9 - full) < 3 * 9  # prompt pages held once, not three times
 
 
 def test_small_pool_preempts_and_restarts_to_the_same_tokens(model):
   """A pool that holds one full sequence and a bit: sequences are preempted and restarted, same output."""
-  s = _sampler(model, SAMPLED, batch_size=4, prefill_batch=4, num_pages=12)
+  s = _sampler(model, SAMPLED, kv_layout="paged", batch_size=4, prefill_batch=4, num_pages=12)
   same(s.generate(IDS, SEEDS), lockstep(model, SAMPLED))
   assert s.last.preemptions > 0 and s.last.pool.free == 11
 
@@ -64,6 +74,8 @@ def test_bad_requests_one_clear_line(model):
     with pytest.raises(ValueError, match=match) as e:
       s.generate(ids, [0] * len(ids))
     assert "\n" not in str(e.value)
+  with pytest.raises(ValueError, match=r"sample.kv_layout='rows'; use one of \('slots', 'paged'\)"):
+    EngineConfig(**(SMALL | dict(kv_layout="rows")))
   with pytest.raises(ValueError, match=r"sample.num_pages=10 is too small for one sequence: .* 42 tokens need "
                                        r"11 pages of page_size=4 .* set num_pages >= 12") as e:
     EngineConfig(**(SMALL | dict(num_pages=10)))

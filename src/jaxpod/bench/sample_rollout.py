@@ -41,7 +41,8 @@ def _engine_config(opts, **kw):
 
 def _continuous(model, mesh, opts, prompts, seeds, stops) -> dict[str, Any]:
   from jaxpod.sample import Sampler, SamplingParams
-  ec = _engine_config(opts, prefill_batch=opts.rollout_prefill_batch, page_size=opts.rollout_page_size)
+  ec = _engine_config(opts, prefill_batch=opts.rollout_prefill_batch, page_size=opts.rollout_page_size,
+                      kv_layout="paged")
   s = Sampler(model, mesh, ec, SamplingParams(1.0), stops)
   s.warmup(opts.rollout_n)
 

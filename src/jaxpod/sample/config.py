@@ -7,6 +7,7 @@ from jaxpod.runtime.state import RuntimeConfig
 from jaxpod.runtime.mesh import MeshConfig
 
 MODES = ("global", "replicated")
+KV_LAYOUTS = ("slots", "paged")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,22 +32,25 @@ class EngineConfig:
   """Static shapes of the compiled prefill + decode program; the same on every host."""
 
   batch_size: int = 8  # decode slots (lock-step engine: rows per chunk); global: whole mesh, replicated: per host
+  kv_layout: str = "slots"  # slots: a [slots, capacity] row per slot, read in place | paged: shared page pool
   max_prompt_len: int = 128  # longest prompt in tokens; longer prompts are an error
   max_new_tokens: int = 64  # tokens generated per completion at most
   stop_token_ids: tuple[int, ...] = ()  # extra stop ids besides the tokenizer's EOS
   memory_fraction: float = 0.9  # share of device memory the memory check allows
   device_memory_bytes: int | None = None  # per-device memory for the check; None: ask the leader's device
-  page_size: int = 16  # tokens per KV page
-  num_pages: int | None = None  # pages in the pool (page 0 is scratch); None: every slot at full length
+  page_size: int = 16  # paged: tokens per KV page
+  num_pages: int | None = None  # paged: pages in the pool (page 0 is scratch); None: every slot at full length
   steps_per_round: int = 8  # decode steps per device call between two scheduling rounds
   prefill_batch: int | None = None  # prompts per prefill call; None: batch_size
-  min_prefill_len: int = 16  # smallest prefill bucket; buckets double up to max_prompt_len
+  min_prefill_len: int = 16  # smallest prefill bucket (and slot KV capacity); buckets double up to the maximum
 
   def __post_init__(self):
     for name in ("batch_size", "max_prompt_len", "max_new_tokens", "page_size", "steps_per_round",
                  "min_prefill_len"):
       if getattr(self, name) < 1:
         raise ValueError(f"sample.{name}={getattr(self, name)} must be >= 1")
+    if self.kv_layout not in KV_LAYOUTS:
+      raise ValueError(f"sample.kv_layout={self.kv_layout!r}; use one of {KV_LAYOUTS}")
     if not 0 < self.memory_fraction <= 1:
       raise ValueError(f"sample.memory_fraction={self.memory_fraction} must be in (0, 1]")
     if self.prefill_batch is not None and self.prefill_batch < 1:
@@ -76,11 +80,19 @@ class EngineConfig:
 
   def prefill_buckets(self) -> tuple[int, ...]:
     """Prefill lengths compiled: min_prefill_len doubled up to max_prompt_len (the last one)."""
-    out, n = [], self.min_prefill_len
-    while n < self.max_prompt_len:
-      out.append(n)
-      n *= 2
-    return tuple(out) + (self.max_prompt_len,)
+    return _doubling(self.min_prefill_len, self.max_prompt_len)
+
+  def kv_buckets(self) -> tuple[int, ...]:
+    """Slot KV capacities compiled: min_prefill_len doubled up to cache_len (the last one)."""
+    return _doubling(self.min_prefill_len, self.cache_len)
+
+
+def _doubling(start: int, end: int) -> tuple[int, ...]:
+  out, n = [], start
+  while n < end:
+    out.append(n)
+    n *= 2
+  return tuple(out) + (end,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,9 +102,10 @@ class SamplingOptions:
   max_new_tokens: int = 64  # tokens generated per prompt at most
   max_prompt_len: int = 128  # longest prompt in tokens (static shape)
   batch_size: int = 8  # decode slots
+  kv_layout: str = "slots"  # slots: a row per decode slot, read in place (fast) | paged: a shared page pool (memory)
   n: int = 1  # completions per prompt (they share the prompt's prefill); sample j of a prompt is its own request
-  page_size: int = 16  # tokens per KV page
-  num_pages: int | None = None  # KV pool size in pages; None: every slot at full length (the static layout)
+  page_size: int = 16  # paged: tokens per KV page
+  num_pages: int | None = None  # paged: KV pool size in pages; None: every slot at full length
   temperature: float = 0.0  # 0: greedy
   top_k: int = 0  # keep the k most likely tokens (0: all)
   top_p: float = 1.0  # keep the smallest set whose probability reaches top_p (1: all)
@@ -108,7 +121,7 @@ class SamplingOptions:
 
   def engine(self) -> EngineConfig:
     """The engine's static shapes."""
-    return EngineConfig(batch_size=self.batch_size, max_prompt_len=self.max_prompt_len,
+    return EngineConfig(batch_size=self.batch_size, kv_layout=self.kv_layout, max_prompt_len=self.max_prompt_len,
                         max_new_tokens=self.max_new_tokens, stop_token_ids=tuple(self.stop_token_ids),
                         memory_fraction=self.memory_fraction, device_memory_bytes=self.device_memory_bytes,
                         page_size=self.page_size, num_pages=self.num_pages)

@@ -1,10 +1,17 @@
-"""`PagePool`: the host-side book of KV pages: a free list and a reference count per page.
+"""The paged KV layout, host side: `PagePool` (a free list and a reference count per page) and `PagedScheduler`.
 
 Page 0 is the scratch page (never handed out): unused page-table entries point at it. A
 prompt's full pages are shared by its n samples (one reference each); a page returns to
 the free list when its last reference is dropped.
 """
 from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from jaxpod.sample.config import EngineConfig
+from jaxpod.sample.scheduler import Scheduler, Seq
 
 
 class PagePool:
@@ -48,3 +55,136 @@ class PagePool:
         self._free.append(p)
       elif self._refs[p] < 0:
         raise RuntimeError(f"page pool: page {p} released more often than taken")
+
+
+def decode_page_buckets(max_pages: int) -> list[int]:
+  """KV lengths (in pages) the paged decode program is compiled for: powers of two, then the table width."""
+  out, p = [], 1
+  while p < max_pages:
+    out.append(p)
+    p *= 2
+  return out + [max_pages]
+
+
+class PagedScheduler(Scheduler):
+  """The paged layout (see `scheduler.py`):
+
+  1. admit: while slots are free (not running, not already waiting in `ready`), take waiting
+     requests in order, up to `prefill_rows` per call and `batch_size` samples, give each
+     prompt its pages (full pages shared by its samples, the partial last page copied per
+     extra sample: copy-on-write) and prefill; every sample becomes a ready sequence; ready
+     sequences take free slots (a slot is a page-table row: no device work);
+  2. prepare: each running sequence gets the pages its next round needs; if the pool is short, the
+     newest sequences are preempted (pages dropped, the sample goes back to the front of
+     the queue and restarts; per-sample seeds make it draw the same tokens).
+  """
+
+  def __init__(self, ec: EngineConfig, stop_ids: Sequence[int], device):
+    super().__init__(ec, stop_ids, device)
+    self.pool = PagePool(ec.pool_pages)
+
+  # -- admission -------------------------------------------------------------------------
+  def _prompt_pages(self, plen: int, samples: int) -> int:
+    partial = plen % self.ec.page_size != 0
+    return -(-plen // self.ec.page_size) + (samples - 1 if partial else 0)
+
+  def _admit(self) -> None:
+    self._prefill_waiting()
+    for i, s in enumerate(self.slots):  # ready sequences take free slots
+      if s is None and self.ready:
+        self.slots[i] = self.ready.pop(0)
+
+  def _prefill_waiting(self) -> None:
+    while self.waiting and self.ec.batch_size - sum(s is not None for s in self.slots) > len(self.ready):
+      batch, started = [], 0  # one prefill call starts at most batch_size sequences (its static output width)
+      reserve = sum(self._need(s) for s in self.slots if s is not None)  # running rows grow first
+      while self.waiting and len(batch) < self.ec.prefill_rows and started < self.ec.batch_size:
+        req, samples = self.waiting[0]
+        plen = len(self._ids[req])
+        free = self.pool.free - reserve
+        most = min(len(samples), self.ec.batch_size - started)
+        fit = max((k for k in range(1, most + 1) if self._prompt_pages(plen, k) <= free), default=0)
+        if fit == 0:
+          break
+        self.waiting.popleft()
+        if fit < len(samples):  # the rest waits for pages
+          self.waiting.appendleft((req, samples[fit:]))
+        batch.append((req, samples[:fit], self._take_prompt_pages(plen, fit)))
+        started += fit
+      if not batch:
+        return
+      self._prefill(batch)
+
+  def _take_prompt_pages(self, plen: int, k: int) -> list[list[int]]:
+    """Page rows of k samples of one prompt: shared full pages, own partial page (a copy for j > 0)."""
+    ps = self.ec.page_size
+    full, partial = plen // ps, plen % ps != 0
+    first = self.pool.alloc(full + partial)
+    rows = [first]
+    for _ in range(k - 1):
+      rows.append(self.pool.share(first[:full]) + (self.pool.alloc(1) if partial else []))
+    return rows
+
+  def _prefill(self, batch) -> None:
+    ec, d = self.ec, self.ec.batch_size
+    tokens, lengths, seeds, row_D, sample_D = self._prompt_rows(batch)
+    table = np.zeros((ec.prefill_rows, ec.pages_per_seq), np.int32)
+    src_D, dst_D = np.zeros((d,), np.int32), np.zeros((d,), np.int32)  # partial-page copies (pad: scratch to scratch)
+    c = 0
+    for row, (req, _, rows) in enumerate(batch):
+      table[row, :len(rows[0])] = rows[0]
+      if len(self._ids[req]) % ec.page_size:
+        for own in rows[1:]:
+          src_D[c], dst_D[c] = rows[0][-1], own[-1]
+          c += 1
+    first_D, logp_D = self.device.prefill(tokens, lengths, table, seeds, row_D, sample_D, src_D, dst_D)
+    self.ready += [s for s in self._started(batch, first_D, logp_D) if s is not None]
+
+  # -- slots and pages for the next round, preemption ----------------------------------------
+  def _prepare(self) -> None:
+    self._grow()
+
+  def _need(self, seq: Seq) -> int:
+    """Pages this sequence lacks for its next round."""
+    return max(0, self._last_pos(seq) // self.ec.page_size + 1 - len(seq.pages))
+
+  def _grow(self) -> None:
+    order = sorted((i for i, s in enumerate(self.slots) if s is not None), key=lambda i: -len(self.slots[i].out))
+    for i in order:  # oldest (most tokens) first: they are the last to be preempted
+      seq = self.slots[i]
+      if seq is None:
+        continue
+      need = self._need(seq)
+      while need > self.pool.free and self._preempt(keep=seq):
+        pass
+      if need > 0:
+        seq.pages += self.pool.alloc(need)
+
+  def _preempt(self, keep: Seq) -> bool:
+    """Free the pages of the newest ready or running sequence other than `keep`; False if none."""
+    if self.ready:
+      victim = self.ready.pop()
+    else:
+      live = [i for i, s in enumerate(self.slots) if s is not None and s is not keep]
+      if not live:
+        return False
+      i = min(live, key=lambda i: len(self.slots[i].out))
+      victim, self.slots[i] = self.slots[i], None
+    self.pool.release(victim.pages)
+    self.waiting.appendleft((victim.req, (victim.sample,)))
+    self.preemptions += 1
+    return True
+
+  def _release(self, seq: Seq) -> None:
+    self.pool.release(seq.pages)
+
+  # -- decode ------------------------------------------------------------------------------
+  def _device_decode(self, rows, last):
+    ec, m = self.ec, self.ec.pages_per_seq
+    table = np.zeros((ec.batch_size, m), np.int32)
+    for i, s in enumerate(self.slots):
+      if s is not None:
+        table[i, :len(s.pages)] = s.pages
+    pages = next(p for p in decode_page_buckets(m) if p * ec.page_size > last)  # few programs: power-of-two KV
+    return self.device.decode(table, rows["tok"], rows["pos"], rows["gen"], rows["limit"], rows["seeds"],
+                              rows["samples"], rows["live"], pages * ec.page_size)

@@ -1,15 +1,22 @@
-"""`PagedRunner`: the device side of the continuous engine for one mesh.
+"""The device side of the continuous engine for one mesh: `PagedRunner` and `SlotRunner`.
 
-It owns the KV page pools (sharded like the model's kv heads, whole over the data axes,
-since any slot may use any page), puts the scheduler's host arrays on the mesh (rows split
-over the data axes), calls the compiled `steps` programs and brings the sampled tokens back
-to this host (global mode with several processes: an all-gather of the fixed-shape token
-and log-prob arrays, so every host's scheduler sees the same tokens).
+A runner owns the KV cache of its layout, puts the scheduler's host arrays on the mesh
+(rows split over the data axes), calls the compiled `steps` programs and brings the sampled
+tokens and log-probs back to this host (global mode with several processes: an all-gather of
+the fixed-shape arrays, so every host's scheduler sees the same tokens).
+
+  PagedRunner  page pools [L, P, page_size, K, E], sharded like the model's kv heads and whole
+               over the data axes (any row may use any page).
+  SlotRunner   one [B, K, S, E] buffer per layer, slots split like the decode rows; the capacity
+               S follows the scheduler's KV bucket (`resize`).
 
 It also holds the weights and their version label: `update_params` swaps in new arrays of
 the same tree, shapes, dtypes and shardings, so the compiled programs are reused as they are.
+`device_s` adds up the wall time spent in device calls (the rest of a round is host-side work).
 """
 from __future__ import annotations
+
+import time
 
 import jax
 import jax.numpy as jnp
@@ -18,65 +25,93 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxpod.models.llama.model import PAGE_AXES, Llama
+from jaxpod.models.llama.model import PAGE_AXES, SLOT_AXES, Llama, PagedKVCache, SlotKVCache
 from jaxpod.runtime.sharding import DEFAULT as DEFAULT_RULES
 from jaxpod.sample import steps
 from jaxpod.sample.config import EngineConfig, SamplingParams
-from jaxpod.sample.scheduler import decode_page_buckets
 
 
-class PagedRunner:
-  """Pools + compiled prefill/decode for one model on one mesh (global: all devices; replicated: local)."""
+class Runner:
+  """Weights, version, and the host <-> mesh plumbing shared by both layouts."""
 
   def __init__(self, model: Llama, mesh, ec: EngineConfig, sp: SamplingParams, stop_ids: tuple[int, ...],
                global_mode: bool, version: int = 0):
     (self.graphdef, self.params), self.mesh, self.ec, self.sp = nnx.split(model), mesh, ec, sp
-    self.version = version
+    self.cfg, self.version = model.cfg, version
     self.stop_ids, self.global_mode = stop_ids, global_mode
-    cfg = model.cfg
-    shape = (cfg.num_hidden_layers, ec.pool_pages, ec.page_size, cfg.num_key_value_heads, cfg.head_dim_)
-    pool_sh = NamedSharding(mesh, DEFAULT_RULES.fitted_spec(PAGE_AXES, shape, mesh, "kv_pool"))
-    zeros = jax.jit(lambda: jnp.zeros(shape, cfg.jnp_dtype), out_shardings=pool_sh)
-    with jax.set_mesh(mesh):  # the caller's context mesh may be another one (a trainer's global mesh)
-      self.k, self.v = zeros(), zeros()
     self._rows = DEFAULT_RULES.spec(("batch",), mesh)[0]
+    self.device_s = 0.0
+
+  def _zeros(self, shape, logical, name: str):
+    sh = NamedSharding(self.mesh, DEFAULT_RULES.fitted_spec(logical, shape, self.mesh, name))
+    with jax.set_mesh(self.mesh):  # the caller's context mesh may be another one (a trainer's global mesh)
+      return jax.jit(lambda: jnp.zeros(shape, self.cfg.jnp_dtype), out_shardings=sh)()
 
   def _put(self, x: np.ndarray):
     sh = NamedSharding(self.mesh, PartitionSpec(self._rows, *([None] * (x.ndim - 1))))
     return jax.make_array_from_callback(x.shape, sh, lambda idx: x[idx])
+
+  def _whole(self, x: np.ndarray):
+    return jax.make_array_from_callback(x.shape, NamedSharding(self.mesh, PartitionSpec()), lambda i: x[i])
 
   def _host(self, *xs) -> tuple[np.ndarray, ...]:
     if self.global_mode and jax.process_count() > 1:
       return tuple(np.asarray(x) for x in multihost_utils.process_allgather(xs, tiled=True))
     return tuple(np.asarray(x) for x in xs)
 
+  def _call(self, kind: str, *args, **static):
+    """Run program `kind` on the mesh; adds the wall time to `device_s`."""
+    t = time.perf_counter()
+    with jax.set_mesh(self.mesh):
+      out = steps.compiled(kind, self.global_mode, **static)(*args)
+    self.device_s += time.perf_counter() - t
+    return out
+
   def update_params(self, params, version: int) -> None:
     """New weights (same tree, shapes, dtypes, shardings: no recompilation) labelled `version`."""
     self.params = same_layout(self.params, params)
     self.version = int(version)
 
+  def _decode(self, cache, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, kv_len):
+    rows = [self._put(x) for x in (tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B)]
+    t = time.perf_counter()
+    cache, out, logp = self._call("decode", self.graphdef, self.params, cache, *rows, sp=self.sp,
+                                  stop_ids=self.stop_ids, steps=self.ec.steps_per_round, kv_len=kv_len)
+    host = self._host(out, logp)
+    self.device_s += time.perf_counter() - t
+    return cache, host
+
+
+class PagedRunner(Runner):
+  """Page pools + compiled prefill/decode."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    cfg, ec = self.cfg, self.ec
+    shape = (cfg.num_hidden_layers, ec.pool_pages, ec.page_size, cfg.num_key_value_heads, cfg.head_dim_)
+    self.k, self.v = self._zeros(shape, PAGE_AXES, "kv_pool"), self._zeros(shape, PAGE_AXES, "kv_pool")
+
   def prefill(self, tokens_RxP, lengths_R, table_RxM, seeds_R, row_D, sample_D, copy_src_D, copy_dst_D):
     """(first tokens [D], their log-probs [D]) on this host."""
-    fn = steps.compiled("prefill", self.global_mode, sp=self.sp)
     rows = [self._put(x) for x in (tokens_RxP, lengths_R, table_RxM, seeds_R)]
-    whole = NamedSharding(self.mesh, PartitionSpec())
-    rest = [jax.make_array_from_callback(x.shape, whole, lambda i, x=x: x[i])
-            for x in (row_D, sample_D, copy_src_D, copy_dst_D)]
-    with jax.set_mesh(self.mesh):
-      self.k, self.v, first, logp = fn(self.graphdef, self.params, self.k, self.v, *rows, *rest)
-    return self._host(first, logp)
+    rest = [self._whole(x) for x in (row_D, sample_D, copy_src_D, copy_dst_D)]
+    t = time.perf_counter()
+    self.k, self.v, first, logp = self._call("prefill_paged", self.graphdef, self.params, self.k, self.v, *rows,
+                                             *rest, sp=self.sp)
+    host = self._host(first, logp)
+    self.device_s += time.perf_counter() - t
+    return host
 
   def decode(self, table_BxM, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, kv_len: int):
-    """(tokens [B, steps], their log-probs [B, steps]) on this host."""
-    fn = steps.compiled("decode", self.global_mode, sp=self.sp, stop_ids=self.stop_ids,
-                        steps=self.ec.steps_per_round, kv_len=kv_len)
-    rows = [self._put(x) for x in (table_BxM, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B)]
-    with jax.set_mesh(self.mesh):
-      self.k, self.v, out, logp = fn(self.graphdef, self.params, self.k, self.v, *rows)
-    return self._host(out, logp)
+    """(tokens [B, steps], their log-probs [B, steps]) on this host; rows read kv_len slots of their pages."""
+    cache = PagedKVCache(self.k, self.v, self._put(table_BxM))
+    cache, out = self._decode(cache, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, kv_len)
+    self.k, self.v = cache.k, cache.v
+    return out
 
   def warmup(self) -> int:
     """Compile every prefill bucket and every decode KV length once (all writes to scratch); returns programs."""
+    from jaxpod.sample.pages import decode_page_buckets
     ec, r, b, m = self.ec, self.ec.prefill_rows, self.ec.batch_size, self.ec.pages_per_seq
     z = np.zeros((b,), np.int32)
     count = 0
@@ -88,6 +123,73 @@ class PagedRunner:
       self.decode(np.zeros((b, m), np.int32), z, z, z, z, z.astype(np.uint32), z, z.astype(bool),
                   pages * ec.page_size)
       count += 1
+    return count
+
+
+class SlotRunner(Runner):
+  """Per-layer slot buffers at a bucketed capacity + compiled prefill/insert/resize/decode."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.cache = self._empty(self.ec.kv_buckets()[0])
+    self.resizes = 0
+
+  def _empty(self, capacity: int) -> SlotKVCache:
+    cfg = self.cfg
+    shape = (self.ec.batch_size, cfg.num_key_value_heads, capacity, cfg.head_dim_)
+    zeros = [self._zeros(shape, SLOT_AXES, "kv_slots") for _ in range(2 * cfg.num_hidden_layers)]
+    return SlotKVCache(tuple(zeros[0::2]), tuple(zeros[1::2]))
+
+  @property
+  def capacity(self) -> int:
+    return self.cache.capacity
+
+  def resize(self, capacity: int) -> None:
+    """Buffers at `capacity` positions (cut or zero-padded; the scheduler keeps live positions below it)."""
+    if capacity != self.capacity:
+      self.cache = self._call("resize_slots", self.cache, capacity=capacity)
+      self.resizes += 1
+
+  def prefill(self, tokens_RxP, lengths_R, seeds_R, row_D, sample_D, slot_D):
+    """Prefill R prompts, copy prompt row row_D[d] into slot slot_D[d] (B: none); (first tokens [D], log-probs [D])."""
+    if tokens_RxP.shape[1] > self.capacity:
+      raise RuntimeError(f"slot capacity {self.capacity} < prefill length {tokens_RxP.shape[1]}: resize first")
+    rows = [self._put(x) for x in (tokens_RxP, lengths_R, seeds_R)]
+    row_d, sample_d, slot_d = (self._whole(x) for x in (row_D, sample_D, slot_D))
+    t = time.perf_counter()
+    k, v, first, logp = self._call("prefill_slots", self.graphdef, self.params, *rows, row_d, sample_d, sp=self.sp)
+    self.cache = self._call("insert_slots", self.cache, k, v, row_d, slot_d)
+    host = self._host(first, logp)
+    self.device_s += time.perf_counter() - t
+    return host
+
+  def decode(self, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B):
+    """(tokens [B, steps], their log-probs [B, steps]) on this host; rows read the whole current capacity."""
+    self.cache, out = self._decode(self.cache, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, None)
+    return out
+
+  def warmup(self) -> int:
+    """Compile every program a run may need: prefill per bucket, insert per (bucket, capacity), decode per
+    capacity, resize per pair of capacities (all writes land in empty slots); returns how many."""
+    ec, r, b = self.ec, self.ec.prefill_rows, self.ec.batch_size
+    z, none = np.zeros((b,), np.int32), np.full((b,), b, np.int32)
+    caps, count = ec.kv_buckets(), len(ec.prefill_buckets())
+    for cap in caps:
+      self.resize(cap)
+      for bucket in (p for p in ec.prefill_buckets() if p <= cap):
+        self.prefill(np.zeros((r, bucket), np.int32), np.ones((r,), np.int32), np.zeros((r,), np.uint32), z, z,
+                     none)
+        count += 1  # insert_slots at (bucket, cap)
+      self.decode(z, z, z, z, z.astype(np.uint32), z, z.astype(bool))
+      count += 1
+    for a in caps:  # resize_slots per ordered pair
+      for c in caps:
+        if a != c:
+          self.resize(a)
+          self.resize(c)
+          count += 1
+    self.resize(caps[0])
+    self.resizes = 0
     return count
 
 

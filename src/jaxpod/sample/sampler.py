@@ -1,9 +1,10 @@
 """`Sampler`: token-id prompts in, completions out, on every host at once; plus the memory check.
 
 Every host calls `Sampler.generate` (or `submit` / `step` / `update_params`) with the same
-prompt ids (decided on the leader and broadcast). The continuous engine (`scheduler.py` over `runner.py`) decodes them in a
-fixed number of slots with a paged KV cache; shapes are static (slots, prefill buckets,
-power-of-two KV lengths), so every host compiles the same few programs.
+prompt ids (decided on the leader and broadcast). The continuous engine (`scheduler.py` over
+`runner.py`) decodes them in a fixed number of slots, with the KV layout `ec.kv_layout`
+(slots: a row per slot read in place; paged: a shared page pool); shapes are static (slots,
+prefill buckets, power-of-two KV lengths), so every host compiles the same few programs.
 
   global      the model is sharded over the mesh of all devices; every host runs the same
               scheduler on the same all-gathered tokens, hence the same programs in order.
@@ -24,15 +25,18 @@ from jax.sharding import NamedSharding
 
 from jaxpod import runtime
 from jaxpod.models.llama.config import LlamaConfig
-from jaxpod.models.llama.model import PAGE_AXES, Llama, PagedKVCache, abstract
+from jaxpod.models.llama.model import PAGE_AXES, SLOT_AXES, Llama, PagedKVCache, abstract
 from jaxpod.runtime import mesh as mesh_lib
 from jaxpod.runtime.mesh import device_memory_bytes
 from jaxpod.runtime.sharding import DEFAULT as DEFAULT_RULES, state_shardings
 from jaxpod.sample import engine
 from jaxpod.sample.config import MODES, EngineConfig, SamplingParams
-from jaxpod.sample.runner import PagedRunner
 from jaxpod.sample.engine import Completion
-from jaxpod.sample.scheduler import Scheduler
+from jaxpod.sample.pages import PagedScheduler
+from jaxpod.sample.runner import PagedRunner, SlotRunner
+from jaxpod.sample.scheduler import Scheduler, SlotScheduler
+
+LAYOUTS = {"slots": (SlotRunner, SlotScheduler), "paged": (PagedRunner, PagedScheduler)}
 
 
 def make_sample_mesh(mode: str, mesh_cfg: mesh_lib.MeshConfig):
@@ -48,14 +52,19 @@ def _per_device_bytes(shape, dtype, sharding) -> int:
 
 
 def memory_plan(cfg: LlamaConfig, ec: EngineConfig, mesh) -> dict[str, int]:
-  """Estimated bytes per device: weights, the KV page pool and prefill activations (the peak)."""
+  """Estimated bytes per device: weights, the KV cache (page pool or full-capacity slots) and prefill activations."""
   _, abs_state = nnx.split(abstract(cfg))
   shardings = state_shardings(abs_state, mesh)
   weights = sum(_per_device_bytes(v.shape, v.dtype, s) for v, s in zip(
       jax.tree.leaves(abs_state), jax.tree.leaves(shardings)))
-  pool_shape = (cfg.num_hidden_layers, ec.pool_pages, ec.page_size, cfg.num_key_value_heads, cfg.head_dim_)
-  pool_sh = NamedSharding(mesh, DEFAULT_RULES.fitted_spec(PAGE_AXES, pool_shape, mesh, "kv_pool"))
-  cache = 2 * _per_device_bytes(pool_shape, cfg.dtype, pool_sh)
+  if ec.kv_layout == "paged":
+    pool_shape = (cfg.num_hidden_layers, ec.pool_pages, ec.page_size, cfg.num_key_value_heads, cfg.head_dim_)
+    pool_sh = NamedSharding(mesh, DEFAULT_RULES.fitted_spec(PAGE_AXES, pool_shape, mesh, "kv_pool"))
+    cache = 2 * _per_device_bytes(pool_shape, cfg.dtype, pool_sh)
+  else:  # at the largest capacity
+    slot_shape = (ec.batch_size, cfg.num_key_value_heads, ec.cache_len, cfg.head_dim_)
+    slot_sh = NamedSharding(mesh, DEFAULT_RULES.fitted_spec(SLOT_AXES, slot_shape, mesh, "kv_slots"))
+    cache = 2 * cfg.num_hidden_layers * _per_device_bytes(slot_shape, cfg.dtype, slot_sh)
   dp = mesh.shape["data"] * mesh.shape["fsdp"]
   rows = max(1, max(ec.batch_size, ec.prefill_rows) // dp)
   tokens = rows * ec.max_prompt_len
@@ -70,7 +79,7 @@ def memory_plan(cfg: LlamaConfig, ec: EngineConfig, mesh) -> dict[str, int]:
 
 
 def check_memory(cfg: LlamaConfig, ec: EngineConfig, mesh, available: int | None = None) -> dict[str, int]:
-  """Raise before compiling if weights + KV page pool + activations exceed the allowed device memory."""
+  """Raise before compiling if weights + KV cache + activations exceed the allowed device memory."""
   plan = memory_plan(cfg, ec, mesh)
   total = sum(plan.values())
   limit = int((available or ec.device_memory_bytes or device_memory_bytes()) * ec.memory_fraction)
@@ -78,11 +87,17 @@ def check_memory(cfg: LlamaConfig, ec: EngineConfig, mesh, available: int | None
     return plan
   page = PagedKVCache.page_bytes(cfg, ec.page_size)
   pages = "sample.num_pages" if ec.num_pages is not None else f"sample.batch_size={ec.batch_size}"
+  if ec.kv_layout == "paged":
+    kv = (f"lower {pages} (the pool holds {ec.pool_pages} pages of {ec.page_size} tokens, "
+          f"{page / 2**10:.0f} KiB each; one sequence of max_prompt_len + max_new_tokens = {ec.cache_len} "
+          f"tokens needs {ec.pages_per_seq}; fits: {max(0, (limit - total + plan['kv_cache']) // page)} pages)")
+  else:
+    kv = (f"lower sample.batch_size={ec.batch_size} (each slot holds max_prompt_len + max_new_tokens = "
+          f"{ec.cache_len} tokens, {plan['kv_cache'] / ec.batch_size / 2**20:.1f} MiB per device) or use "
+          "sample.kv_layout=paged with a smaller sample.num_pages")
   knobs = {
       "weights": "shard the model more (mesh.model / mesh.fsdp, global mode) or use dtype=bfloat16",
-      "kv_cache": f"lower {pages} (the pool holds {ec.pool_pages} pages of {ec.page_size} tokens, "
-                  f"{page / 2**10:.0f} KiB each; one sequence of max_prompt_len + max_new_tokens = {ec.cache_len} "
-                  f"tokens needs {ec.pages_per_seq}; fits: {max(0, (limit - total + plan['kv_cache']) // page)} pages)",
+      "kv_cache": kv,
       "activations": f"lower sample.max_prompt_len={ec.max_prompt_len} or sample.batch_size={ec.batch_size}",
   }
   worst = max(plan, key=plan.get)
@@ -125,8 +140,9 @@ class Sampler:
     check_batch(ec, mesh)
     self.mesh, self.ec, self.sp, self.mode = mesh, ec, sp, mode
     self.stop_ids = tuple(sorted(set(int(i) for i in stop_ids)))
-    self.runner = PagedRunner(model, mesh, ec, sp, self.stop_ids, global_mode=mode == "global", version=version)
-    self.scheduler = Scheduler(ec, self.stop_ids, self.runner)
+    runner, self._scheduler_cls = LAYOUTS[ec.kv_layout]
+    self.runner = runner(model, mesh, ec, sp, self.stop_ids, global_mode=mode == "global", version=version)
+    self.scheduler: Scheduler = self._scheduler_cls(ec, self.stop_ids, self.runner)
     self._next_request = 0
 
   @property
@@ -203,7 +219,7 @@ class Sampler:
 
   def _run(self, ids, seeds, n, on_chunk) -> list[Completion]:
     """A fresh schedule (statistics start again) of these requests to completion, request-major."""
-    self.scheduler = Scheduler(self.ec, self.stop_ids, self.runner)
+    self.scheduler = self._scheduler_cls(self.ec, self.stop_ids, self.runner)
     first = self.submit(ids, seeds, n)[0] if ids else 0
     got: dict[tuple[int, int], Completion] = {}
     while not self.idle:

@@ -7,6 +7,7 @@
     out.logits  # [B, T, V] float32;  out.captures["resid.3"]  # [B, T, D]
 """
 from jaxpod.models.llama.config import LlamaConfig, tiny
-from jaxpod.models.llama.model import CAPTURE_POINTS, KVCache, Llama, Output, PagedKVCache, abstract, forward, init
+from jaxpod.models.llama.model import (CAPTURE_POINTS, KVCache, Llama, Output, PagedKVCache, SlotKVCache, abstract,
+                                      forward, init)
 from jaxpod.models.llama.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from jaxpod.models.llama import hf_io

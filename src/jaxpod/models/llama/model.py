@@ -13,13 +13,12 @@ says which slots of each row hold real keys. RoPE uses `positions`, which need n
 slots: the sampler puts ragged prompts right-padded at slots 0.. and every decode step at
 one shared slot, with true per-row positions.
 
-With a `PagedKVCache` (pools [L, P, page_size, K, E] plus a page table [B, M] per row) a
-token's slot is its position: position p of row b lives in page `table[b, p // page_size]`
-at offset `p % page_size`. A call's T new tokens (at positions p0..p0+T-1 of each row)
-attend to the slots below p0 read from the pages, plus causally to each other; they come
-back staged in the returned cache, and the caller writes them (`commit`) when no later read
-of the pools remains in its program. Page 0 is a scratch page: table entries of unused
-pages point at it, and writes of padding land there.
+With a `PagedKVCache` or a `SlotKVCache` (see `kv.py`) a token's slot is its position. A
+call's T new tokens (at positions p0..p0+T-1 of each row) attend to the cached slots below
+p0 (none when kv_len=0, as in a prefill from position 0), plus causally to each other; the
+softmax runs over both parts at once without concatenating the cached keys (a copy), and
+the new keys/values come back staged in the returned cache for the caller to write when no
+later read of the buffers remains in its program.
 
 Captures (for activation extraction): `capture_layers=(i, ...)` and
 `capture_points=("resid", "attn_out", "mlp_out")` return `out.captures["resid.3"]` etc.,
@@ -39,91 +38,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxpod.models.llama.config import LlamaConfig
+from jaxpod.models.llama.kv import CACHE_AXES, PAGE_AXES, SLOT_AXES, KVCache, PagedKVCache, SlotKVCache  # noqa: F401
 from jaxpod.runtime.sharding import constrain
 
 CAPTURE_POINTS = ("resid", "attn_out", "mlp_out")
-CACHE_AXES = ("layers", "batch", "kv_heads", "cache_seq", "head_dim")
-PAGE_AXES = ("layers", None, None, "kv_heads", "head_dim")  # pages are not split over data: any row may use any
 _ACT = ("batch", "seq", "act_embed")
-
-
-class KVCache(NamedTuple):
-  """Static key/value cache, each [L, B, K, S, E] (the layout attention reads without a transpose)."""
-
-  k: jax.Array
-  v: jax.Array
-
-  @classmethod
-  def zeros(cls, cfg: LlamaConfig, batch: int, length: int) -> "KVCache":
-    shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, length, cfg.head_dim_)
-    z = jnp.zeros(shape, cfg.jnp_dtype)
-    return cls(constrain(z, CACHE_AXES), constrain(z, CACHE_AXES))
-
-  @staticmethod
-  def nbytes(cfg: LlamaConfig, batch: int, length: int) -> int:
-    """Bytes of a cache of this size (k and v)."""
-    n = cfg.num_hidden_layers * batch * length * cfg.num_key_value_heads * cfg.head_dim_
-    return 2 * n * jnp.dtype(cfg.jnp_dtype).itemsize
-
-
-class PagedKVCache(NamedTuple):
-  """Key/value page pools, each [L, P, page_size, K, E], and the page table [B, M] of the rows in this call.
-
-  Layers read the pools and stage their new keys/values; the caller writes them with `commit`
-  (or `write`) after the forward, where no read of the pools follows: a scatter into a pool
-  that other ops of the same program still read made XLA copy the whole pool."""
-
-  k: jax.Array
-  v: jax.Array
-  table_BxM: jax.Array
-  staged_k: tuple = ()  # per layer so far: new keys [B, T, K, E]
-  staged_v: tuple = ()
-
-  @classmethod
-  def zeros(cls, cfg: LlamaConfig, num_pages: int, page_size: int, table_BxM) -> "PagedKVCache":
-    shape = (cfg.num_hidden_layers, num_pages, page_size, cfg.num_key_value_heads, cfg.head_dim_)
-    z = constrain(jnp.zeros(shape, cfg.jnp_dtype), PAGE_AXES)
-    return cls(z, z, table_BxM)
-
-  @staticmethod
-  def page_bytes(cfg: LlamaConfig, page_size: int) -> int:
-    """Bytes of one page (k and v, all layers)."""
-    n = cfg.num_hidden_layers * page_size * cfg.num_key_value_heads * cfg.head_dim_
-    return 2 * n * jnp.dtype(cfg.jnp_dtype).itemsize
-
-  def stage(self, k_BxTxKxE, v_BxTxKxE) -> "PagedKVCache":
-    """Keep this layer's new keys/values for `commit`."""
-    return self._replace(staged_k=self.staged_k + (k_BxTxKxE.astype(self.k.dtype),),
-                         staged_v=self.staged_v + (v_BxTxKxE.astype(self.v.dtype),))
-
-  def slots(self, positions_BxT):
-    """(page, offset) of each position, each [B, T]."""
-    ps = self.k.shape[2]
-    return jnp.take_along_axis(self.table_BxM, positions_BxT // ps, axis=1, mode="clip"), positions_BxT % ps
-
-  def staged(self):
-    """Staged keys and values, each [L, B, T, K, E]."""
-    return jnp.stack(self.staged_k), jnp.stack(self.staged_v)
-
-  @staticmethod
-  def write(k_pool, v_pool, page_BxT, off_BxT, k_LxBxTxKxE, v_LxBxTxKxE):
-    """Pools with every layer's keys/values stored at (page, offset); one scatter per pool."""
-    return k_pool.at[:, page_BxT, off_BxT].set(k_LxBxTxKxE), v_pool.at[:, page_BxT, off_BxT].set(v_LxBxTxKxE)
-
-  def commit(self, positions_BxT) -> "PagedKVCache":
-    """Write the staged keys/values at their positions; the result has nothing staged."""
-    k, v = self.write(self.k, self.v, *self.slots(positions_BxT), *self.staged())
-    return PagedKVCache(k, v, self.table_BxM)
-
-  def read(self, layer: int, kv_len: int):
-    """Keys and values of slots 0..kv_len-1 (kv_len a multiple of page_size), each [B, K, S, E]."""
-    b, ps = self.table_BxM.shape[0], self.k.shape[2]
-    pages_BxM = self.table_BxM[:, :kv_len // ps]
-
-    def gather(pool):  # [B, M', ps, K, E] -> [B, K, S, E]
-      x = pool[layer][pages_BxM]
-      return x.reshape(b, kv_len, *x.shape[3:]).transpose(0, 2, 1, 3)
-    return gather(self.k), gather(self.v)
 
 
 class Output(NamedTuple):
@@ -168,25 +87,31 @@ class Attention(nnx.Module):
 
   def __call__(self, x_BxTxD, positions_BxT, kv_mask_BxS, cache, cache_index, layer: int, inv_freq, kv_len=None):
     cfg = self.cfg
-    kvh, e = cfg.num_key_value_heads, cfg.head_dim_
+    e = cfg.head_dim_
     b, t, _ = x_BxTxD.shape
     q = constrain(jnp.einsum("btd,dhe->bthe", x_BxTxD, self.q_proj[...]), ("batch", "seq", "heads", "head_dim"))
     k = constrain(jnp.einsum("btd,dke->btke", x_BxTxD, self.k_proj[...]), ("batch", "seq", "kv_heads", "head_dim"))
     v = constrain(jnp.einsum("btd,dke->btke", x_BxTxD, self.v_proj[...]), ("batch", "seq", "kv_heads", "head_dim"))
     q, k = rope(q, positions_BxT, inv_freq), rope(k, positions_BxT, inv_freq)
     k_BxKxTxE, v_BxKxTxE = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    if isinstance(cache, (PagedKVCache, SlotKVCache)):
+      cache = cache.stage(k, v)
+      with jax.named_scope("attention"):
+        ctx = _attend_cached(cfg, q, k_BxKxTxE, v_BxKxTxE, cache, layer, positions_BxT, kv_len)
+    else:
+      ctx, cache = self._attend_static(q, k_BxKxTxE, v_BxKxTxE, kv_mask_BxS, cache, cache_index, layer, kv_len)
+    # one flat contraction over H*E: with two contracting dims XLA CPU transposed all of o_proj every step
+    o_FxD = self.o_proj[...].reshape(cfg.num_attention_heads * e, -1)
+    return constrain(ctx.reshape(b, t, -1) @ o_FxD, _ACT), cache
+
+  def _attend_static(self, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, kv_mask_BxS, cache, cache_index, layer, kv_len):
+    """(context [B, T, H, E], cache) without a cache or with the static one (written in place at cache_index)."""
+    cfg = self.cfg
+    b, t, h, e = q_BxTxHxE.shape
+    kvh = cfg.num_key_value_heads
     if cache is None:
       keys_BxKxSxE, values_BxKxSxE = k_BxKxTxE, v_BxKxTxE
       q_slots_BxT = jnp.broadcast_to(jnp.arange(t), (b, t))
-    elif isinstance(cache, PagedKVCache):
-      kv_len = cache.table_BxM.shape[1] * cache.k.shape[2] if kv_len is None else kv_len
-      old_k, old_v = cache.read(layer, kv_len)
-      keys_BxKxSxE = jnp.concatenate([old_k, k_BxKxTxE.astype(old_k.dtype)], axis=2)  # [B, K, kv_len + T, E]
-      values_BxKxSxE = jnp.concatenate([old_v, v_BxKxTxE.astype(old_v.dtype)], axis=2)
-      cache = cache.stage(k, v)
-      old_BxTxS = jnp.broadcast_to(jnp.arange(kv_len)[None, None, :] < positions_BxT[:, :1, None], (b, t, kv_len))
-      new_BxTxT = jnp.broadcast_to(jnp.arange(t)[None, :] <= jnp.arange(t)[:, None], (b, t, t))
-      mask_BxTxS = jnp.concatenate([old_BxTxS, new_BxTxT], axis=2)  # earlier slots + causal among new tokens
     else:
       start = (layer, 0, 0, cache_index, 0)
       cache = KVCache(jax.lax.dynamic_update_slice(cache.k, k_BxKxTxE[None].astype(cache.k.dtype), start),
@@ -194,19 +119,43 @@ class Attention(nnx.Module):
       keys_BxKxSxE, values_BxKxSxE = cache.k[layer, :, :, :kv_len], cache.v[layer, :, :, :kv_len]
       kv_mask_BxS = kv_mask_BxS[:, :kv_len]
       q_slots_BxT = jnp.broadcast_to(cache_index + jnp.arange(t), (b, t))
-    if not isinstance(cache, PagedKVCache):
-      s = keys_BxKxSxE.shape[2]
-      mask_BxTxS = (jnp.arange(s)[None, None, :] <= q_slots_BxT[:, :, None]) & kv_mask_BxS[:, None, :]
-    q_BxTxKxGxE = q.reshape(b, t, kvh, cfg.num_attention_heads // kvh, e)
-    scores = jnp.einsum("btkge,bkse->bkgts", q_BxTxKxGxE, keys_BxKxSxE,
-                        preferred_element_type=jnp.float32) * (1.0 / math.sqrt(e))
-    scores = jnp.where(mask_BxTxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(values_BxKxSxE.dtype)
-    ctx = jnp.einsum("bkgts,bkse->btkge", probs, values_BxKxSxE).reshape(b, t, cfg.num_attention_heads, e)
-    ctx = constrain(ctx, ("batch", "seq", "heads", "head_dim"))
-    # one flat contraction over H*E: with two contracting dims XLA CPU transposed all of o_proj every step
-    o_FxD = self.o_proj[...].reshape(cfg.num_attention_heads * e, -1)
-    return constrain(ctx.reshape(b, t, -1) @ o_FxD, _ACT), cache
+    s = keys_BxKxSxE.shape[2]
+    mask_BxTxS = (jnp.arange(s)[None, None, :] <= q_slots_BxT[:, :, None]) & kv_mask_BxS[:, None, :]
+    with jax.named_scope("attention"):
+      q_BxTxKxGxE = q_BxTxHxE.reshape(b, t, kvh, h // kvh, e)
+      scores = jnp.einsum("btkge,bkse->bkgts", q_BxTxKxGxE, keys_BxKxSxE,
+                          preferred_element_type=jnp.float32) * (1.0 / math.sqrt(e))
+      scores = jnp.where(mask_BxTxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
+      probs = jax.nn.softmax(scores, axis=-1).astype(values_BxKxSxE.dtype)
+      ctx = jnp.einsum("bkgts,bkse->btkge", probs, values_BxKxSxE).reshape(b, t, h, e)
+    return constrain(ctx, ("batch", "seq", "heads", "head_dim")), cache
+
+
+def _attend_cached(cfg: LlamaConfig, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, cache, layer: int, positions_BxT, kv_len):
+  """Context [B, T, H, E] of T new tokens over the cached slots below each row's first position (read in place
+  from a slot cache, gathered from pages; none if kv_len == 0) and causally over the new tokens themselves."""
+  b, t, h, e = q_BxTxHxE.shape
+  kvh = cfg.num_key_value_heads
+  q_BxTxKxGxE = q_BxTxHxE.reshape(b, t, kvh, h // kvh, e)
+  scale, lowest = 1.0 / math.sqrt(e), jnp.finfo(jnp.float32).min
+  new = jnp.einsum("btkge,bkse->bkgts", q_BxTxKxGxE, k_BxKxTxE, preferred_element_type=jnp.float32) * scale
+  new = jnp.where((jnp.arange(t)[None, :] <= jnp.arange(t)[:, None])[None, None, None], new, lowest)
+  if kv_len == 0:
+    probs = jax.nn.softmax(new, axis=-1).astype(v_BxKxTxE.dtype)
+    ctx = jnp.einsum("bkgts,bkse->btkge", probs, v_BxKxTxE)
+  else:
+    if isinstance(cache, PagedKVCache):
+      kv_len = cache.table_BxM.shape[1] * cache.k.shape[2] if kv_len is None else kv_len
+    old_k_BxKxSxE, old_v_BxKxSxE = cache.read(layer, kv_len)
+    s = old_k_BxKxSxE.shape[2]
+    old = jnp.einsum("btkge,bkse->bkgts", q_BxTxKxGxE, old_k_BxKxSxE, preferred_element_type=jnp.float32) * scale
+    seen_BxS = jnp.arange(s)[None, :] < positions_BxT[:, :1]  # slots below the row's first new position
+    old = jnp.where(seen_BxS[:, None, None, None, :], old, lowest)
+    probs = jax.nn.softmax(jnp.concatenate([old, new], axis=-1), axis=-1)  # scores only: [B, K, G, T, S + T]
+    p_old, p_new = probs[..., :s].astype(old_v_BxKxSxE.dtype), probs[..., s:].astype(v_BxKxTxE.dtype)
+    ctx = (jnp.einsum("bkgts,bkse->btkge", p_old, old_v_BxKxSxE)
+           + jnp.einsum("bkgts,bkse->btkge", p_new, v_BxKxTxE.astype(old_v_BxKxSxE.dtype)))
+  return constrain(ctx.reshape(b, t, h, e), ("batch", "seq", "heads", "head_dim"))
 
 
 class MLP(nnx.Module):
@@ -260,7 +209,8 @@ class Llama(nnx.Module):
     return constrain(jnp.einsum("btd,dv->btv", h_BxTxD, w, preferred_element_type=jnp.float32),
                      ("batch", "seq", "vocab"))
 
-  def __call__(self, tokens_BxT, positions_BxT=None, *, kv_mask_BxS=None, cache: KVCache | PagedKVCache | None = None,
+  def __call__(self, tokens_BxT, positions_BxT=None, *, kv_mask_BxS=None,
+               cache: KVCache | PagedKVCache | SlotKVCache | None = None,
                cache_index=0, capture_layers: Sequence[int] = (), capture_points: Sequence[str] = (),
                logits_at_B=None, return_hidden: bool = False, kv_len: int | None = None) -> Output:
     """Run the decoder (see module docstring for slots, masks and captures).
@@ -268,14 +218,14 @@ class Llama(nnx.Module):
     logits_at_B: if given, logits only at token index `logits_at_B[b]` of each row ([B, 1, V]).
     return_hidden: return final-normed hidden states instead of logits.
     kv_len: with a cache, attend only to its first kv_len slots (static; e.g. prefill of P prompt slots;
-      paged: a multiple of the page size, default the whole table).
+      paged: a multiple of the page size, default the whole table; paged or slots: 0 = read no cached slot).
     """
     cfg = self.cfg
     b, t = tokens_BxT.shape
     _check_captures(cfg, capture_layers, capture_points)
     if positions_BxT is None:
       positions_BxT = jnp.broadcast_to(cache_index + jnp.arange(t), (b, t))
-    if kv_mask_BxS is None and not isinstance(cache, PagedKVCache):
+    if kv_mask_BxS is None and not isinstance(cache, (PagedKVCache, SlotKVCache)):
       kv_mask_BxS = jnp.ones((b, t if cache is None else cache.k.shape[3]), bool)
     inv_freq = jnp.asarray(cfg.inv_freq(), jnp.float32)
     table = constrain(self.embed_tokens[...], ("vocab", "act_embed"))  # FSDP: gather the embed dim first
