@@ -1,4 +1,5 @@
 """`jaxpod rl` refuses a bad config in one line, before JAX starts or anything compiles (invariant 7)."""
+import subprocess
 import sys
 
 import pytest
@@ -21,12 +22,20 @@ def test_bad_config_is_one_line_before_jax(argv, message, capsys, tmp_path):
   err = capsys.readouterr().err.strip()
   assert code == 2, err
   assert message in err and len(err.splitlines()) == 1, err
-  assert "jax" not in sys.modules or not _jax_initialised()
 
 
-def _jax_initialised() -> bool:
-  from jaxpod import runtime
-  return runtime.is_initialized()
+def test_bad_configs_fail_before_any_jax_backend_starts(tmp_path):
+  """In a fresh process: three bad configs fail and no JAX backend (device, compiler) was ever started."""
+  code = f"""
+import sys
+from jaxpod.cli.main import main
+codes = [main(["rl", "--trainer.runs_dir", {str(tmp_path)!r}, *a]) for a in
+         (["--rewards", "nope"], ["--grpo.num_generations", "1"], ["--task.digits", "7"])]
+from jax._src import xla_bridge
+print("RESULT", codes, bool(xla_bridge._backends))
+"""
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+  assert "RESULT [2, 2, 2] False" in out.stdout, out.stdout + out.stderr
 
 
 def test_help_lists_every_section(capsys):

@@ -112,7 +112,7 @@ class RolloutConfig:
   max_prompt_len: int = 16  # prompt tokens (BOS included); longer task prompts are refused before compiling
   max_new_tokens: int = 8  # tokens sampled per completion at most
   slots: int = 64  # decode slots of the engine (rows decoded together)
-  kv_layout: str = "paged"  # KV cache layout of the engine: slots | paged
+  kv_layout: str = "slots"  # KV cache layout of the engine: slots (a row per slot, read in place) | paged
   steps_per_round: int = 4  # decode steps per device call between scheduling rounds
   eval_slots: int = 64  # decode slots of the greedy held-out evaluation
   update: str = "inflight"  # disaggregated workers: inflight (swap weights between decode steps) | drain (finish, then swap)

@@ -33,7 +33,7 @@ def engine_config(rollout, greedy: bool = False):
   from jaxpod.sample import EngineConfig
   slots = rollout.eval_slots if greedy else rollout.slots
   return EngineConfig(batch_size=slots, max_prompt_len=rollout.max_prompt_len, max_new_tokens=rollout.max_new_tokens,
-                      steps_per_round=rollout.steps_per_round,  # KV_LAYOUT_PENDING kv_layout=rollout.kv_layout,
+                      steps_per_round=rollout.steps_per_round, kv_layout=rollout.kv_layout,
                       min_prefill_len=min(16, rollout.max_prompt_len), page_size=min(16, rollout.max_prompt_len))
 
 
