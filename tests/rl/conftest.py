@@ -1,4 +1,7 @@
-"""RL test fixtures: a warm policy exported once per session."""
+"""RL test fixtures: one tiny colocated `jaxpod rl` run per session, through `run()` (warm-up, GRPO, export).
+
+Its warm-up export is the starting policy of the multi-host tests (`warm_policy`), so the session pays for
+one warm-up."""
 from __future__ import annotations
 
 import pytest
@@ -7,16 +10,19 @@ from tests.rl.clusters import TINY
 
 
 @pytest.fixture(scope="session")
-def warm_policy(tmp_path_factory) -> str:
-  """A HF checkpoint of a tiny policy after a short supervised warm-up (local folder)."""
+def colocated_run(tmp_path_factory):
+  """(config, summary, run folder) of a finished 3-step colocated run with a 60-step warm-up."""
   import draccus
   from jaxpod.rl.config import RLConfig
-  from jaxpod.rl.run import warmup_config
-  from jaxpod.train.trainer import train
-  runs = tmp_path_factory.mktemp("warm")
+  from jaxpod.rl.run import run, run_dir
+  runs = tmp_path_factory.mktemp("rl_colocated")
   cfg = draccus.parse(RLConfig, args=[*TINY, "--warmup.steps", "60", "--warmup.batch_size", "16", "--warmup.lr",
-                                      "3e-3", "--trainer.runs_dir", str(runs)])
-  train(warmup_config(cfg, str(runs / "w")))
-  return str(runs / "w" / "warmup" / "hf")
+                                      "3e-3", "--trainer.steps", "3", "--trainer.eval_every", "3",
+                                      "--trainer.checkpoint_every", "2", "--trainer.runs_dir", str(runs)])
+  return cfg, run(cfg), run_dir(cfg)
 
 
+@pytest.fixture(scope="session")
+def warm_policy(colocated_run) -> str:
+  """The HF checkpoint the session's colocated run exported after its warm-up (a local folder)."""
+  return f"{colocated_run[2]}/warmup/hf"

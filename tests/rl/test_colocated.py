@@ -1,33 +1,15 @@
-"""`jaxpod rl` colocated, in this process: warm-up, GRPO, summary, export, resume (a tiny config)."""
+"""`jaxpod rl` colocated, in this process: warm-up, GRPO, summary, export, resume (the session's tiny run)."""
 import dataclasses
 import json
 
 import pytest
 
-from jaxpod.rl.config import GRPOConfig, RLConfig, RLTrainerConfig, RolloutConfig, WarmupConfig
 from jaxpod.rl.summary import read_metrics
-from jaxpod.rl.tasks import AdditionTask
-
-
-def tiny(runs_dir, steps=3) -> RLConfig:
-  """One-digit addition, 4 prompts x 4 samples; the 8 test devices split every batch evenly."""
-  return RLConfig(task=AdditionTask(digits=1, eval_size=32), warmup=WarmupConfig(steps=20, batch_size=16, lr=3e-3),
-                  grpo=GRPOConfig(num_prompts_per_step=4, num_generations=4),
-                  rollout=RolloutConfig(max_prompt_len=8, max_new_tokens=4, slots=16, eval_slots=16, groups_per_file=4),
-                  trainer=RLTrainerConfig(steps=steps, eval_every=3, checkpoint_every=2, runs_dir=str(runs_dir),
-                                          progress=False))
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-  from jaxpod.rl.run import run, run_dir
-  cfg = tiny(tmp_path_factory.mktemp("rl_colocated"))
-  return cfg, run(cfg), run_dir(cfg)
 
 
 @pytest.mark.slow
-def test_summary_has_the_accuracy_before_and_after_rl_and_the_curves(finished):
-  cfg, summary, folder = finished
+def test_summary_has_the_accuracy_before_and_after_rl_and_the_curves(colocated_run):
+  cfg, summary, folder = colocated_run
   saved = json.loads(open(f"{folder}/summary.json").read())
   assert saved == json.loads(json.dumps(summary))
   for key in ("accuracy.start", "accuracy.end"):
@@ -40,10 +22,10 @@ def test_summary_has_the_accuracy_before_and_after_rl_and_the_curves(finished):
 
 
 @pytest.mark.slow
-def test_behaviour_logprobs_are_the_trainers_own(finished):
+def test_behaviour_logprobs_are_the_trainers_own(colocated_run):
   """Colocated GRPO is on-policy: the engine's recorded log-probs equal the trainer's recomputation (fp32),
   so every ratio is 1 and nothing is clipped; a misaligned or recomputed-wrong behaviour log-prob shows here."""
-  _, _, folder = finished
+  _, _, folder = colocated_run
   steps = [r for r in read_metrics(f"{folder}/train") if "logprob_gap" in r]
   assert len(steps) == 3
   for r in steps:
@@ -51,20 +33,20 @@ def test_behaviour_logprobs_are_the_trainers_own(finished):
 
 
 @pytest.mark.slow
-def test_final_policy_is_a_hf_checkpoint(finished):
+def test_final_policy_is_a_hf_checkpoint(colocated_run):
   import jax
   from jaxpod.models.llama import hf_io
   from jaxpod.runtime import make_mesh
-  cfg, _, folder = finished
+  cfg, _, folder = colocated_run
   model = hf_io.load(f"{folder}/hf", make_mesh(devices=jax.devices()[:1]))
   assert model.cfg.hidden_size == cfg.model.hidden_size
 
 
 @pytest.mark.slow
-def test_rerun_with_more_steps_continues_the_run(finished):
+def test_rerun_with_more_steps_continues_the_run(colocated_run):
   """Same command, more steps: the run resumes at its last policy version instead of starting over."""
   from jaxpod.rl.run import run
-  cfg, _, folder = finished
+  cfg, _, folder = colocated_run
   more = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, steps=5))
   summary = run(more)
   assert summary["resumed"] and summary["run_dir"] == folder

@@ -200,7 +200,7 @@ class WarmupTask(_PolicyTask):
     mask = np.zeros((len(problems), length), np.int32)
     for i, p in enumerate(problems):
       prompt = self.tokenizer.encode(p.prompt)
-      answer = answer_ids(self.tokenizer, p.answer) + [self.stop_ids[0]]
+      answer = answer_ids(self.tokenizer, self.rl.task.demonstration(p)) + [self.stop_ids[0]]
       row = prompt + answer
       tokens[i, :len(row)] = row
       mask[i, len(prompt) - 1:len(row) - 1] = 1

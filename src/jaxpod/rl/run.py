@@ -21,7 +21,6 @@ same command resumes it. Inside:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 
 from jaxpod.rl.config import RLConfig
@@ -39,15 +38,10 @@ RUN_ID_IGNORES = ("role", "trainer_hosts", "runtime", "mesh", "tracker", "rollou
 
 def run_id(cfg: RLConfig) -> str:
   """`rl-<12 hex>`: a hash of the config without RUN_ID_IGNORES (the same for every job of one run)."""
+  from jaxpod.train.config import config_hash
   tree = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
-  tree["task"]["type"] = type(cfg.task).__name__
-  for dotted in RUN_ID_IGNORES:
-    *parents, leaf = dotted.split(".")
-    node = tree
-    for p in parents:
-      node = node.get(p, {})
-    node.pop(leaf, None)
-  return "rl-" + hashlib.sha256(json.dumps(tree, sort_keys=True).encode()).hexdigest()[:12]
+  tree["task"]["type"] = type(cfg.task).__name__  # two tasks with equal fields are different runs
+  return "rl-" + config_hash(tree, RUN_ID_IGNORES)
 
 
 def run_dir(cfg: RLConfig) -> str:

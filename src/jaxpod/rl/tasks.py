@@ -55,6 +55,10 @@ class RLTaskConfig(draccus.ChoiceRegistry):
     """Whether a completion has the answer's form (the `format` reward)."""
     return bool(completion)
 
+  def demonstration(self, problem: Problem) -> str:
+    """What the supervised warm-up is shown for `problem`: the answer, unless the task models a flawed teacher."""
+    return problem.answer
+
   def max_prompt_chars(self) -> int:
     """Longest prompt in characters (checked against the engine's context before compiling)."""
     raise NotImplementedError
@@ -103,14 +107,35 @@ def _eval_set(task: RLTaskConfig, seed: int) -> tuple[Problem, ...]:
 @RLTaskConfig.register_subclass("addition")
 @dataclasses.dataclass(frozen=True)
 class AdditionTask(RLTaskConfig):
-  """"a+b=" -> a + b in decimal; each operand has 1..digits digits (uniform length, then uniform value)."""
+  """"a+b=" -> a + b in decimal; each operand has 1..digits digits (uniform length, then uniform value).
+
+  `teacher_carry_slip` makes the warm-up's demonstrations come from a flawed teacher that forgets
+  each carry with that probability (the exact-match reward always checks the true sum): supervised
+  learning copies the teacher's habit, RL with the verifier unlearns it."""
 
   digits: int = 3  # most digits per operand
+  teacher_carry_slip: float = 0.0  # warm-up demonstrations drop each carry with this probability (0: correct)
 
   def __post_init__(self):
     super().__post_init__()
     if not 1 <= self.digits <= 9:
       raise ValueError(f"rl.task.digits={self.digits} must be in 1..9")
+    if not 0.0 <= self.teacher_carry_slip <= 1.0:
+      raise ValueError(f"rl.task.teacher_carry_slip={self.teacher_carry_slip} must be in [0, 1]")
+
+  def demonstration(self, problem: Problem) -> str:
+    """The teacher's sum: column by column, each carry dropped with probability teacher_carry_slip."""
+    if self.teacher_carry_slip == 0:
+      return problem.answer
+    a, b = (int(x) for x in problem.prompt.rstrip("=").split("+"))
+    rng = np.random.default_rng([problem.stream, problem.index, 7])  # the same slips every time it is shown
+    out, carry, place = 0, 0, 1
+    while a or b or carry:
+      column = a % 10 + b % 10 + carry
+      out += column % 10 * place
+      carry = column // 10 if rng.random() >= self.teacher_carry_slip else 0
+      a, b, place = a // 10, b // 10, place * 10
+    return str(out)
 
   def _operand(self, rng) -> int:
     n = int(rng.integers(1, self.digits + 1))
