@@ -11,14 +11,13 @@ from pathlib import Path
 from jaxpod.runtime.launcher import LaunchConfig, launch
 
 SCRIPT = Path(__file__).parent / "workers" / "jaxpod_rl.py"
-# One-digit addition on a tiny policy: the smallest problem on which GRPO visibly learns in a few steps.
+# One-digit addition on a tiny policy: the smallest problem on which GRPO visibly learns in a dozen steps
+# (measured: warm-up 200 steps -> ~40% held-out; 8 prompts x 8 samples at lr 3e-4 lift the reward within 12 steps).
 TINY = ["--task.type", "addition", "--task.digits", "1", "--task.eval_size", "32",
-        "--model.hidden_size", "64", "--model.intermediate_size", "128", "--model.num_hidden_layers", "1",
-        "--rollout.max_prompt_len", "8", "--rollout.max_new_tokens", "4", "--rollout.slots", "16",
-        "--rollout.eval_slots", "32", "--grpo.num_prompts_per_step", "4", "--grpo.num_generations", "4",
-        "--rollout.groups_per_file", "2", "--trainer.progress", "false"]
-
-
+        "--model.hidden_size", "64", "--model.intermediate_size", "128", "--model.num_hidden_layers", "2",
+        "--rollout.max_prompt_len", "8", "--rollout.max_new_tokens", "4", "--rollout.slots", "64",
+        "--rollout.eval_slots", "32", "--grpo.num_prompts_per_step", "8", "--grpo.num_generations", "8",
+        "--grpo.lr", "3e-4", "--rollout.groups_per_file", "4", "--trainer.progress", "false"]
 
 class Cluster:
   """A `jaxpod launch`-style cluster running `jaxpod rl ARGS` in a thread; its echoed lines are readable live."""

@@ -11,12 +11,12 @@ from tests.rl.clusters import TINY
 
 @pytest.fixture(scope="session")
 def colocated_run(tmp_path_factory):
-  """(config, summary, run folder) of a finished 3-step colocated run with a 60-step warm-up."""
+  """(config, summary, run folder) of a finished 3-step colocated run with a 200-step warm-up."""
   import draccus
   from jaxpod.rl.config import RLConfig
   from jaxpod.rl.run import run, run_dir
   runs = tmp_path_factory.mktemp("rl_colocated")
-  cfg = draccus.parse(RLConfig, args=[*TINY, "--warmup.steps", "60", "--warmup.batch_size", "16", "--warmup.lr",
+  cfg = draccus.parse(RLConfig, args=[*TINY, "--warmup.steps", "200", "--warmup.batch_size", "32", "--warmup.lr",
                                       "3e-3", "--trainer.steps", "3", "--trainer.eval_every", "3",
                                       "--trainer.checkpoint_every", "2", "--trainer.runs_dir", str(runs)])
   return cfg, run(cfg), run_dir(cfg)
