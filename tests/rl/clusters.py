@@ -17,7 +17,8 @@ TINY = ["--task.type", "addition", "--task.digits", "1", "--task.eval_size", "32
         "--model.hidden_size", "64", "--model.intermediate_size", "128", "--model.num_hidden_layers", "2",
         "--rollout.max_prompt_len", "8", "--rollout.max_new_tokens", "4", "--rollout.slots", "64",
         "--rollout.eval_slots", "32", "--grpo.num_prompts_per_step", "8", "--grpo.num_generations", "8",
-        "--grpo.lr", "3e-4", "--rollout.groups_per_file", "4", "--trainer.progress", "false"]
+        "--grpo.lr", "3e-4", "--grpo.sample_prompts_per_step", "0", "--grpo.filter_groups", "false",
+        "--rollout.temperature", "1.0", "--rollout.groups_per_file", "4", "--trainer.progress", "false"]
 
 class Cluster:
   """A `jaxpod launch`-style cluster running `jaxpod rl ARGS` in a thread; its echoed lines are readable live."""

@@ -11,8 +11,8 @@ from jaxpod.cli.main import main
     (["--rewards", "no_such_reward"], "rl.rewards: 'no_such_reward' is not a registered reward (exact_match, format)"),
     (["--rewards", "no_such_module:fn"], "rl.rewards: cannot import 'no_such_module:fn'"),
     (["--grpo.num_generations", "1"], "rl.grpo.num_generations=1: GRPO needs n >= 2 samples per prompt"),
-    (["--task.digits", "7"], "rl.task prompts reach 17 tokens (e.g."),
-    (["--rollout.max_new_tokens", "3"], "rl.task answers need 5 tokens with EOS but rl.rollout.max_new_tokens=3"),
+    (["--task.length", "20"], "rl.task prompts reach 27 tokens (e.g."),
+    (["--rollout.max_new_tokens", "3"], "rl.task answers need 7 tokens with EOS but rl.rollout.max_new_tokens=3"),
     (["--topology", "sideways"], "rl.topology='sideways'; use one of ('colocated', 'disaggregated')"),
     (["--role", "trainer"], "rl.role='trainer' needs --topology disaggregated"),
     (["--model.hf", "/no/such/checkpoint"], "model.hf=/no/such/checkpoint: no config.json there"),
@@ -30,7 +30,7 @@ def test_bad_configs_fail_before_any_jax_backend_starts(tmp_path):
 import sys
 from jaxpod.cli.main import main
 codes = [main(["rl", "--trainer.runs_dir", {str(tmp_path)!r}, *a]) for a in
-         (["--rewards", "nope"], ["--grpo.num_generations", "1"], ["--task.digits", "7"])]
+         (["--rewards", "nope"], ["--grpo.num_generations", "1"], ["--task.length", "20"])]
 from jax._src import xla_bridge
 print("RESULT", codes, bool(xla_bridge._backends))
 """

@@ -102,7 +102,7 @@ def test_worker_killed_and_trainer_preempted(bucket, warm_policy, tmp_path):
   assert len(pairs) == len(set(pairs)) == 40 * 8  # never twice
   records = _metrics(folder)
   dropped = [d.rsplit(":", 2) for r in records for d in r.get("rl/dropped", [])]
-  assert len(dropped) == records[-1]["rl/dropped_stale"] + records[-1]["rl/dropped_future"]  # dropped = counted
+  assert len(dropped) == sum(records[-1][f"rl/dropped_{why}"] for why in ("stale", "future", "uniform"))  # counted
   seen = pairs + [(f, int(i)) for f, i, _ in dropped]
   assert len(seen) == len(set(seen))
   for w in (0, 1):  # none skipped: each worker's files were consumed in order, with no hole behind the frontier

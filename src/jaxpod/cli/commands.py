@@ -73,8 +73,8 @@ COMMANDS: dict[str, Command | Group] = {
                        "jaxpod.extract.config:ExtractConfig")),
     "bench": Group("benchmarks: " + " | ".join(BENCHES), BENCHES),
     "rl": Command("RL post-training (GRPO): a trainer learns from rollouts sampled with its published weights "
-                  "(no arguments: addition with a small Llama, minutes on CPU)", "jaxpod.cli.commands:rl",
-                  "jaxpod.rl.config:RLConfig"),
+                  "(no arguments: sorting with a small Llama, minutes on CPU)", "jaxpod.cli.commands:rl",
+                  "jaxpod.rl.config:RLConfig", load="jaxpod.cli.rl:load_config"),
     "train": Command("train a model (no arguments: a small TRM on 4x4 Sudoku, minutes on CPU)",
                      "jaxpod.cli.train:run", "jaxpod.train.config:TrainConfig", load="jaxpod.cli.train:load_config"),
     "plot": Command("plot a run's loss and accuracy curves to a PNG: jaxpod plot RUN_DIR",

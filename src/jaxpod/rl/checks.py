@@ -44,7 +44,7 @@ def check_lengths(cfg: RLConfig) -> None:
   if n > r.max_prompt_len:
     raise ValueError(f"rl.task prompts reach {n} tokens (e.g. {longest.prompt!r}) but rl.rollout.max_prompt_len="
                      f"{r.max_prompt_len}; raise it to >= {n} (prompts are never truncated)")
-  answer = max(len(answer_ids(tok, p.answer)) + 1 for p in problems)
+  answer = max(len(answer_ids(tok, a)) + 1 for p in problems for a in (p.answer, cfg.task.demonstration(p)))
   if answer > r.max_new_tokens:
     raise ValueError(f"rl.task answers need {answer} tokens with EOS but rl.rollout.max_new_tokens="
                      f"{r.max_new_tokens}; raise it to >= {answer}")

@@ -11,11 +11,14 @@ and takes its own contiguous share of the batch rows. The problems of step k are
 (k-1)*P..k*P-1 of training stream 2 and their request seeds are fixed by the run seed, so a
 rerun from a checkpoint regenerates exactly the rollouts it would have trained on: the data
 state is just the number of batches trained (invariant 5 for RL: nothing trained twice, nothing lost).
+With `grpo.filter_groups`, `sample_prompts_per_step` prompts are sampled and the groups whose rewards
+differ are trained on first (DAPO's dynamic sampling: equal rewards give zero advantage).
 """
 from __future__ import annotations
 
 import time
 
+from jaxpod.rl.rollouts import select
 from jaxpod.runtime.hooks import Hook, StepInfo
 
 RL_STREAM = 2  # training stream of RL problems (the warm-up uses stream 1)
@@ -76,14 +79,17 @@ class ColocatedRollouts(Hook):
                            rl.grpo.num_generations, rl.trainer.seed)
     else:
       self.roller.sampler.update_params(params, version)  # in memory, no copy
-    p = rl.grpo.num_prompts_per_step
-    problems = rl.task.train_problems(rl.trainer.seed, RL_STREAM, self.buffer.trained * p, p)
+    g = rl.grpo
+    problems = rl.task.train_problems(rl.trainer.seed, RL_STREAM, self.buffer.trained * g.sampled_prompts,
+                                      g.sampled_prompts)
     before = self.roller.tokens
     groups = self.roller.run(problems)
-    self.buffer.ready = task.batch_arrays(groups)
+    chosen = select(groups, g.num_prompts_per_step, g.filter_groups)
+    self.buffer.ready = task.batch_arrays(chosen)
     self.last_end = time.perf_counter()
     dt = self.last_end - t0
     tokens = self.roller.tokens - before
-    rewards = [r for g in groups for r in g.rewards]
+    rewards = [r for grp in groups for r in grp.rewards]
     return {"rl/rollout_s": dt, "rl/rollout_tok_s": tokens / max(dt, 1e-9), "rl/rollout_tokens": tokens,
-            "rl/interval_s": interval, "rl/sampled_version": version, "rl/sampled_reward": sum(rewards) / len(rewards)}
+            "rl/interval_s": interval, "rl/sampled_version": version, "rl/sampled_reward": sum(rewards) / len(rewards),
+            "rl/mixed_groups": sum(grp.mixed for grp in groups) / len(groups)}

@@ -14,7 +14,7 @@ import dataclasses
 
 from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.rl.grpo import LOSS_NORMS, SCALE_REWARDS
-from jaxpod.rl.tasks import AdditionTask, RLTaskConfig
+from jaxpod.rl.tasks import RLTaskConfig, SortTask
 from jaxpod.runtime.mesh import MeshConfig
 from jaxpod.runtime.state import RuntimeConfig
 from jaxpod.train.config import TrackerConfig, TrainerConfig
@@ -54,7 +54,7 @@ class WarmupConfig:
   """Supervised fine-tuning on the task's own problems before RL (next-token loss on answer + EOS)."""
 
   steps: int = 150  # optimizer steps (0: no warm-up; ignored when model.hf is set)
-  batch_size: int = 64  # problems per step over all hosts
+  batch_size: int = 128  # problems per step over all hosts
   lr: float = 1e-3  # peak learning rate (AdamW, linear warm-up over the first 10% of steps, then constant)
 
   def __post_init__(self):
@@ -67,7 +67,9 @@ class WarmupConfig:
 class GRPOConfig:
   """The algorithm: n samples per prompt, group-relative advantages, clipped ratio vs the engine's log-probs."""
 
-  num_prompts_per_step: int = 16  # prompts (groups) per optimizer step
+  num_prompts_per_step: int = 32  # prompts (groups) per optimizer step
+  filter_groups: bool = True  # DAPO's dynamic sampling: train first on groups whose samples' rewards differ
+  sample_prompts_per_step: int = 128  # colocated: prompts sampled per step (0: num_prompts_per_step); extras feed the filter
   num_generations: int = 8  # samples per prompt, n (>= 2: the group baseline needs two)
   epsilon: float = 0.2  # lower clip: ratio >= 1 - epsilon
   epsilon_high: float = 0.28  # upper clip: ratio <= 1 + epsilon_high (DAPO's clip-higher; = epsilon is symmetric)
@@ -75,7 +77,7 @@ class GRPOConfig:
   scale_rewards: str = "group"  # advantage scale: group (GRPO) | batch | none (Dr. GRPO)
   loss_norm: str = "token"  # token (DAPO/TRL: over all completion tokens) | sequence (GRPO) | constant (Dr. GRPO)
   max_policy_lag: int = 2  # oldest version a trained token may come from: trainer version - this (older: dropped)
-  lr: float = 5e-4  # AdamW learning rate (constant after a 5-step warm-up)
+  lr: float = 3e-4  # AdamW learning rate (constant after a 5-step warm-up)
   weight_decay: float = 0.0  # AdamW decoupled weight decay
   grad_clip: float = 1.0  # global-norm clip (0: none)
 
@@ -93,8 +95,16 @@ class GRPOConfig:
       raise ValueError(f"rl.grpo.scale_rewards={self.scale_rewards!r}; use one of {SCALE_REWARDS}")
     if self.loss_norm not in LOSS_NORMS:
       raise ValueError(f"rl.grpo.loss_norm={self.loss_norm!r}; use one of {LOSS_NORMS}")
+    if self.sample_prompts_per_step and self.sample_prompts_per_step < self.num_prompts_per_step:
+      raise ValueError(f"rl.grpo.sample_prompts_per_step={self.sample_prompts_per_step} must be 0 or >= "
+                       f"num_prompts_per_step={self.num_prompts_per_step}")
     if self.max_policy_lag < 0:
       raise ValueError(f"rl.grpo.max_policy_lag={self.max_policy_lag} must be >= 0")
+
+  @property
+  def sampled_prompts(self) -> int:
+    """Prompts sampled per step (colocated)."""
+    return self.sample_prompts_per_step or self.num_prompts_per_step
 
   @property
   def rows(self) -> int:
@@ -106,15 +116,15 @@ class GRPOConfig:
 class RolloutConfig:
   """Sampling and the rollout workers (the engine's shapes are fixed here, the same on every host)."""
 
-  temperature: float = 1.0  # sampling temperature (the loss uses the same: pi = softmax(logits / T))
+  temperature: float = 0.5  # sampling temperature (the loss uses the same: pi = softmax(logits / T))
   top_k: int = 0  # 0: no top-k filter
   top_p: float = 1.0  # 1: no nucleus filter
   max_prompt_len: int = 16  # prompt tokens (BOS included); longer task prompts are refused before compiling
   max_new_tokens: int = 8  # tokens sampled per completion at most
-  slots: int = 64  # decode slots of the engine (rows decoded together)
+  slots: int = 128  # decode slots of the engine (rows decoded together)
   kv_layout: str = "slots"  # KV cache layout of the engine: slots (a row per slot, read in place) | paged
   steps_per_round: int = 4  # decode steps per device call between scheduling rounds
-  eval_slots: int = 64  # decode slots of the greedy held-out evaluation
+  eval_slots: int = 128  # decode slots of the greedy held-out evaluation
   update: str = "inflight"  # disaggregated workers: inflight (swap weights between decode steps) | drain (finish, then swap)
   worker_id: int = 0  # this worker's number (role rollout)
   workers: int = 1  # rollout workers `--role auto` starts (disaggregated)
@@ -151,10 +161,10 @@ class RolloutConfig:
 class RLTrainerConfig(TrainerConfig):
   """`jaxpod train`'s trainer section with RL's defaults (steps are rollout batches; metrics every step)."""
 
-  steps: int = 60  # GRPO steps (one rollout batch each)
-  eval_every: int = 10  # held-out accuracy every N steps (and at the end)
+  steps: int = 150  # GRPO steps (one rollout batch each)
+  eval_every: int = 25  # held-out accuracy every N steps (and at the end)
   eval_at_start: bool = True  # accuracy of the starting policy (summary: accuracy.start)
-  checkpoint_every: int = 20  # checkpoint every N steps (and at the end)
+  checkpoint_every: int = 50  # checkpoint every N steps (and at the end)
   log_every: int = 1  # metrics every step (an RL step is slow; the reward curve needs them all)
   ema: float = 0.0  # RL evaluates and exports the live policy
   preemption_check_every: int = 1  # a SIGTERM is honoured at the next step
@@ -173,7 +183,7 @@ class RLTransferConfig(TransferConfig):
 class RLConfig:
   """`jaxpod rl`: warm-up, then GRPO with rollouts from the continuous engine (see the module docstring)."""
 
-  task: RLTaskConfig = dataclasses.field(default_factory=AdditionTask)  # verifiable problems (type: addition | sort)
+  task: RLTaskConfig = dataclasses.field(default_factory=SortTask)  # verifiable problems (type: sort | addition)
   rewards: tuple[str, ...] = ("exact_match",)  # reward plugins (registered names or "module:function"), summed
   reward_weights: tuple[float, ...] = ()  # one weight per reward (empty: all 1.0)
   model: RLModelConfig = dataclasses.field(default_factory=RLModelConfig)  # the policy (or model.hf)

@@ -38,14 +38,17 @@ class RLTaskConfig(draccus.ChoiceRegistry):
   """A seeded stream of problems with exact answers (subclasses: `addition`, `sort`)."""
 
   eval_size: int = 256  # held-out problems for accuracy (never trained on)
+  teacher_period: float = 0.0  # warm-up demonstrations end with "." with this probability (exact match wants none)
 
   def __post_init__(self):
     if self.eval_size < 1:
       raise ValueError(f"rl.task.eval_size={self.eval_size} must be >= 1")
+    if not 0.0 <= self.teacher_period <= 1.0:
+      raise ValueError(f"rl.task.teacher_period={self.teacher_period} must be in [0, 1]")
 
   @classmethod
   def default_choice_name(cls) -> str | None:
-    return "addition"
+    return "sort"
 
   def make(self, rng: np.random.Generator) -> tuple[str, str]:
     """(prompt, answer) of one random problem."""
@@ -56,7 +59,14 @@ class RLTaskConfig(draccus.ChoiceRegistry):
     return bool(completion)
 
   def demonstration(self, problem: Problem) -> str:
-    """What the supervised warm-up is shown for `problem`: the answer, unless the task models a flawed teacher."""
+    """What the supervised warm-up is shown for `problem`: the answer, unless the config models a flawed
+    teacher (`teacher_*` fields); the same for a problem every time it is shown."""
+    rng = np.random.default_rng([problem.stream, problem.index, 7])
+    content = self.teacher_answer(problem, rng)
+    return content + ("." if rng.random() < self.teacher_period else "")
+
+  def teacher_answer(self, problem: Problem, rng: np.random.Generator) -> str:
+    """The teacher's answer before any trailing period (a subclass may model content mistakes)."""
     return problem.answer
 
   def max_prompt_chars(self) -> int:
@@ -109,9 +119,8 @@ def _eval_set(task: RLTaskConfig, seed: int) -> tuple[Problem, ...]:
 class AdditionTask(RLTaskConfig):
   """"a+b=" -> a + b in decimal; each operand has 1..digits digits (uniform length, then uniform value).
 
-  `teacher_carry_slip` makes the warm-up's demonstrations come from a flawed teacher that forgets
-  each carry with that probability (the exact-match reward always checks the true sum): supervised
-  learning copies the teacher's habit, RL with the verifier unlearns it."""
+  `teacher_carry_slip`: the warm-up's teacher forgets each carry with that probability (the exact-match
+  reward always checks the true sum)."""
 
   digits: int = 3  # most digits per operand
   teacher_carry_slip: float = 0.0  # warm-up demonstrations drop each carry with this probability (0: correct)
@@ -123,12 +132,11 @@ class AdditionTask(RLTaskConfig):
     if not 0.0 <= self.teacher_carry_slip <= 1.0:
       raise ValueError(f"rl.task.teacher_carry_slip={self.teacher_carry_slip} must be in [0, 1]")
 
-  def demonstration(self, problem: Problem) -> str:
-    """The teacher's sum: column by column, each carry dropped with probability teacher_carry_slip."""
+  def teacher_answer(self, problem: Problem, rng: np.random.Generator) -> str:
+    """The sum column by column, each carry dropped with probability teacher_carry_slip."""
     if self.teacher_carry_slip == 0:
       return problem.answer
     a, b = (int(x) for x in problem.prompt.rstrip("=").split("+"))
-    rng = np.random.default_rng([problem.stream, problem.index, 7])  # the same slips every time it is shown
     out, carry, place = 0, 0, 1
     while a or b or carry:
       column = a % 10 + b % 10 + carry
@@ -152,7 +160,7 @@ class AdditionTask(RLTaskConfig):
     return 2 * self.digits + 2
 
   def max_answer_chars(self) -> int:
-    return self.digits + 1
+    return self.digits + 2  # the sum's digits and a teacher's period
 
 
 @RLTaskConfig.register_subclass("sort")
@@ -161,11 +169,23 @@ class SortTask(RLTaskConfig):
   """"sort:3142=" -> "1234": `length` random digits in ascending order."""
 
   length: int = 6  # digits per problem
+  teacher_dedup: float = 0.0  # warm-up demonstrations drop repeated digits with this probability ("1123" -> "123")
 
   def __post_init__(self):
     super().__post_init__()
     if not 2 <= self.length <= 32:
       raise ValueError(f"rl.task.length={self.length} must be in 2..32")
+    if not 0.0 <= self.teacher_dedup <= 1.0:
+      raise ValueError(f"rl.task.teacher_dedup={self.teacher_dedup} must be in [0, 1]")
+
+  def teacher_answer(self, problem: Problem, rng: np.random.Generator) -> str:
+    """The sorted digits, each repeat of a digit left out with probability teacher_dedup."""
+    out = []
+    for d in problem.answer:
+      if out and out[-1] == d and rng.random() < self.teacher_dedup:
+        continue
+      out.append(d)
+    return "".join(out)
 
   def make(self, rng):
     digits = rng.integers(0, 10, self.length)
@@ -178,4 +198,4 @@ class SortTask(RLTaskConfig):
     return self.length + 6
 
   def max_answer_chars(self) -> int:
-    return self.length
+    return self.length + 1  # the digits and a teacher's period

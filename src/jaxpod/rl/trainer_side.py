@@ -85,7 +85,7 @@ class QueueSource:
     self.trained = 0  # batches handed to the trainer = the version the next step trains from
     self.monitor = WorkerMonitor(self.queue, self.rl.rollout.worker_timeout_s)
     self.files: dict[str, list] = {}  # file -> its groups (read once)
-    self.counts = {"dropped_stale": 0, "dropped_future": 0, "groups": 0}
+    self.counts = {"dropped_stale": 0, "dropped_future": 0, "dropped_uniform": 0, "groups": 0}
     self.step_stats: dict = {}
     self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rl-progress")
 
@@ -121,6 +121,8 @@ class QueueSource:
             drop.append([name, i, "future"])
           elif g.oldest_version() < version - lag:
             drop.append([name, i, "stale"])
+          elif self.rl.grpo.filter_groups and not g.mixed:
+            drop.append([name, i, "uniform"])  # equal rewards: zero advantage, nothing to learn
           else:
             take.setdefault(name, []).append(i)
             got += 1
@@ -172,7 +174,7 @@ class QueueSource:
   def set_state(self, state: dict) -> None:
     self.trained = int(state["trained"])
     self.consumed = Consumed.from_state(state["consumed"])
-    self.counts = dict(state["counts"])
+    self.counts = {**self.counts, **state["counts"]}
 
   def hooks(self, graphdef, mesh) -> list:
     return [PublishPolicy(self.task), QueueStats(self)]
