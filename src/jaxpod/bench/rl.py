@@ -144,10 +144,10 @@ def run(json_path: str | None = None, **overrides) -> dict:
 
 
 def _table(opts: RLBench, results: dict, checks: dict) -> None:
-  ms = lambda x: "workers" if x is None else f"{1e3 * x:.0f}"  # noqa: E731
+  ms = lambda x: "(w)" if x is None else f"{1e3 * x:.0f}"  # noqa: E731 - (w): on the workers, beside the trainer
   rows = [(arm, ms(r["step_s"]), ms(r["rollout_s"]), ms(r["train_s"]), ms(r["publish_s"]), ms(r["fetch_s"]),
            ms(r["waiting_s"]), f"{r['tokens_per_s'] or 0:.0f}", f"{r['reward_per_s']:.1f}",
-           f"{r['accuracy_start']:.0%}->{r['accuracy_end']:.0%}") for arm, r in results.items()]
+           f"{r['accuracy_start']:.0%}>{r['accuracy_end']:.0%}") for arm, r in results.items()]
   notes = []
   if checks.get("inflight_over_drain_reward_per_s") is not None:
     notes.append(f"in-flight / drain-and-sync reward per second = {checks['inflight_over_drain_reward_per_s']:.2f}")
@@ -157,8 +157,8 @@ def _table(opts: RLBench, results: dict, checks: dict) -> None:
       notes.append(f"{a}: publish + fetch = {v:.1%} of a train step")
   print_table(f"rl: {opts.steps} GRPO steps per arm from one warm-up (ms per step, steady state), medians of "
               f"{opts.repeats}, max_policy_lag {opts.max_policy_lag}, transfer {opts.transfer_mode}; "
-              + "; ".join(notes), ["arm", "step", "rollout", "train", "publish", "fetch", "wait", "tok/s", "reward/s",
-                                   "accuracy"], rows)
+              + "; ".join(notes), ["arm", "step", "roll", "train", "pub", "fetch", "wait", "tok/s", "rew/s", "acc"],
+              rows)
 
 
 def cli(opts: RLBench) -> int:

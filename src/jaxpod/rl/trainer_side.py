@@ -88,6 +88,7 @@ class QueueSource:
     self.counts = {"dropped_stale": 0, "dropped_future": 0, "dropped_uniform": 0, "groups": 0}
     self.step_stats: dict = {}
     self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rl-progress")
+    self._last_report: dict | None = None
 
   def __iter__(self):
     return self
@@ -129,6 +130,7 @@ class QueueSource:
       if got >= need:
         return {"take": [[k, v] for k, v in take.items()], "drop": drop, "waited": time.monotonic() - t0}
       waited = time.monotonic() - t0
+      self._report(done=False, examined={name for name, _ in take.items()} | {d[0] for d in drop})
       if waited > self.rl.rollout.rollout_timeout_s:
         raise RuntimeError(f"rl trainer: no usable rollouts for {waited:.0f} s at version {version} "
                            f"(have {got} of {need} groups; rl.grpo.max_policy_lag={lag}); {self.monitor.describe()}")
@@ -160,10 +162,20 @@ class QueueSource:
     self._report(done=False)
     return self.task._local(self.task.batch_arrays(groups))
 
-  def _report(self, done: bool) -> None:
-    """Leader: the progress record workers bound their backlog with (written in the background)."""
+  def _report(self, done: bool, examined: set[str] = frozenset()) -> None:
+    """Leader: the progress record workers bound their backlog with (written in the background). Files the
+    leader has examined in a pick still under way count as taken: their groups are spoken for, and a worker
+    that waited for the pick to end would starve a trainer that drops many groups (filter_groups)."""
     if runtime.is_leader():
-      record = {"step": self.trained, "taken_files": self.consumed.state()["taken_files"], "done": done}
+      taken = dict(self.consumed.taken_files)
+      for name in examined:
+        if not self.consumed.taken(name):
+          w = parse_name(name)[0]
+          taken[w] = taken.get(w, 0) + 1
+      record = {"step": self.trained, "taken_files": {str(w): n for w, n in taken.items()}, "done": done}
+      if record == self._last_report:
+        return
+      self._last_report = record
       future = self._writer.submit(self.queue.set_progress, record)
       if done:
         future.result()
