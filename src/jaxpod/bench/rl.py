@@ -43,7 +43,10 @@ class RLBench:
   arms: tuple[str, ...] = ARMS  # which arms to run
   max_policy_lag: int = 2  # the same for every arm
   transfer_mode: str = "checkpoint"  # weight transport of the disaggregated arms (checkpoint | arrow_flight)
-  extra: tuple[str, ...] = ()  # more `jaxpod rl` options for every arm, e.g. --extra=--task.digits,2
+  # more `jaxpod rl` options for every arm; the default workload sorts 2..12 digits: completions of varied
+  # length, where a drain waits for the longest sequence in flight (rollout lengths in RL vary like this)
+  extra: tuple[str, ...] = ("--task.min_length", "2", "--task.length", "12", "--rollout.max_prompt_len", "24",
+                            "--rollout.max_new_tokens", "16")
   json: str | None = None  # write the results here
 
   def __post_init__(self):

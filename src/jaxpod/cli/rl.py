@@ -1,14 +1,18 @@
 """`jaxpod rl [--config_path FILE] [--section.field value ...]`: the options of RL post-training.
 
 With no `--config_path` the embedded default (`jaxpod/configs/rl_default.yaml`: sorting with a
-flawed teacher, minutes on a 2-core CPU) is the base; dotted overrides apply on top of it. A
-`--config_path FILE` replaces it entirely (the dataclass defaults fill what the file leaves out).
+flawed teacher, minutes on a 2-core CPU) is the base; dotted overrides apply on top of it. Another
+`--task.type` keeps the default's other sections but not its `task:` (the sort fields would not fit
+another task). A `--config_path FILE` replaces it entirely (the dataclass defaults fill what the
+file leaves out).
 """
 from __future__ import annotations
 
+import os
+import tempfile
 from importlib import resources
 
-from jaxpod.cli.args import check_config_file, config_path_of, normalise, parse
+from jaxpod.cli.args import check_config_file, config_path_of, normalise, option_value, parse
 
 DEFAULT_CONFIG = "rl_default.yaml"
 
@@ -25,8 +29,24 @@ def load_config(argv: list[str]):
   if any(a in ("-h", "--help") for a in argv):
     return parse(RLConfig, ["--help"], "jaxpod rl")
   path = config_path_of(normalise(argv))
-  if path is None:
-    argv = ["--config_path", default_config_path(), *argv]
-  else:
+  if path is not None:
     check_config_file(path, "jaxpod rl")
-  return parse(RLConfig, argv, "jaxpod rl")
+    return parse(RLConfig, argv, "jaxpod rl")
+  with tempfile.TemporaryDirectory() as tmp:
+    return parse(RLConfig, ["--config_path", _default_for(option_value(normalise(argv), "--task.type"), tmp),
+                            *argv], "jaxpod rl")
+
+
+def _default_for(task_type: str | None, tmp: str) -> str:
+  """The embedded default's path; for another task type, a copy of it without its `task:` section."""
+  import yaml
+  path = default_config_path()
+  with open(path) as f:
+    data = yaml.safe_load(f)
+  if task_type in (None, data["task"]["type"]):
+    return path
+  del data["task"]
+  out = os.path.join(tmp, DEFAULT_CONFIG)
+  with open(out, "w") as f:
+    yaml.safe_dump(data, f)
+  return out

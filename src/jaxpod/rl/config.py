@@ -130,7 +130,7 @@ class RolloutConfig:
   workers: int = 1  # rollout workers `--role auto` starts (disaggregated)
   hosts: int = 1  # hosts per rollout worker `--role auto` starts (disaggregated)
   groups_per_file: int = 8  # prompts (groups) per rollout file a worker writes to the queue
-  max_queued_files: int = 3  # a worker pauses while this many of its files wait unconsumed
+  max_queued_files: int = 8  # a worker pauses while this many of its files wait unconsumed (bounds staleness)
   wait_for_weights_s: float = 900.0  # a worker fails if no weights are published within this (names the trainer)
   heartbeat_s: float = 2.0  # how often a worker's leader writes its heartbeat
   worker_timeout_s: float = 15.0  # the trainer names a worker lost after this long without a heartbeat

@@ -168,13 +168,16 @@ class AdditionTask(RLTaskConfig):
 class SortTask(RLTaskConfig):
   """"sort:3142=" -> "1234": `length` random digits in ascending order."""
 
-  length: int = 6  # digits per problem
+  length: int = 6  # digits per problem (the most, with min_length)
+  min_length: int = 0  # fewest digits per problem (0: always `length`); lengths are uniform in between
   teacher_dedup: float = 0.0  # warm-up demonstrations drop repeated digits with this probability ("1123" -> "123")
 
   def __post_init__(self):
     super().__post_init__()
     if not 2 <= self.length <= 32:
       raise ValueError(f"rl.task.length={self.length} must be in 2..32")
+    if self.min_length and not 1 <= self.min_length <= self.length:
+      raise ValueError(f"rl.task.min_length={self.min_length} must be in 1..length={self.length} (or 0)")
     if not 0.0 <= self.teacher_dedup <= 1.0:
       raise ValueError(f"rl.task.teacher_dedup={self.teacher_dedup} must be in [0, 1]")
 
@@ -188,11 +191,12 @@ class SortTask(RLTaskConfig):
     return "".join(out)
 
   def make(self, rng):
-    digits = rng.integers(0, 10, self.length)
+    n = int(rng.integers(self.min_length, self.length + 1)) if self.min_length else self.length
+    digits = rng.integers(0, 10, n)
     return f"sort:{''.join(map(str, digits))}=", "".join(map(str, sorted(digits)))
 
   def well_formed(self, completion: str) -> bool:
-    return completion.isdigit() and len(completion) == self.length
+    return completion.isdigit() and (self.min_length or self.length) <= len(completion) <= self.length
 
   def max_prompt_chars(self) -> int:
     return self.length + 6

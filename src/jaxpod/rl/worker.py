@@ -127,7 +127,7 @@ def _loop(rl, w: int, queue: Queue, client, like, sampler, roller, stats: dict) 
 
   def plan() -> dict:  # leader only: what every host does this round
     now = time.monotonic()
-    if now - state["progress_t"] > 0.5:
+    if now - state["progress_t"] > POLL_S:
       state["progress"], state["progress_t"] = queue.progress() or {}, now
     prog = state["progress"]
     taken = int(prog.get("taken_files", {}).get(str(w), 0))
