@@ -1,5 +1,5 @@
-"""The continuous engine (both KV layouts) against the lock-step one: same tokens, n samples sharing a prefill,
-KV capacity buckets, pages freed, preemption, bad input."""
+"""The continuous engine (both KV layouts) against the lock-step one and HF: same tokens, n samples sharing a
+prefill, KV capacity buckets, pages freed, preemption, bad input."""
 import jax
 import pytest
 
@@ -24,22 +24,42 @@ def _sampler(model, sp=SamplingParams(), **kw):
   return Sampler(model, make_mesh(devices=jax.devices()[:1]), EngineConfig(**(SMALL | kw)), sp, [EOS, STOP])
 
 
-@pytest.mark.parametrize("layout", ["slots", "paged"])
-@pytest.mark.parametrize("sp", [SamplingParams(), SAMPLED], ids=["greedy", "seeded"])
-def test_token_identical_to_lockstep(model, sp, layout):
-  """Ragged prompts through 2 slots: the lock-step engine's tokens; paged: every page back in the pool;
-  slots: the KV capacity followed the longest live row (several buckets)."""
-  s = _sampler(model, sp, kv_layout=layout)
-  got = s.generate(IDS, SEEDS)
-  same(got, lockstep(model, sp))
-  if sp.temperature == 0:
-    assert {"stop", "length"} <= {c.finish_reason for c in got}  # both ways of freeing a slot are exercised
+def _check_layout_books(s, layout):
   assert s.last.rounds > 10 // SMALL["steps_per_round"] + 1  # more rounds than one chunk: slots were refilled
   if layout == "paged":
-    assert s.last.pool.free == s.ec.pool_pages - 1
+    assert s.last.pool.free == s.ec.pool_pages - 1  # every page back in the pool
     assert s.last.pool.peak_used < s.ec.pool_pages - 1  # memory followed lengths, not the static layout
   else:
-    assert len(set(s.last.capacities)) > 1 and s.runner.resizes > 1
+    assert len(set(s.last.capacities)) > 1 and s.runner.resizes > 1  # the KV capacity followed the longest row
+
+
+def test_greedy_identical_across_slots_paged_lockstep_and_hf(model, tiny_ckpt):
+  """Token identity (fp32, greedy): ragged prompts through 2 slots in both KV layouts give the lock-step
+  engine's tokens and HF generate's (each prompt alone), with both finish reasons exercised."""
+  import torch
+  from transformers import LlamaForCausalLM
+  hf = LlamaForCausalLM.from_pretrained(tiny_ckpt, dtype=torch.float32).eval()
+  want = []
+  for row in IDS:
+    with torch.no_grad():
+      out = hf.generate(torch.tensor([row]), max_new_tokens=10, do_sample=False, eos_token_id=[EOS, STOP],
+                        pad_token_id=258, attention_mask=torch.ones(1, len(row), dtype=torch.long))
+    want.append(tuple(out[0, len(row):].tolist()))
+  locked = lockstep(model, SamplingParams())
+  assert [c.sampled for c in locked] == want
+  assert {"stop", "length"} <= {c.finish_reason for c in locked}
+  for layout in ("slots", "paged"):
+    s = _sampler(model, kv_layout=layout)
+    same(s.generate(IDS, SEEDS), locked)
+    _check_layout_books(s, layout)
+
+
+@pytest.mark.parametrize("layout", ["slots", "paged"])
+def test_seeded_identical_to_lockstep(model, layout):
+  """Temperature, top-k and top-p with per-request seeds: the lock-step engine's tokens in both layouts."""
+  s = _sampler(model, SAMPLED, kv_layout=layout)
+  same(s.generate(IDS, SEEDS), lockstep(model, SAMPLED))
+  _check_layout_books(s, layout)
 
 
 @pytest.mark.parametrize("layout", ["slots", "paged"])

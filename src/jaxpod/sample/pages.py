@@ -187,4 +187,4 @@ class PagedScheduler(Scheduler):
         table[i, :len(s.pages)] = s.pages
     pages = next(p for p in decode_page_buckets(m) if p * ec.page_size > last)  # few programs: power-of-two KV
     return self.device.decode(table, rows["tok"], rows["pos"], rows["gen"], rows["limit"], rows["seeds"],
-                              rows["samples"], rows["live"], pages * ec.page_size)
+                              rows["samples"], rows["live"], pages * ec.page_size, bool(self.waiting or self.ready))

@@ -69,11 +69,12 @@ def memory_plan(cfg: LlamaConfig, ec: EngineConfig, mesh) -> dict[str, int]:
   rows = max(1, max(ec.batch_size, ec.prefill_rows) // dp)
   tokens = rows * ec.max_prompt_len
   item = np.dtype(cfg.dtype).itemsize
-  # one layer live at a time: residual, q/k/v/ctx, the mlp pair, and fp32 scores + probs over the prompt slots
+  # one layer live at a time: residual, q/k/v/ctx, the mlp pair, and fp32 scores + probs among the prompt tokens
+  # (a prefill starts at position 0: it reads no cached slot); the prompts' keys/values of every layer
   acts = tokens * (4 * cfg.hidden_size + 2 * cfg.num_attention_heads * cfg.head_dim_
                    + 2 * cfg.intermediate_size) * item
-  acts += 2 * rows * cfg.num_attention_heads * ec.max_prompt_len * ec.pages_per_seq * ec.page_size * 4 \
-      // mesh.shape["model"]
+  acts += 2 * rows * cfg.num_attention_heads * ec.max_prompt_len ** 2 * 4 // mesh.shape["model"]
+  acts += 2 * tokens * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim_ * item // mesh.shape["model"]
   acts += rows * cfg.vocab_size * 4
   return {"weights": weights, "kv_cache": cache, "activations": acts}
 
