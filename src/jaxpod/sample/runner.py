@@ -159,12 +159,16 @@ class SlotRunner(Runner):
     return self.cache.capacity
 
   def resize(self, capacity: int) -> None:
-    """Buffers at `capacity` positions (cut or zero-padded; the scheduler keeps live positions below it)."""
-    if capacity != self.capacity:
-      t = time.perf_counter()
-      self.cache = jax.block_until_ready(self._call("resize_slots", self.cache, capacity=capacity))
-      self.device_s += time.perf_counter() - t
+    """Buffers at `capacity` positions (cut or zero-padded; the scheduler keeps live positions below it), one
+    bucket at a time (programs for neighbouring buckets only)."""
+    caps = self.ec.kv_buckets()
+    t = time.perf_counter()
+    while capacity != self.capacity:
+      i = caps.index(self.capacity)
+      step = caps[i + 1] if capacity > self.capacity else caps[i - 1]
+      self.cache = jax.block_until_ready(self._call("resize_slots", self.cache, capacity=step))
       self.resizes += 1
+    self.device_s += time.perf_counter() - t
 
   def prefill(self, tokens_RxP, lengths_R, seeds_R, row_D, sample_D):
     """Prefill R prompts: (first tokens [D], their log-probs [D], the prompts' keys/values for `insert`)."""
@@ -198,7 +202,7 @@ class SlotRunner(Runner):
 
   def warmup(self) -> int:
     """Compile every program a run may need: prefill per bucket, insert per (bucket, capacity), decode per
-    capacity, resize per pair of capacities (all writes land in empty slots); returns how many."""
+    capacity, resize between neighbouring capacities (all writes land in empty slots); returns how many."""
     ec, r, b = self.ec, self.ec.prefill_rows, self.ec.batch_size
     z = np.zeros((b,), np.int32)
     caps, count = ec.kv_buckets(), len(ec.prefill_buckets())
@@ -211,12 +215,7 @@ class SlotRunner(Runner):
         count += 1  # insert_slots at (bucket, cap)
       self.decode(z, z, z, z, z.astype(np.uint32), z, z.astype(bool))
       count += 1
-    for a in caps:  # resize_slots per ordered pair
-      for c in caps:
-        if a != c:
-          self.resize(a)
-          self.resize(c)
-          count += 1
+    count += 2 * (len(caps) - 1)  # resize_slots between neighbours, both ways (compiled by the walk above and back)
     self.resize(caps[0])
     self.resizes = 0
     return count

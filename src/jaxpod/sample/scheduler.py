@@ -211,6 +211,7 @@ class SlotScheduler(Scheduler):
     super().__init__(ec, stop_ids, device)
     self.capacities: list[int] = []  # KV capacity per round
     self.parked: list[tuple[Seq, object, int]] = []  # (sequence, its prefill's output, its prompt row there)
+    self.parked_most = 0  # most sequences parked at once
 
   @property
   def idle(self) -> bool:
@@ -225,8 +226,11 @@ class SlotScheduler(Scheduler):
     while self.waiting and self._free():
       free, batch, taken = len(self._free()), [], 0
       while self.waiting and len(batch) < ec.prefill_rows and taken < free:  # each group starts now
-        req, samples = self.waiting.popleft()
-        take = min(len(samples), ec.batch_size - taken)  # a prefill starts at most batch_size sequences
+        req, samples = self.waiting[0]
+        if taken and len(samples) > ec.batch_size - taken:  # a prefill starts at most batch_size sequences:
+          break                                              # this group goes whole into the next one
+        self.waiting.popleft()
+        take = min(len(samples), ec.batch_size)  # only a group larger than the slot count is split
         if take < len(samples):
           self.waiting.appendleft((req, samples[take:]))
         batch.append((req, samples[:take]))
@@ -239,6 +243,7 @@ class SlotScheduler(Scheduler):
     self.parked += [(seq, staged, int(row_D[d])) for d, seq in enumerate(self._started(batch, first_D, logp_D))
                     if seq is not None]
     self._unpark()
+    self.parked_most = max(self.parked_most, len(self.parked))
 
   def _unpark(self) -> None:
     """Parked sequences take free slots, oldest first: one insert per prefill output."""

@@ -148,7 +148,7 @@ def compiled(kind: str, checked: bool, **static):
   from jaxpod import runtime
   fn, donate = _PROGRAMS[kind]
   fn = functools.partial(fn, **static)
-  graph = {"static_argnums": (0,)} if kind in WITH_GRAPH else {}
+  kw = {"donate_argnums": donate, **({"static_argnums": (0,)} if kind in WITH_GRAPH else {})}
   if checked:  # every host runs the same sequence of calls (global mode): the program check may compare them
-    return runtime.jit(fn, name=f"sample.{kind}", donate_argnums=donate, **graph)
-  return jax.jit(fn, donate_argnums=donate, **graph)
+    return runtime.jit(fn, name=f"sample.{kind}", **kw)
+  return jax.jit(fn, **kw)
