@@ -58,7 +58,7 @@ class SampleBench:
   batch_size: int = 8
   prompt_len: int = 64
   max_new_tokens: int = 64
-  repeats: int = 3  # timed decode runs per engine (after warm-up); medians reported
+  repeats: int = 5  # timed decode runs per engine (after warm-up); medians reported
   hosts: int = 1  # > 1: compare the global and replicated modes on this many simulated hosts (no HF)
   num_prompts: int = 32  # prompts per timed run in the modes comparison
   threads: int = 0  # XLA's and torch's threads in their processes: 0 = their defaults, 1 = one each
@@ -139,11 +139,13 @@ def _engines(opts: SampleBench) -> dict[str, str]:
 
 
 def _interleaved(children: dict[str, Child], engines: dict[str, str], cmd: str, repeats: int) -> dict[str, list]:
-  """`repeats` answers per engine to `cmd`, the engines taking turns."""
+  """`repeats` answers per engine to `cmd`, the engines taking turns in an order that rotates every repeat (the
+  engine run right after the other process starts with caches full of that process's data)."""
   out: dict[str, list] = {e: [] for e in engines}
-  for _ in range(repeats):
-    for e, side in engines.items():
-      out[e].append(children[side].ask(cmd, e))
+  names = list(engines)
+  for r in range(repeats):
+    for e in names[r % len(names):] + names[:r % len(names)]:
+      out[e].append(children[engines[e]].ask(cmd, e))
   return out
 
 
