@@ -124,9 +124,9 @@ def test_unknown_subcommand_lists_the_group(capsys):
 def test_comma_lists_follow_the_field_types():
   from jaxpod.bench.sample import SampleBench
   from jaxpod.cli.args import comma_lists, parse
-  assert comma_lists(SampleBench, ["--threads", "0,1", "--hidden_size", "8"]) == [
-      "--threads", "[0,1]", "--hidden_size", "8"]
-  assert parse(SampleBench, ["--threads=1,2"], "t").threads == (1, 2)
+  assert comma_lists(SampleBench, ["--layouts", "slots,paged", "--hidden_size", "8"]) == [
+      "--layouts", "[slots,paged]", "--hidden_size", "8"]
+  assert parse(SampleBench, ["--layouts=paged,slots"], "t").layouts == ("paged", "slots")
 
 
 @pytest.mark.multihost

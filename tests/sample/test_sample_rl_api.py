@@ -12,7 +12,7 @@ from jaxpod.sample import EngineConfig, Sampler, SamplingParams
 from sample_fixtures import EOS, IDS, SEEDS, STOP, lockstep, same, tiny_sample_cfg
 
 SMALL = dict(batch_size=2, max_prompt_len=32, max_new_tokens=10, page_size=4, steps_per_round=3, prefill_batch=2,
-             min_prefill_len=8)
+             min_prefill_len=16)
 
 
 @pytest.fixture(scope="module")

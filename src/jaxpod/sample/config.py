@@ -83,8 +83,15 @@ class EngineConfig:
     return _doubling(self.min_prefill_len, self.max_prompt_len)
 
   def kv_buckets(self) -> tuple[int, ...]:
-    """Slot KV capacities compiled: min_prefill_len doubled up to cache_len (the last one)."""
-    return _doubling(self.min_prefill_len, self.cache_len)
+    """Slot KV capacities compiled: min_prefill_len doubled, with a 1.5x step between two doublings from
+    2 * min_prefill_len on (attention reads a slot's whole capacity: at most 1/3 of it is waste there), up to
+    cache_len (the last one)."""
+    out = []
+    for n in _doubling(self.min_prefill_len, self.cache_len)[:-1]:
+      out.append(n)
+      if n >= 2 * self.min_prefill_len and n * 3 // 2 < self.cache_len:
+        out.append(n * 3 // 2)
+    return tuple(out) + (self.cache_len,)
 
 
 def _doubling(start: int, end: int) -> tuple[int, ...]:

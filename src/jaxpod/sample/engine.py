@@ -54,6 +54,7 @@ def sample_tokens(logits_BxV, keys_B, sp: SamplingParams):
                        (filtered tokens have probability 0, the rest are renormalised);
     greedy (T = 0):    log_softmax(logits) at the argmax (temperature 1, unfiltered): the model's own
                        probability of the chosen token.
+  A draw takes one uniform number per row (inverse CDF, `categorical`).
   Returns (tokens [B] int32, logprobs [B] float32)."""
   logits = logits_BxV.astype(jnp.float32)
   if sp.temperature == 0:
@@ -62,16 +63,34 @@ def sample_tokens(logits_BxV, keys_B, sp: SamplingParams):
   logits = logits / sp.temperature
   k = sp.top_k if sp.top_k > 0 else (logits.shape[-1] if sp.top_p < 1 else 0)
   if k == 0:
-    tok_B = jax.vmap(jax.random.categorical)(keys_B, logits).astype(jnp.int32)
+    tok_B = categorical(keys_B, logits)
     return tok_B, _logprob_at(logits, tok_B)
   vals_BxK, idx_BxK = jax.lax.top_k(logits, k)  # sorted, most likely first
   if sp.top_p < 1:
     probs = jax.nn.softmax(vals_BxK, axis=-1)
     before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each candidate
     vals_BxK = jnp.where(before < sp.top_p, vals_BxK, -jnp.inf)  # the first one always stays
-  choice_B = jax.vmap(jax.random.categorical)(keys_B, vals_BxK).astype(jnp.int32)
+  choice_B = categorical(keys_B, vals_BxK)
   tok_B = jnp.take_along_axis(idx_BxK, choice_B[:, None], axis=1)[:, 0].astype(jnp.int32)
   return tok_B, _logprob_at(vals_BxK, choice_B)
+
+
+def categorical(keys_B, logits_BxV, block: int = 128):
+  """One draw per row from softmax(logits) by inverse CDF with one uniform number per row (Gumbel-max would draw
+  V of them: on CPU the random bits cost more than the model's vocab head). The CDF is found in two levels,
+  block sums then one block, so the work stays O(V). Tokens of probability 0 are never drawn."""
+  b, v = logits_BxV.shape
+  nb = -(-v // block)
+  p = jnp.exp(logits_BxV - jnp.max(logits_BxV, axis=-1, keepdims=True))  # unnormalised; -inf -> 0
+  p_BxNxS = jnp.pad(p, ((0, 0), (0, nb * block - v))).reshape(b, nb, block)
+  cum_BxN = jnp.cumsum(p_BxNxS.sum(-1), axis=-1)
+  target_B = jax.vmap(lambda key: jax.random.uniform(key, (), jnp.float32))(keys_B) * cum_BxN[:, -1]
+  j_B = jnp.minimum(jnp.sum(cum_BxN <= target_B[:, None], axis=-1), nb - 1)  # the block holding the target
+  before_B = jnp.where(j_B > 0, jnp.take_along_axis(cum_BxN, jnp.maximum(j_B - 1, 0)[:, None], axis=1)[:, 0], 0.0)
+  in_BxS = jnp.take_along_axis(p_BxNxS, j_B[:, None, None], axis=1)[:, 0]
+  k_B = jnp.sum(before_B[:, None] + jnp.cumsum(in_BxS, axis=-1) <= target_B[:, None], axis=-1)
+  last_B = block - 1 - jnp.argmax((in_BxS > 0)[:, ::-1], axis=-1)  # rounding past the block's end: its last token
+  return (j_B * block + jnp.minimum(k_B, last_B)).astype(jnp.int32)
 
 
 def _logprob_at(logits_BxV, idx_B):

@@ -100,9 +100,11 @@ class PagedScheduler(Scheduler):
       reserve = sum(self._need(s) for s in self.slots if s is not None)  # running rows grow first
       while self.waiting and len(batch) < self.ec.prefill_rows and started < self.ec.batch_size:
         req, samples = self.waiting[0]
+        if started and len(samples) > self.ec.batch_size - started:  # at most batch_size sequences per prefill:
+          break                                                       # this group goes whole into the next one
         plen = len(self._ids[req])
         free = self.pool.free - reserve
-        most = min(len(samples), self.ec.batch_size - started)
+        most = min(len(samples), self.ec.batch_size)
         fit = max((k for k in range(1, most + 1) if self._prompt_pages(plen, k) <= free), default=0)
         if fit == 0:
           break
@@ -187,4 +189,4 @@ class PagedScheduler(Scheduler):
         table[i, :len(s.pages)] = s.pages
     pages = next(p for p in decode_page_buckets(m) if p * ec.page_size > last)  # few programs: power-of-two KV
     return self.device.decode(table, rows["tok"], rows["pos"], rows["gen"], rows["limit"], rows["seeds"],
-                              rows["samples"], rows["live"], pages * ec.page_size)
+                              rows["samples"], rows["live"], pages * ec.page_size, bool(self.waiting or self.ready))

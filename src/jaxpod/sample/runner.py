@@ -12,7 +12,9 @@ the fixed-shape arrays, so every host's scheduler sees the same tokens).
 
 It also holds the weights and their version label: `update_params` swaps in new arrays of
 the same tree, shapes, dtypes and shardings, so the compiled programs are reused as they are.
-`device_s` adds up the wall time spent in device calls (the rest of a round is host-side work).
+`device_s` adds up the wall time spent in device calls (the rest of a round is host-side work);
+with `hlo` set to a list, programs are compiled ahead of time and their optimized HLO kept there
+(`jaxpod bench sample` maps profiled ops to named scopes with it).
 """
 from __future__ import annotations
 
@@ -41,6 +43,8 @@ class Runner:
     self.stop_ids, self.global_mode = stop_ids, global_mode
     self._rows = DEFAULT_RULES.spec(("batch",), mesh)[0]
     self.device_s = 0.0
+    self.hlo: list[str] | None = None  # a list: profiling mode (programs compiled ahead of time, their HLO kept)
+    self._compiled: dict = {}
 
   def _zeros(self, shape, logical, name: str):
     sh = NamedSharding(self.mesh, DEFAULT_RULES.fitted_spec(logical, shape, self.mesh, name))
@@ -60,20 +64,29 @@ class Runner:
     return tuple(np.asarray(x) for x in xs)
 
   def _call(self, kind: str, *args, **static):
-    """Run program `kind` on the mesh; adds the wall time to `device_s`."""
-    t = time.perf_counter()
+    """Run program `kind` on the mesh (callers add their wall time, results on the host included, to `device_s`)."""
+    fn = steps.compiled(kind, self.global_mode, **static)
     with jax.set_mesh(self.mesh):
-      out = steps.compiled(kind, self.global_mode, **static)(*args)
-    self.device_s += time.perf_counter() - t
-    return out
+      return fn(*args) if self.hlo is None else self._aot(fn, kind, args, static)
+
+  def _aot(self, fn, kind: str, args, static):
+    """Profiling: run an ahead-of-time compiled copy of the program and keep its optimized HLO (`self.hlo`)."""
+    dynamic = args[1:] if kind in steps.WITH_GRAPH else args
+    key = (kind, repr(sorted(static.items())), jax.tree.structure(dynamic),
+           tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(dynamic)))
+    if key not in self._compiled:
+      self._compiled[key] = fn.lower(*args).compile()
+      self.hlo.append(self._compiled[key].as_text())
+    return self._compiled[key](*dynamic)
 
   def update_params(self, params, version: int) -> None:
     """New weights (same tree, shapes, dtypes, shardings: no recompilation) labelled `version`."""
     self.params = same_layout(self.params, params)
     self.version = int(version)
 
-  def _decode(self, cache, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, kv_len):
+  def _decode(self, cache, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, eager, kv_len):
     rows = [self._put(x) for x in (tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B)]
+    rows.append(self._whole(np.asarray(eager)))
     t = time.perf_counter()
     cache, out, logp = self._call("decode", self.graphdef, self.params, cache, *rows, sp=self.sp,
                                   stop_ids=self.stop_ids, steps=self.ec.steps_per_round, kv_len=kv_len)
@@ -102,10 +115,11 @@ class PagedRunner(Runner):
     self.device_s += time.perf_counter() - t
     return host
 
-  def decode(self, table_BxM, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, kv_len: int):
+  def decode(self, table_BxM, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, kv_len: int,
+             eager: bool = False):
     """(tokens [B, steps], their log-probs [B, steps]) on this host; rows read kv_len slots of their pages."""
     cache = PagedKVCache(self.k, self.v, self._put(table_BxM))
-    cache, out = self._decode(cache, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, kv_len)
+    cache, out = self._decode(cache, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, eager, kv_len)
     self.k, self.v = cache.k, cache.v
     return out
 
@@ -145,49 +159,63 @@ class SlotRunner(Runner):
     return self.cache.capacity
 
   def resize(self, capacity: int) -> None:
-    """Buffers at `capacity` positions (cut or zero-padded; the scheduler keeps live positions below it)."""
-    if capacity != self.capacity:
-      self.cache = self._call("resize_slots", self.cache, capacity=capacity)
-      self.resizes += 1
-
-  def prefill(self, tokens_RxP, lengths_R, seeds_R, row_D, sample_D, slot_D):
-    """Prefill R prompts, copy prompt row row_D[d] into slot slot_D[d] (B: none); (first tokens [D], log-probs [D])."""
-    if tokens_RxP.shape[1] > self.capacity:
-      raise RuntimeError(f"slot capacity {self.capacity} < prefill length {tokens_RxP.shape[1]}: resize first")
-    rows = [self._put(x) for x in (tokens_RxP, lengths_R, seeds_R)]
-    row_d, sample_d, slot_d = (self._whole(x) for x in (row_D, sample_D, slot_D))
+    """Buffers at `capacity` positions (cut or zero-padded; the scheduler keeps live positions below it), one
+    bucket at a time (programs for neighbouring buckets only)."""
+    caps = self.ec.kv_buckets()
     t = time.perf_counter()
-    k, v, first, logp = self._call("prefill_slots", self.graphdef, self.params, *rows, row_d, sample_d, sp=self.sp)
-    self.cache = self._call("insert_slots", self.cache, k, v, row_d, slot_d)
+    while capacity != self.capacity:
+      i = caps.index(self.capacity)
+      step = caps[i + 1] if capacity > self.capacity else caps[i - 1]
+      self.cache = jax.block_until_ready(self._call("resize_slots", self.cache, capacity=step))
+      self.resizes += 1
+    self.device_s += time.perf_counter() - t
+
+  def prefill(self, tokens_RxP, lengths_R, seeds_R, row_D, sample_D):
+    """Prefill R prompts: (first tokens [D], their log-probs [D], the prompts' keys/values for `insert`)."""
+    rows = [self._put(x) for x in (tokens_RxP, lengths_R, seeds_R)]
+    t = time.perf_counter()
+    k, v, first, logp = self._call("prefill_slots", self.graphdef, self.params, *rows, self._whole(row_D),
+                                   self._whole(sample_D), sp=self.sp)
     host = self._host(first, logp)
     self.device_s += time.perf_counter() - t
-    return host
+    return (*host, (k, v))
 
-  def decode(self, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B):
+  @staticmethod
+  def prompt_len(staged) -> int:
+    """Positions a prefill output fills (its bucket): the capacity an `insert` of it needs."""
+    return staged[0].shape[3]
+
+  def insert(self, staged, row_D, slot_D, count: int) -> None:
+    """Slot slot_D[d] gets prompt row row_D[d] of a prefill output, for d < count."""
+    if self.prompt_len(staged) > self.capacity:
+      raise RuntimeError(f"slot capacity {self.capacity} < prefill length {self.prompt_len(staged)}: resize first")
+    t = time.perf_counter()
+    self.cache = self._call("insert_slots", self.cache, *staged, self._whole(row_D), self._whole(slot_D),
+                            self._whole(np.asarray(count, np.int32)))
+    self.device_s += time.perf_counter() - t
+
+  def decode(self, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, eager: bool = False):
     """(tokens [B, steps], their log-probs [B, steps]) on this host; rows read the whole current capacity."""
-    self.cache, out = self._decode(self.cache, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, None)
+    self.cache, out = self._decode(self.cache, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, eager,
+                                   None)
     return out
 
   def warmup(self) -> int:
     """Compile every program a run may need: prefill per bucket, insert per (bucket, capacity), decode per
-    capacity, resize per pair of capacities (all writes land in empty slots); returns how many."""
+    capacity, resize between neighbouring capacities (all writes land in empty slots); returns how many."""
     ec, r, b = self.ec, self.ec.prefill_rows, self.ec.batch_size
-    z, none = np.zeros((b,), np.int32), np.full((b,), b, np.int32)
+    z = np.zeros((b,), np.int32)
     caps, count = ec.kv_buckets(), len(ec.prefill_buckets())
+    staged = {p: self.prefill(np.zeros((r, p), np.int32), np.ones((r,), np.int32), np.zeros((r,), np.uint32), z,
+                              z)[2] for p in ec.prefill_buckets()}
     for cap in caps:
       self.resize(cap)
       for bucket in (p for p in ec.prefill_buckets() if p <= cap):
-        self.prefill(np.zeros((r, bucket), np.int32), np.ones((r,), np.int32), np.zeros((r,), np.uint32), z, z,
-                     none)
+        self.insert(staged[bucket], z, z, 0)
         count += 1  # insert_slots at (bucket, cap)
       self.decode(z, z, z, z, z.astype(np.uint32), z, z.astype(bool))
       count += 1
-    for a in caps:  # resize_slots per ordered pair
-      for c in caps:
-        if a != c:
-          self.resize(a)
-          self.resize(c)
-          count += 1
+    count += 2 * (len(caps) - 1)  # resize_slots between neighbours, both ways (compiled by the walk above and back)
     self.resize(caps[0])
     self.resizes = 0
     return count

@@ -69,12 +69,14 @@ def memory_plan(cfg: LlamaConfig, ec: EngineConfig, mesh) -> dict[str, int]:
   rows = max(1, max(ec.batch_size, ec.prefill_rows) // dp)
   tokens = rows * ec.max_prompt_len
   item = np.dtype(cfg.dtype).itemsize
-  # one layer live at a time: residual, q/k/v/ctx, the mlp pair, and fp32 scores + probs: a prefill attends
-  # over its prompt only (P x P per row), a decode step over the whole capacity (1 x S per row)
+  # one layer live at a time: residual, q/k/v/ctx, the mlp pair, and fp32 scores + probs: a prefill starts at
+  # position 0 (P x P per row, no cached slot read), a decode step reads the whole capacity (1 x S per row);
+  # the prompts' keys/values of every layer
   acts = tokens * (4 * cfg.hidden_size + 2 * cfg.num_attention_heads * cfg.head_dim_
                    + 2 * cfg.intermediate_size) * item
-  scores = max(ec.max_prompt_len * ec.max_prompt_len, ec.cache_len)
+  scores = max(ec.max_prompt_len ** 2, ec.cache_len)
   acts += 2 * rows * cfg.num_attention_heads * scores * 4 // mesh.shape["model"]
+  acts += 2 * tokens * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim_ * item // mesh.shape["model"]
   acts += rows * cfg.vocab_size * 4
   return {"weights": weights, "kv_cache": cache, "activations": acts}
 

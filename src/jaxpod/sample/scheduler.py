@@ -7,14 +7,16 @@ scheduling round and returns the completions it finished:
      and where their keys/values go); a prompt is prefilled once for all its samples admitted
      together; every sample starts holding its first token (or finishes at once);
   2. prepare: make room for the round (paged: pages, preemption; slots: the KV capacity);
-  3. decode one round of `steps_per_round` steps on the device; stop ids and token limits end
-     sequences, whose slots are free for the next round.
+  3. decode one round of up to `steps_per_round` steps on the device; stop ids and token limits
+     end sequences, whose slots are free for the next round; when work waits for a slot, the
+     round ends after the first step that frees one (so it is refilled at once).
 
 Layouts (`EngineConfig.kv_layout`):
   slots  (`SlotScheduler`, here) slot b owns row b of per-layer [B, K, S, E] buffers. A group
-         (the remaining samples of a request) is admitted when all of them fit in free slots
-         (a group larger than the slot count is split); its prompt is prefilled once and
-         copied into each of its slots. S follows the longest live row: the smallest bucket
+         (the remaining samples of a request) is admitted when a slot is free: its prompt is
+         prefilled once and copied into a free slot per sample; samples without one wait
+         "parked" with the prefill's output (no second prefill) and take the next free slots
+         before any new prompt. S follows the longest live row: the smallest bucket
          (`EngineConfig.kv_buckets`) above every position the round may write.
   paged  (`pages.PagedScheduler`) pages from a shared pool, prompt pages shared by a prompt's
          samples, preemption when the pool runs short.
@@ -202,44 +204,62 @@ class Scheduler:
 
 
 class SlotScheduler(Scheduler):
-  """The slots layout: a group goes straight into free slots, one prefill copied into each (see module doc)."""
+  """The slots layout (see module doc): a prompt prefilled once, copied into a free slot per sample; samples that
+  find no free slot yet wait parked with the prefill's output and take the next free slots first."""
 
   def __init__(self, ec: EngineConfig, stop_ids: Sequence[int], device):
     super().__init__(ec, stop_ids, device)
     self.capacities: list[int] = []  # KV capacity per round
+    self.parked: list[tuple[Seq, object, int]] = []  # (sequence, its prefill's output, its prompt row there)
+    self.parked_most = 0  # most sequences parked at once
+
+  @property
+  def idle(self) -> bool:
+    return super().idle and not self.parked
+
+  def _free(self) -> list[int]:
+    return [i for i, s in enumerate(self.slots) if s is None]
 
   def _admit(self) -> None:
     ec = self.ec
-    while self.waiting:
-      free = [i for i, s in enumerate(self.slots) if s is None]
-      batch, taken = [], 0
-      while self.waiting and len(batch) < ec.prefill_rows:
+    self._unpark()
+    while self.waiting and self._free():
+      free, batch, taken = len(self._free()), [], 0
+      while self.waiting and len(batch) < ec.prefill_rows and taken < free:  # each group starts now
         req, samples = self.waiting[0]
-        room = len(free) - taken
-        take = len(samples) if len(samples) <= room else (room if len(samples) > ec.batch_size else 0)
-        if take == 0:
-          break
+        if taken and len(samples) > ec.batch_size - taken:  # a prefill starts at most batch_size sequences:
+          break                                              # this group goes whole into the next one
         self.waiting.popleft()
-        if take < len(samples):  # larger than the slot count: the rest follows in later rounds
+        take = min(len(samples), ec.batch_size)  # only a group larger than the slot count is split
+        if take < len(samples):
           self.waiting.appendleft((req, samples[take:]))
-        batch.append((req, samples[:take], free[taken:taken + take]))
+        batch.append((req, samples[:take]))
         taken += take
-      if not batch:
-        return
       self._prefill(batch)
 
   def _prefill(self, batch) -> None:
     tokens, lengths, seeds, row_D, sample_D = self._prompt_rows(batch)
-    slot_D = np.full((self.ec.batch_size,), self.ec.batch_size, np.int32)  # B: insert nowhere
-    k = 0
-    for _, js, slots in batch:
-      slot_D[k:k + len(js)] = slots
-      k += len(js)
-    self._resize(max(self.device.capacity, tokens.shape[1]), grow_only=True)
-    first_D, logp_D = self.device.prefill(tokens, lengths, seeds, row_D, sample_D, slot_D)
-    slots = [i for _, _, s in batch for i in s]
-    for i, seq in zip(slots, self._started([(r, js) for r, js, _ in batch], first_D, logp_D)):
-      self.slots[i] = seq
+    first_D, logp_D, staged = self.device.prefill(tokens, lengths, seeds, row_D, sample_D)
+    self.parked += [(seq, staged, int(row_D[d])) for d, seq in enumerate(self._started(batch, first_D, logp_D))
+                    if seq is not None]
+    self._unpark()
+    self.parked_most = max(self.parked_most, len(self.parked))
+
+  def _unpark(self) -> None:
+    """Parked sequences take free slots, oldest first: one insert per prefill output."""
+    free = self._free()
+    place, self.parked = self.parked[:len(free)], self.parked[len(free):]
+    b, k = self.ec.batch_size, 0
+    while k < len(place):
+      staged = place[k][1]
+      group = [x for x in place[k:] if x[1] is staged]
+      row_D, slot_D = np.zeros((b,), np.int32), np.zeros((b,), np.int32)
+      for d, (seq, _, row) in enumerate(group):
+        row_D[d], slot_D[d] = row, free[k + d]
+        self.slots[free[k + d]] = seq
+      self._resize(max(self.device.capacity, self.device.prompt_len(staged)), grow_only=True)
+      self.device.insert(staged, row_D, slot_D, len(group))
+      k += len(group)
 
   def _prepare(self) -> None:
     last = max(self._last_pos(s) for s in self.slots if s is not None)
@@ -254,4 +274,4 @@ class SlotScheduler(Scheduler):
   def _device_decode(self, rows, last):
     del last  # the capacity set in _prepare covers it
     return self.device.decode(rows["tok"], rows["pos"], rows["gen"], rows["limit"], rows["seeds"], rows["samples"],
-                              rows["live"])
+                              rows["live"], bool(self.waiting or self.parked))
