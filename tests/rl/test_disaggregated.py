@@ -46,16 +46,18 @@ def _metrics(folder: str) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.multihost
 def test_two_trainer_hosts_and_two_rollout_hosts_learn_over_the_bucket(bucket, warm_policy, tmp_path):
-  """Invariants 8 and 9: a 2-host trainer and a 2-host rollout worker, sharing only gs://, learn (reward rises)."""
+  """Invariants 8 and 9: a 2-host trainer and a 2-host rollout worker, sharing only gs://, learn (held-out
+  greedy accuracy rises; the sampled reward at temperature 1 of 64 rows per step is too noisy to compare)."""
   warm = _upload(warm_policy, f"{bucket}/warm")
-  args = _args(f"{bucket}/runs", warm, "--trainer.steps", "12", "--trainer.eval_every", "12")
+  args = _args(f"{bucket}/runs", warm, "--trainer.steps", "20", "--trainer.eval_every", "20", "--task.eval_size", "64")
   trainer = Cluster("trainer", [*args, "--role", "trainer"], tmp_path, hosts=2)
   worker = Cluster("worker0", [*args, "--role", "rollout"], tmp_path, hosts=2)
   assert trainer.join().returncode == 0, trainer.text()[-3000:]
   assert worker.join().returncode == 0, worker.text()[-3000:]
-  rewards = [r["reward"] for r in _metrics(_run_folder(f"{bucket}/runs")) if "reward" in r]
-  assert len(rewards) == 12
-  assert sum(rewards[-4:]) > sum(rewards[:4]), rewards
+  folder = _run_folder(f"{bucket}/runs")
+  assert len([r for r in _metrics(folder) if "reward" in r]) == 20
+  summary = json.loads(storage.read_text(f"{folder}/summary.json"))
+  assert summary["accuracy.end"] > summary["accuracy.start"], summary["accuracy_curve"]
   assert "host 1/2" in trainer.text() and "host 1/2" in worker.text()
 
 
