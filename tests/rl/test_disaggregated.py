@@ -69,7 +69,9 @@ def test_worker_killed_and_trainer_preempted(bucket, warm_policy, tmp_path):
   same command resumes at the same policy version, training on no rollout twice and skipping none."""
   warm = _upload(warm_policy, f"{bucket}/warm")
   runs = f"{bucket}/runs"
-  args = _args(runs, warm, "--trainer.steps", "40", "--trainer.checkpoint_every", "50")
+  # one queued file per worker: the trainer's pace is the workers' (with 8, two workers queue 8 steps ahead and
+  # the trainer can finish before the killed worker's heartbeat is overdue)
+  args = _args(runs, warm, "--trainer.steps", "60", "--trainer.checkpoint_every", "100", "--rollout.max_queued_files", "1")
   trainer = Cluster("trainer", [*args, "--role", "trainer"], tmp_path)
   workers = [Cluster(f"worker{i}", [*args, "--role", "rollout", "--rollout.worker_id", str(i)], tmp_path)
              for i in (0, 1)]
@@ -101,7 +103,7 @@ def test_worker_killed_and_trainer_preempted(bucket, warm_policy, tmp_path):
     assert w.join().returncode == 0
   took = [g for r in _metrics(folder) for g in r.get("rl/took", [])]
   pairs = [(f.split(":")[0], int(i)) for f in took for i in f.split(":")[1].split(",")]
-  assert len(pairs) == len(set(pairs)) == 40 * 8  # never twice
+  assert len(pairs) == len(set(pairs)) == 60 * 8  # never twice
   records = _metrics(folder)
   dropped = [d.rsplit(":", 2) for r in records for d in r.get("rl/dropped", [])]
   assert len(dropped) == sum(records[-1][f"rl/dropped_{why}"] for why in ("stale", "future", "uniform"))  # counted
