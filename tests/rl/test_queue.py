@@ -53,3 +53,23 @@ def test_queue_files_listing_and_numbering(tmp_path):
   assert q.heartbeats()[1]["beat"] == 4
   q.set_progress({"step": 3, "taken_files": {"1": 2}, "done": False})
   assert q.progress()["taken_files"] == {"1": 2}
+
+
+def test_trainer_takes_only_groups_within_the_policy_lag(tmp_path):
+  """Invariant 9: at version 5 with max_policy_lag 2, a group with a token from version 1 is dropped as stale and
+  one with a token from version 6 (weights this trainer never made) as future; both are named, neither trained on."""
+  import dataclasses
+  import types
+  from jaxpod.rl.config import RLConfig
+  from jaxpod.rl.trainer_side import QueueSource
+  rl = RLConfig()
+  rl = dataclasses.replace(rl, grpo=dataclasses.replace(rl.grpo, max_policy_lag=2, num_prompts_per_step=1,
+                                                         filter_groups=False),
+                           rollout=dataclasses.replace(rl.rollout, groups_per_file=1))
+  source = QueueSource(types.SimpleNamespace(rl=rl), str(tmp_path / "run"))
+  source.queue.put(0, 0, to_bytes([_group(0, versions=(1, 4)), _group(1, versions=(5, 6)), _group(2, versions=(3, 5))],
+                                  {}))
+  pick = source._pick(version=5)
+  name = file_name(0, 0)
+  assert pick["take"] == [[name, [2]]]
+  assert pick["drop"] == [[name, 0, "stale"], [name, 1, "future"]]
