@@ -12,8 +12,14 @@ from typing import Any, Sequence, TextIO
 
 
 def _console(stream: TextIO | None = None):
+  """A rich Console on `stream` (None: stdout); 160 columns when it is not a terminal (a log, a pipe), where
+  rich's default 80 would cut a wide table's cells to `…` and lose the figures (COLUMNS still wins)."""
+  import os
   from rich.console import Console
-  return Console(file=stream)  # None: stdout
+  console = Console(file=stream)
+  if not console.is_terminal and "COLUMNS" not in os.environ:
+    console = Console(file=stream, width=160)
+  return console
 
 
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], header: bool = True,
