@@ -1,4 +1,5 @@
-"""Disaggregated RL on launched clusters over the GCS-API test server: learning, and the faults of issue 20.
+"""RL on launched clusters over the GCS-API test server: colocated on 2 hosts; disaggregated learning, and the
+faults of issue 20.
 
 Every cluster is its own `jax.distributed` job with isolated hosts (own HOME, TMPDIR, working dir); the
 only thing they share is the bucket (invariant 8): the run folder, the rollout queue, the weights.
@@ -41,6 +42,24 @@ def _run_folder(runs: str) -> str:
 
 def _metrics(folder: str) -> list[dict]:
   return [json.loads(l) for l in storage.read_text(f"{folder}/train/metrics.jsonl").splitlines() if l.strip()]
+
+
+@pytest.mark.slow
+@pytest.mark.multihost
+def test_colocated_on_two_hosts_over_the_bucket(bucket, warm_policy, tmp_path):
+  """Invariant 8: colocated RL on 2 isolated hosts (the engine on the trainer's devices, sharded over both
+  hosts), sharing only gs://: it trains, and the leader writes the summary and the final HF checkpoint there."""
+  warm = _upload(warm_policy, f"{bucket}/warm")
+  runs = f"{bucket}/runs"
+  cluster = Cluster("colocated", [*TINY, "--trainer.runs_dir", runs, "--model.hf", warm, "--trainer.steps", "3",
+                                  "--trainer.eval_every", "3"], tmp_path, hosts=2)
+  assert cluster.join().returncode == 0, cluster.text()[-3000:]
+  folder = _run_folder(runs)
+  assert len([r for r in _metrics(folder) if "reward" in r]) == 3
+  summary = json.loads(storage.read_text(f"{folder}/summary.json"))
+  assert 0.0 <= summary["accuracy.start"] <= 1.0 and 0.0 <= summary["accuracy.end"] <= 1.0
+  assert storage.exists(f"{folder}/hf/config.json") and storage.exists(f"{folder}/hf/model.safetensors")
+  assert "host 1/2" in cluster.text()
 
 
 @pytest.mark.slow
