@@ -96,6 +96,12 @@ def option_value(argv: list[str], option: str) -> str | None:
   return None
 
 
+def embedded_config(name: str) -> str:
+  """Filesystem path of a default config shipped in the package (`jaxpod/configs/NAME`)."""
+  from importlib import resources
+  return str(resources.files("jaxpod.configs").joinpath(name))
+
+
 def config_path_of(argv: list[str]) -> str | None:
   """The value of `--config_path` in (normalised) argv, if any."""
   return option_value(argv, "--config_path")

@@ -10,16 +10,10 @@ from __future__ import annotations
 
 import os
 import tempfile
-from importlib import resources
 
-from jaxpod.cli.args import check_config_file, config_path_of, normalise, option_value, parse
+from jaxpod.cli.args import check_config_file, config_path_of, embedded_config, normalise, option_value, parse
 
 DEFAULT_CONFIG = "rl_default.yaml"
-
-
-def default_config_path() -> str:
-  """Filesystem path of the embedded default config (package data)."""
-  return str(resources.files("jaxpod.configs").joinpath(DEFAULT_CONFIG))
 
 
 def load_config(argv: list[str]):
@@ -40,10 +34,12 @@ def load_config(argv: list[str]):
 def _default_for(task_type: str | None, tmp: str) -> str:
   """The embedded default's path; for another task type, a copy of it without its `task:` section."""
   import yaml
-  path = default_config_path()
+  path = embedded_config(DEFAULT_CONFIG)
+  if task_type is None:
+    return path
   with open(path) as f:
     data = yaml.safe_load(f)
-  if task_type in (None, data["task"]["type"]):
+  if task_type == data["task"]["type"]:
     return path
   del data["task"]
   out = os.path.join(tmp, DEFAULT_CONFIG)

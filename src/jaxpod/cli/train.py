@@ -12,20 +12,14 @@ line naming the new key.
 from __future__ import annotations
 
 import tempfile
-from importlib import resources
 
-from jaxpod.cli.args import check_config_file, config_path_of, fail, normalise, option_value, parse
+from jaxpod.cli.args import check_config_file, config_path_of, embedded_config, fail, normalise, option_value, parse
 
 DEFAULT_CONFIG = "train_default.yaml"
 # Sections that moved under `task:` (issue 11): old key -> what to write instead.
 MOVED = {"data": "task.data", "model": "task.model", "optim": "task.optim",
          "lm": "task (task: {type: causal_lm, ...}; lm.lr -> task.optim.lr, lm.text_path -> task.data.text_path, "
                "lm.sample_max_new_tokens -> task.sample.max_new_tokens; see configs/lm_tiny.yaml)"}
-
-
-def default_config_path() -> str:
-  """Filesystem path of the embedded default config (package data)."""
-  return str(resources.files("jaxpod.configs").joinpath(DEFAULT_CONFIG))
 
 
 def load_config(argv: list[str]):
@@ -37,7 +31,7 @@ def load_config(argv: list[str]):
   path = config_path_of(normalise(argv))
   if path is None:
     if option_value(normalise(argv), "--task.type") in (None, "trm_sudoku"):  # another task: its own defaults
-      argv = ["--config_path", default_config_path(), *argv]
+      argv = ["--config_path", embedded_config(DEFAULT_CONFIG), *argv]
   else:
     check_config_file(path, "jaxpod train")
   with tempfile.TemporaryDirectory() as tmp:

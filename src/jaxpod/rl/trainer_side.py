@@ -130,7 +130,7 @@ class QueueSource:
       if got >= need:
         return {"take": [[k, v] for k, v in take.items()], "drop": drop, "waited": time.monotonic() - t0}
       waited = time.monotonic() - t0
-      self._report(done=False, examined={name for name, _ in take.items()} | {d[0] for d in drop})
+      self._report(done=False, examined=set(take) | {d[0] for d in drop})
       if waited > self.rl.rollout.rollout_timeout_s:
         raise RuntimeError(f"rl trainer: no usable rollouts for {waited:.0f} s at version {version} "
                            f"(have {got} of {need} groups; rl.grpo.max_policy_lag={lag}); {self.monitor.describe()}")
