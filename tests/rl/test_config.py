@@ -16,6 +16,10 @@ from jaxpod.cli.main import main
     (["--topology", "sideways"], "rl.topology='sideways'; use one of ('colocated', 'disaggregated')"),
     (["--role", "trainer"], "rl.role='trainer' needs --topology disaggregated"),
     (["--model.hf", "/no/such/checkpoint"], "model.hf=/no/such/checkpoint: no config.json there"),
+    (["--rollout.top_p", "1.5"], "rl.rollout.top_p=1.5 must be in (0, 1]"),
+    (["--rollout.top_k", "-3"], "rl.rollout.top_k=-3 must be >= 0"),
+    (["--rollout.slots", "64"], "--rollout.slots was renamed: use --rollout.batch_size"),
+    (["--rollout.n", "4"], "rl.rollout.n=4: RL samples grpo.num_generations completions per prompt"),
 ])
 def test_bad_config_is_one_line_before_jax(argv, message, capsys, tmp_path):
   code = main(["rl", "--trainer.runs_dir", str(tmp_path / "runs"), *argv])

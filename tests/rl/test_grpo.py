@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 
 from jaxpod.rl import grpo
+from jaxpod.sample import SamplingParams
+from jaxpod.sample.tokens import LOGPROB_FLOOR
 
 
 def np_advantages(rewards, scale, eps=1e-4):
@@ -68,7 +70,7 @@ def test_loss_matches_numpy(norm, beta):
 def test_token_logprobs_is_log_softmax_at_temperature():
   logits = np.random.default_rng(2).normal(0, 3, (2, 3, 11)).astype(np.float32)
   targets = np.array([[1, 5, 10], [0, 0, 7]])
-  got = np.asarray(grpo.token_logprobs(jnp.asarray(logits), jnp.asarray(targets), 0.7))
+  got = np.asarray(grpo.token_logprobs(jnp.asarray(logits), jnp.asarray(targets), SamplingParams(temperature=0.7)))
   z = logits / 0.7
   want = np.take_along_axis(z, targets[..., None], -1)[..., 0] - np.log(np.exp(z).sum(-1))
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -77,3 +79,27 @@ def test_token_logprobs_is_log_softmax_at_temperature():
 def test_one_sample_per_prompt_is_refused():
   with pytest.raises(ValueError, match="n >= 2"):
     grpo.advantages(np.zeros((3, 1)), "group")
+
+
+@pytest.mark.parametrize("sp", [SamplingParams(temperature=0.7, top_k=3), SamplingParams(temperature=0.7, top_p=0.6)],
+                         ids=["top_k", "top_p"])
+def test_token_logprobs_renormalise_over_the_tokens_the_filter_keeps(sp):
+  """Written from the definition: keep the k most likely (top-k) or the smallest most-likely-first set reaching
+  top_p (top-p), renormalise; a token left out gets the floor."""
+  logits = np.random.default_rng(3).normal(0, 3, (1, 4, 9)).astype(np.float32)
+  z = logits[0] / sp.temperature
+  p = np.exp(z - z.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  targets = np.array([[np.argsort(-p[t])[t % 3] for t in range(3)] + [np.argmin(p[3])]])
+  want = []
+  for t, tok in enumerate(targets[0]):
+    order = np.argsort(-p[t])
+    if sp.top_k:
+      keep = order[:sp.top_k]
+    else:
+      mass = np.cumsum(p[t][order]) - p[t][order]
+      keep = order[mass < sp.top_p]
+    want.append(np.log(p[t][tok] / p[t][keep].sum()) if tok in keep else LOGPROB_FLOOR)
+  got = np.asarray(grpo.token_logprobs(jnp.asarray(logits), jnp.asarray(targets), sp))[0]
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  assert got[-1] == LOGPROB_FLOOR  # the least likely token is never kept by these filters

@@ -6,7 +6,12 @@ Advantages, for the n samples of one prompt with rewards r_1..r_n (`scale_reward
   none   r_i - mean(r)                         Dr. GRPO: no std division (no difficulty bias)
 
 Per completion token t of sample i, with rho = pi_theta(t) / pi_behaviour(t), pi_behaviour the
-probability the rollout engine recorded when it sampled t (not recomputed):
+probability the rollout engine recorded when it sampled t (not recomputed), and pi_theta the trainer's
+probability of t under the same distribution the engine draws from: softmax(logits / temperature) after
+the rollout's top-k / top-p filter, renormalised over the tokens it keeps (a token it leaves out gets
+log-prob `jaxpod.sample.tokens.LOGPROB_FLOOR`, ratio ~0). So an on-policy ratio is exactly 1 with any filter; recomputing over
+the unfiltered softmax instead made every filtered step off-policy from the first one (issue 25). The
+kept set is a constant of each forward pass (no gradient flows through which tokens are kept):
   l_t = -min(rho * A_i, clip(rho, 1 - epsilon, 1 + epsilon_high) * A_i)  [+ beta * KL_t]
 KL_t = exp(ref - logp) - (ref - logp) - 1 (the k3 estimator against the frozen reference policy).
 The loss over the batch (`loss_norm`):
@@ -19,6 +24,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jaxpod.sample.config import SamplingParams
+from jaxpod.sample.tokens import token_logprobs as sample_token_logprobs
 
 SCALE_REWARDS = ("group", "batch", "none")
 LOSS_NORMS = ("token", "sequence", "constant")
@@ -39,12 +47,10 @@ def advantages(rewards_GxN: np.ndarray, scale: str, eps: float = 1e-4) -> np.nda
   return centered.astype(np.float32)
 
 
-def token_logprobs(logits_BxTxV, targets_BxT, temperature: float):
-  """log pi(target) under softmax(logits / temperature), float32 [B, T] (the engine's distribution at T > 0)."""
-  logits = logits_BxTxV.astype(jnp.float32) / (temperature if temperature > 0 else 1.0)
-  logz = jax.nn.logsumexp(logits, axis=-1)
-  picked = jnp.take_along_axis(logits, targets_BxT[..., None], axis=-1)[..., 0]
-  return picked - logz
+def token_logprobs(logits_BxTxV, targets_BxT, sampling: SamplingParams):
+  """log pi_theta(target), float32 [B, T], under the distribution the engine sampled from: softmax(logits / T)
+  after the same top-k / top-p filter, renormalised (`jaxpod.sample.token_logprobs`; see the module docstring)."""
+  return sample_token_logprobs(logits_BxTxV, targets_BxT, sampling)
 
 
 def policy_loss(logp_BxT, behaviour_BxT, adv_B, mask_BxT, ref_BxT=None, *, epsilon: float, epsilon_high: float,

@@ -289,16 +289,16 @@ class GRPOTask(_PolicyTask):
     import jax.numpy as jnp
     from jaxpod.models.llama.model import forward
     from jaxpod.rl.grpo import policy_loss, token_logprobs
-    g, temperature = self.rl.grpo, self.rl.rollout.temperature
+    g, sampling = self.rl.grpo, self.rl.rollout.sampling()  # the distribution the engine drew the tokens from
 
     def loss(params, buffers, batch, rng, carry):
       tokens = batch["tokens"]
       inputs, targets = tokens[:, :-1], tokens[:, 1:]
-      logp = token_logprobs(forward(graphdef, params, inputs).logits, targets, temperature)
+      logp = token_logprobs(forward(graphdef, params, inputs).logits, targets, sampling)
       ref = None
       if g.beta > 0:
         ref = jax.lax.stop_gradient(token_logprobs(forward(graphdef, buffers["ref"], inputs).logits, targets,
-                                                   temperature))
+                                                   sampling))
       value, sums = policy_loss(logp, batch["behaviour"][:, :-1], batch["advantages"], batch["loss_mask"][:, :-1] > 0,
                                 ref, epsilon=g.epsilon, epsilon_high=g.epsilon_high, beta=g.beta,
                                 loss_norm=g.loss_norm, max_new_tokens=self.rl.rollout.max_new_tokens)

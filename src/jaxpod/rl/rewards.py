@@ -6,8 +6,10 @@
 A reward is `fn(problem: Problem, completion: str, finished: bool) -> float`, where `completion`
 is the decoded text without the stop token and `finished` says the sample ended with a stop
 token (not the length limit). Register one with `@register_reward("name")`. Every name is
-resolved when the config is checked, before anything compiles; a reward that raises while
-scoring names the plugin and the prompt.
+resolved when the config is checked, before anything compiles. A reward that raises while
+scoring ends `jaxpod rl` with one line naming the plugin and the prompt, exit code 1 (the
+config was valid: 2 is for input refused before the run; JAXPOD_TRACEBACK=1 shows the plugin's
+traceback).
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ REWARDS: dict[str, Callable[[RLTaskConfig], RewardFn]] = {}  # name -> factory(t
 
 class RewardError(RuntimeError):
   """A reward plugin raised; the message names the plugin and the prompt."""
+
+  one_line = True  # the command line prints the message alone, exit 1 (jaxpod.cli.main)
 
 
 def register_reward(name: str):

@@ -28,28 +28,12 @@ def answer_ids(tokenizer, text: str) -> list[int]:
   return ids[1:] if ids and tokenizer.bos_id is not None and ids[0] == tokenizer.bos_id else ids
 
 
-def engine_config(rollout, greedy: bool = False):
-  """The engine's static shapes for rollouts (or for the greedy held-out evaluation)."""
-  from jaxpod.sample import EngineConfig
-  slots = rollout.eval_slots if greedy else rollout.slots
-  return EngineConfig(batch_size=slots, max_prompt_len=rollout.max_prompt_len, max_new_tokens=rollout.max_new_tokens,
-                      steps_per_round=rollout.steps_per_round, kv_layout=rollout.kv_layout,
-                      min_prefill_len=min(16, rollout.max_prompt_len), page_size=min(16, rollout.max_prompt_len))
-
-
-def sampling_params(rollout, greedy: bool = False):
-  from jaxpod.sample import SamplingParams
-  if greedy:
-    return SamplingParams()
-  return SamplingParams(temperature=rollout.temperature, top_k=rollout.top_k, top_p=rollout.top_p)
-
-
 def make_sampler(graphdef, params, mesh, rollout, stop_ids, greedy: bool = False, version: int = 0):
   """A global-mode Sampler over `mesh` reading `params` in place (no copy; `update_params` swaps them)."""
   from flax import nnx
   from jaxpod.sample import Sampler
-  return Sampler(nnx.merge(graphdef, params), mesh, engine_config(rollout, greedy), sampling_params(rollout, greedy),
-                 stop_ids, mode="global", version=version)
+  return Sampler(nnx.merge(graphdef, params), mesh, rollout.engine(greedy), rollout.sampling(greedy), stop_ids,
+                 mode="global", version=version)
 
 
 class Roller:

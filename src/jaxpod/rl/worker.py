@@ -123,7 +123,7 @@ def _loop(rl, w: int, queue: Queue, client, like, sampler, roller, stats: dict) 
   finished: list = []
   pending = None  # drain mode: the update waiting for the engine to empty
   state = {"last_poll": 0.0, "progress": None, "progress_t": 0.0}
-  room = max(1, r.slots // rl.grpo.num_generations)  # groups the engine can decode at once
+  room = max(1, r.batch_size // rl.grpo.num_generations)  # groups the engine can decode at once
 
   def plan() -> dict:  # leader only: what every host does this round
     now = time.monotonic()
