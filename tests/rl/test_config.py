@@ -20,6 +20,11 @@ from jaxpod.cli.main import main
     (["--rollout.top_k", "-3"], "rl.rollout.top_k=-3 must be >= 0"),
     (["--rollout.slots", "64"], "--rollout.slots was renamed: use --rollout.batch_size"),
     (["--rollout.n", "4"], "rl.rollout.n=4: RL samples grpo.num_generations completions per prompt"),
+    (["--warmup.batch_size", "96", "--grpo.num_prompts_per_step", "16", "--runtime.devices_per_host", "3"],
+     "rl.grpo.num_prompts_per_step=16: 16 prompts x 8 samples = 128 rows per step do not split over 1 host(s) in "
+     "whole groups and the data-parallel size 3"),
+    (["--warmup.batch_size", "100", "--runtime.devices_per_host", "8"], "rl.warmup.batch_size=100 does not split"),
+    (["--rollout.batch_size", "100", "--runtime.devices_per_host", "8"], "rl.rollout.batch_size=100 (decode slots)"),
 ])
 def test_bad_config_is_one_line_before_jax(argv, message, capsys, tmp_path):
   code = main(["rl", "--trainer.runs_dir", str(tmp_path / "runs"), *argv])

@@ -103,3 +103,53 @@ def test_token_logprobs_renormalise_over_the_tokens_the_filter_keeps(sp):
   got = np.asarray(grpo.token_logprobs(jnp.asarray(logits), jnp.asarray(targets), sp))[0]
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   assert got[-1] == LOGPROB_FLOOR  # the least likely token is never kept by these filters
+
+
+def _group(versions, rewards):
+  from jaxpod.rl.rollouts import Group
+  from jaxpod.rl.tasks import Problem
+  n, k = len(rewards), len(versions)  # every sample: one token per version
+  return Group(Problem("1+1=", "2"), [256], [[50] * k] * n, [[-0.5] * k] * n, [list(versions)] * n, [True] * n,
+               [float(r) for r in rewards], [r > 0 for r in rewards])
+
+
+@pytest.mark.parametrize("versions, rewards, filter_groups, want", [
+    ((4, 5), (1.0, 0.0), True, "take"),
+    ((5, 6), (1.0, 0.0), True, "future"),  # a token from weights this trainer (version 5) never made
+    ((2, 5), (1.0, 0.0), True, "stale"),  # older than 5 - max_policy_lag 2
+    ((3, 5), (1.0, 1.0), True, "uniform"),  # equal rewards: zero advantage
+    ((3, 5), (1.0, 1.0), False, "take"),  # ... trained on without filter_groups
+    ((1, 6), (1.0, 1.0), True, "future"),  # reasons in order: future, stale, uniform
+], ids=["mixed", "future", "stale", "uniform", "uniform_unfiltered", "first_reason"])
+def test_admit_takes_or_names_one_reason(versions, rewards, filter_groups, want):
+  assert grpo.admit(_group(versions, rewards), trainer_version=5, max_policy_lag=2, filter_groups=filter_groups) == want
+
+
+def test_both_topologies_take_and_drop_the_same_groups(tmp_path):
+  """One admission rule: the colocated batch filler and the disaggregated trainer's pick over the queue take the
+  same groups and drop the others for the same reasons, in the same order."""
+  import dataclasses
+  import types
+  from jaxpod.rl.colocated import fill_batch
+  from jaxpod.rl.config import RLConfig
+  from jaxpod.rl.queue import file_name
+  from jaxpod.rl.rollouts import to_bytes
+  from jaxpod.rl.trainer_side import QueueSource
+  groups = [_group(v, r) for v, r in [((5, 5), (1, 1)), ((4, 5), (0, 1)), ((1, 5), (0, 1)), ((5, 6), (1, 0)),
+                                      ((3, 3), (0, 1)), ((5, 5), (0, 0)), ((5, 5), (1, 0)), ((5, 5), (0, 1))]]
+  for i, g in enumerate(groups):
+    g.problem = dataclasses.replace(g.problem, index=i)
+  rl = RLConfig()
+  rl = dataclasses.replace(rl, grpo=dataclasses.replace(rl.grpo, max_policy_lag=2, num_prompts_per_step=3,
+                                                         filter_groups=True),
+                           rollout=dataclasses.replace(rl.rollout, groups_per_file=3))
+  colocated, dropped = fill_batch(iter([groups[:4], groups[4:]]), 3, 5, 2, True)  # two rounds
+  source = QueueSource(types.SimpleNamespace(rl=rl), str(tmp_path / "run"))
+  for seq in range(3):
+    source.queue.put(0, seq, to_bytes(groups[3 * seq:3 * seq + 3], {}))
+  pick = source._pick(version=5)
+  queued = [int(name.split("/")[1].split(".")[0]) * 3 + i for name, idxs in pick["take"] for i in idxs]
+  assert [g.problem.index for g in colocated] == queued == [1, 4, 6]
+  assert [(file_name(0, i // 3), i % 3, why) for i, why in [(0, "uniform"), (2, "stale"), (3, "future"),
+                                                            (5, "uniform")]] == [tuple(d) for d in pick["drop"]]
+  assert dropped == {"uniform": 2, "stale": 1, "future": 1}

@@ -69,8 +69,8 @@ class GRPOConfig:
   """The algorithm: n samples per prompt, group-relative advantages, clipped ratio vs the engine's log-probs."""
 
   num_prompts_per_step: int = 32  # prompts (groups) per optimizer step
-  filter_groups: bool = True  # DAPO's dynamic sampling: train first on groups whose samples' rewards differ
-  sample_prompts_per_step: int = 128  # colocated: prompts sampled per step (0: num_prompts_per_step); extras feed the filter
+  filter_groups: bool = True  # DAPO's dynamic sampling: drop groups whose samples all got the same reward, draw others
+  sample_prompts_per_step: int = 128  # colocated: prompts per sampling round (0: num_prompts_per_step); rounds repeat until the batch is full
   num_generations: int = 8  # samples per prompt, n (>= 2: the group baseline needs two)
   epsilon: float = 0.2  # lower clip: ratio >= 1 - epsilon
   epsilon_high: float = 0.28  # upper clip: ratio <= 1 + epsilon_high (DAPO's clip-higher; = epsilon is symmetric)

@@ -1,4 +1,15 @@
-"""GRPO: group-relative advantages (host side, numpy) and the clipped-ratio policy loss (pure, jitted).
+"""GRPO: which groups the trainer admits, group-relative advantages (host side) and the clipped-ratio loss (jitted).
+
+Admission (`admit`, one rule for both topologies): the trainer at version v (the weights after v
+steps) takes a group, or drops it for one reason, checked in this order:
+  future   a token from a version above v: weights this trainer never made (a restored trainer after
+           a crash that had already published them)
+  stale    a token from a version below v - max_policy_lag (invariant 9)
+  uniform  with filter_groups: every sample has the same reward, so every advantage is 0 and the group
+           teaches nothing (DAPO's dynamic sampling); the trainer draws another group instead (colocated:
+           another round of sample_prompts_per_step prompts; disaggregated: the next one in the queue)
+A dropped group is consumed (never offered again) and counted as rl/dropped_<reason>. `take` scans
+groups in order until it has the groups it needs.
 
 Advantages, for the n samples of one prompt with rewards r_1..r_n (`scale_rewards`):
   group  (r_i - mean(r)) / (std(r) + eps)      the original GRPO; std over the group (ddof=1, as TRL)
@@ -30,6 +41,39 @@ from jaxpod.sample.tokens import token_logprobs as sample_token_logprobs
 
 SCALE_REWARDS = ("group", "batch", "none")
 LOSS_NORMS = ("token", "sequence", "constant")
+
+
+TAKE = "take"
+DROP_REASONS = ("future", "stale", "uniform")
+
+
+def admit(group, trainer_version: int, max_policy_lag: int, filter_groups: bool) -> str:
+  """TAKE, or the reason (one of DROP_REASONS) the trainer at `trainer_version` must not train on `group` (a
+  `rollouts.Group`: its tokens' versions and its samples' rewards); see the module docstring."""
+  if group.newest_version() > trainer_version:
+    return "future"
+  if group.oldest_version() < trainer_version - max_policy_lag:
+    return "stale"
+  if filter_groups and not group.mixed:
+    return "uniform"
+  return TAKE
+
+
+def take(groups, need: int, trainer_version: int, max_policy_lag: int,
+         filter_groups: bool) -> tuple[list[int], list[tuple[int, str]]]:
+  """Scan `groups` in order until `need` are admitted: (indices taken, [(index, reason)] dropped); the groups
+  after the last one taken are not examined."""
+  taken: list[int] = []
+  dropped: list[tuple[int, str]] = []
+  for i, group in enumerate(groups):
+    if len(taken) >= need:
+      break
+    why = admit(group, trainer_version, max_policy_lag, filter_groups)
+    if why == TAKE:
+      taken.append(i)
+    else:
+      dropped.append((i, why))
+  return taken, dropped
 
 
 def advantages(rewards_GxN: np.ndarray, scale: str, eps: float = 1e-4) -> np.ndarray:

@@ -325,13 +325,3 @@ class GRPOTask(_PolicyTask):
     r = self.rl.rollout
     return to_batch(groups, r.max_prompt_len + r.max_new_tokens, self.tokenizer.pad_id, self.rl.grpo.scale_rewards)
 
-
-def check_rows(rl, hosts: int) -> None:
-  """The per-step rows split over hosts in whole groups (so group advantages never straddle hosts' shares)."""
-  g = rl.grpo
-  if g.rows % hosts or (g.rows // hosts) % g.num_generations:
-    raise ValueError(f"rl.grpo: {g.num_prompts_per_step} prompts x {g.num_generations} samples = {g.rows} rows do "
-                     f"not split into whole groups over {hosts} hosts; make num_prompts_per_step a multiple of "
-                     f"{hosts}")
-  if rl.warmup.batch_size % hosts:
-    raise ValueError(f"rl.warmup.batch_size={rl.warmup.batch_size} is not divisible by the {hosts} hosts")

@@ -63,15 +63,6 @@ class Group:
     return len(set(self.rewards)) > 1
 
 
-def select(groups: Sequence[Group], count: int, filter_groups: bool) -> list[Group]:
-  """`count` groups to train on: with filter_groups the mixed-reward ones first (DAPO's dynamic sampling),
-  then the others in order to keep the batch's shape; else the first `count`."""
-  if not filter_groups:
-    return list(groups[:count])
-  mixed = [g for g in groups if g.mixed]
-  return (mixed + [g for g in groups if not g.mixed])[:count]
-
-
 def make_group(problem: Problem, prompt_ids: Sequence[int], completions, texts: Sequence[str], scorer) -> Group:
   """A Group from the engine's n `Completion`s of one prompt and their decoded texts."""
   completions = sorted(completions, key=lambda c: c.sample)

@@ -1,11 +1,10 @@
 """The disaggregated trainer: rollouts from the queue, weights published every step, workers watched.
 
 Before step k+1 the trainer holds policy version k (the weights after k steps). Its iterator
-(`QueueSource`) takes `num_prompts_per_step` groups from the queue whose every token was made by
-a version in [k - max_policy_lag, k] (invariant 9); older groups are dropped and counted
-(`rl/dropped_stale`), and groups from versions above k (made by weights a restored trainer never
-produced: a crash after publishing them) are dropped and counted too (`rl/dropped_future`). The
-leader lists and picks; the pick (file names and group indices, never data) is broadcast; every
+(`QueueSource`) takes `num_prompts_per_step` groups from the queue that `grpo.admit` admits (every
+token made by a version in [k - max_policy_lag, k], invariant 9; rewards that differ with
+filter_groups); the others are dropped and counted by reason (`rl/dropped_stale`, `_future`,
+`_uniform`). The leader lists and picks; the pick (file names and group indices, never data) is broadcast; every
 host reads those files from storage and builds the same global batch, then takes its share.
 
 While it waits, the leader reads the workers' heartbeats: a worker whose heartbeat stops
@@ -23,6 +22,7 @@ import concurrent.futures
 import time
 
 from jaxpod import runtime
+from jaxpod.rl import grpo
 from jaxpod.rl.queue import Consumed, Queue, parse_name
 from jaxpod.rl.rollouts import from_bytes
 from jaxpod.runtime.hooks import Hook, StepInfo
@@ -99,34 +99,27 @@ class QueueSource:
     return self.files[name]
 
   def _pick(self, version: int) -> dict:
-    """Leader: {"take": [[file, [groups]]], "drop": [[file, [groups], why]]} once enough usable groups exist."""
+    """Leader: {"take": [[file, [groups]]], "drop": [[file, group, why]]} once enough groups are admitted
+    (`grpo.admit`: the one rule both topologies use), scanning files oldest first, workers interleaved."""
     lag, need = self.rl.grpo.max_policy_lag, self.rl.grpo.num_prompts_per_step
     take, drop, got = {}, [], 0
     t0, sleep = time.monotonic(), POLL_S[0]
-    skip: set[tuple[str, int]] = set()
+    examined: set[tuple[str, int]] = set()
     while True:
       self.monitor.check()
-      for name in sorted(self.queue.files(), key=lambda n: parse_name(n)[::-1]):  # oldest first, workers interleaved
+      for name in sorted(self.queue.files(), key=lambda n: parse_name(n)[::-1]):
         if got >= need:
           break
         if self.consumed.is_full(name):
           continue
-        done = self.consumed.taken(name)
-        for i, g in enumerate(self._groups(name)):
-          if got >= need:
-            break
-          if i in done or (name, i) in skip:
-            continue
-          skip.add((name, i))
-          if g.newest_version() > version:
-            drop.append([name, i, "future"])
-          elif g.oldest_version() < version - lag:
-            drop.append([name, i, "stale"])
-          elif self.rl.grpo.filter_groups and not g.mixed:
-            drop.append([name, i, "uniform"])  # equal rewards: zero advantage, nothing to learn
-          else:
-            take.setdefault(name, []).append(i)
-            got += 1
+        groups, done = self._groups(name), self.consumed.taken(name)
+        fresh = [i for i in range(len(groups)) if i not in done and (name, i) not in examined]
+        taken, dropped = grpo.take([groups[i] for i in fresh], need - got, version, lag, self.rl.grpo.filter_groups)
+        examined.update((name, fresh[j]) for j in taken + [j for j, _ in dropped])
+        if taken:
+          take.setdefault(name, []).extend(fresh[j] for j in taken)
+        drop += [[name, fresh[j], why] for j, why in dropped]
+        got += len(taken)
       if got >= need:
         return {"take": [[k, v] for k, v in take.items()], "drop": drop, "waited": time.monotonic() - t0}
       waited = time.monotonic() - t0
