@@ -129,22 +129,16 @@ def test_both_topologies_take_and_drop_the_same_groups(tmp_path):
   """One admission rule: the colocated batch filler and the disaggregated trainer's pick over the queue take the
   same groups and drop the others for the same reasons, in the same order."""
   import dataclasses
-  import types
   from jaxpod.rl.colocated import fill_batch
-  from jaxpod.rl.config import RLConfig
-  from jaxpod.rl.queue import file_name
-  from jaxpod.rl.rollouts import to_bytes
-  from jaxpod.rl.trainer_side import QueueSource
+  from jaxpod.rl.queue import file_name, to_bytes
+  from jaxpod.rl.queue_source import QueueSource
   groups = [_group(v, r) for v, r in [((5, 5), (1, 1)), ((4, 5), (0, 1)), ((1, 5), (0, 1)), ((5, 6), (1, 0)),
                                       ((3, 3), (0, 1)), ((5, 5), (0, 0)), ((5, 5), (1, 0)), ((5, 5), (0, 1))]]
   for i, g in enumerate(groups):
     g.problem = dataclasses.replace(g.problem, index=i)
-  rl = RLConfig()
-  rl = dataclasses.replace(rl, grpo=dataclasses.replace(rl.grpo, max_policy_lag=2, num_prompts_per_step=3,
-                                                         filter_groups=True),
-                           rollout=dataclasses.replace(rl.rollout, groups_per_file=3))
-  colocated, dropped = fill_batch(iter([groups[:4], groups[4:]]), 3, 5, 2, True)  # two rounds
-  source = QueueSource(types.SimpleNamespace(rl=rl), str(tmp_path / "run"))
+  colocated, dropped = fill_batch(iter([groups[:4], groups[4:]]), 3, 5, max_policy_lag=2, filter_groups=True)
+  source = QueueSource(None, str(tmp_path / "run"), None, need=3, max_policy_lag=2, filter_groups=True,
+                       worker_timeout_s=15.0, rollout_timeout_s=900.0)
   for seq in range(3):
     source.queue.put(0, seq, to_bytes(groups[3 * seq:3 * seq + 3], {}))
   pick = source._pick(version=5)

@@ -117,7 +117,7 @@ def _first_line(e: BaseException) -> str:
 
 
 def _failed(prog: str, e: BaseException) -> int:
-  """Tell the other hosts (if any), print one line; exit 2 for bad input, 1 for a failure of the run (a peer, a plugin)."""
+  """Tell the other hosts (if any), print one line; exit 2 for bad input, 1 for a failure of the run (peer, plugin)."""
   from jaxpod.runtime.extras import explain
   control = sys.modules.get("jaxpod.runtime.control")  # loaded iff this process may have joined a job
   hint = explain(e)  # an optional package that is not installed: name the extra

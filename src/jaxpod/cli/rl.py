@@ -14,7 +14,7 @@ import tempfile
 from jaxpod.cli.args import check_config_file, config_path_of, embedded_config, fail, normalise, option_value, parse
 
 DEFAULT_CONFIG = "rl_default.yaml"
-RENAMED = {"rollout.slots": "rollout.batch_size"}  # issue 25: the rollout section embeds jaxpod.sample's SamplingOptions
+RENAMED = {"rollout.slots": "rollout.batch_size"}  # issue 25: rollout embeds jaxpod.sample's SamplingOptions
 
 
 def load_config(argv: list[str]):

@@ -80,10 +80,11 @@ def check_rows(cfg: RLConfig, job: str, hosts: int, devices_per_host: int | None
 
 def check_lengths(cfg: RLConfig) -> None:
   """Prompts within rollout.max_prompt_len, answers + EOS within max_new_tokens, both within the model's positions."""
-  from jaxpod.rl.policy import model_config, tokenizer_for
-  from jaxpod.rl.sampling import answer_ids
+  from jaxpod.rl.policy import PolicySpec
+  from jaxpod.rl.roller import answer_ids
   r = cfg.rollout
-  tok = tokenizer_for(cfg)
+  policy = PolicySpec(cfg.model, cfg.model.hf or None)
+  tok = policy.tokenizer()
   problems = cfg.task.eval_set(cfg.trainer.seed)
   for stream in (1, 2):
     problems += cfg.task.train_problems(cfg.trainer.seed, stream, 0, SAMPLE_PROBLEMS)
@@ -96,7 +97,7 @@ def check_lengths(cfg: RLConfig) -> None:
   if answer > r.max_new_tokens:
     raise ValueError(f"rl.task answers need {answer} tokens with EOS but rl.rollout.max_new_tokens="
                      f"{r.max_new_tokens}; raise it to >= {answer}")
-  llama = model_config(cfg, cfg.model.hf or None)
+  llama = policy.llama()
   if r.max_prompt_len + r.max_new_tokens > llama.max_position_embeddings:
     raise ValueError(f"rl.rollout.max_prompt_len + max_new_tokens = {r.max_prompt_len + r.max_new_tokens} exceeds "
                      f"the model's max_position_embeddings={llama.max_position_embeddings}; lower them or raise "

@@ -20,20 +20,25 @@ trained (invariant 5 for RL: nothing trained twice, nothing lost).
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from jaxpod.rl import grpo
 from jaxpod.runtime.hooks import Hook, StepInfo
+
+if TYPE_CHECKING:
+  from jaxpod.rl.train_tasks import GRPOTask
 
 RL_STREAM = 2  # training stream of RL problems (the warm-up uses stream 1)
 MAX_ROUNDS = 8  # rounds of sample_prompts_per_step problems tried for one batch before giving up
 
 
-def fill_batch(rounds, need: int, version: int, max_policy_lag: int, filter_groups: bool):
+def fill_batch(rounds, need: int, version: int, *, max_policy_lag: int, filter_groups: bool):
   """(the `need` groups admitted, their problems' drop counts by reason) from `rounds`, an iterator of lists of
   groups (each drawn only when the previous ones did not fill the batch); RuntimeError after MAX_ROUNDS."""
   chosen, dropped, examined = [], {}, 0
   for _, groups in zip(range(MAX_ROUNDS), rounds):
-    taken, drops = grpo.take(groups, need - len(chosen), version, max_policy_lag, filter_groups)
+    taken, drops = grpo.take(groups, need - len(chosen), version, max_policy_lag=max_policy_lag,
+                             filter_groups=filter_groups)
     chosen += [groups[i] for i in taken]
     for _, why in drops:
       dropped[why] = dropped.get(why, 0) + 1
@@ -48,8 +53,11 @@ def fill_batch(rounds, need: int, version: int, max_policy_lag: int, filter_grou
 class RolloutBuffer:
   """The trainer's iterator: the next batch, put there by `ColocatedRollouts` with the latest weights."""
 
-  def __init__(self, task):
+  def __init__(self, task: GRPOTask, *, num_generations: int, sampled_prompts: int, need: int, max_policy_lag: int,
+               filter_groups: bool):
     self.task = task
+    self.num_generations, self.sampled_prompts, self.need = num_generations, sampled_prompts, need
+    self.max_policy_lag, self.filter_groups = max_policy_lag, filter_groups
     self.trained = 0  # batches handed to the trainer (= optimizer steps taken on rollouts)
     self.ready: dict | None = None  # the global arrays of batch `trained`
     self.cursor: int | None = None  # stream position of the next round (None: the start of batch `trained`)
@@ -63,7 +71,7 @@ class RolloutBuffer:
       raise RuntimeError("colocated rollouts: no batch was generated for the next step (ColocatedRollouts missing?)")
     batch, self.ready = self.ready, None
     self.trained += 1
-    return self.task._local(batch)
+    return self.task.local(batch)
 
   def get_state(self) -> dict:
     """Batches trained and where the batch not yet trained starts (regenerated on resume)."""
@@ -94,30 +102,29 @@ class ColocatedRollouts(Hook):
   def __call__(self, info: StepInfo) -> dict:
     t0 = time.perf_counter()
     interval = t0 - self.last_end if self.last_end is not None else 0.0
-    task, rl = self.buffer.task, self.buffer.task.rl
+    buffer = self.buffer
+    task, problems = buffer.task, buffer.task.problems
     params, version = info.state.params, int(info.step)
     if self.roller is None:
-      from jaxpod.rl.rewards import Scorer
-      from jaxpod.rl.sampling import Roller, make_sampler
-      sampler = make_sampler(self.graphdef, params, self.mesh, rl.rollout, task.stop_ids, version=version)
-      self.roller = Roller(sampler, task.tokenizer, Scorer(rl.rewards, rl.reward_weights, rl.task),
-                           rl.grpo.num_generations, rl.trainer.seed)
+      from jaxpod.rl.roller import Roller, make_sampler
+      sampler = make_sampler(self.graphdef, params, self.mesh, task.rollout, task.stop_ids, version=version)
+      self.roller = Roller(sampler, task.tokenizer, problems.scorer(), buffer.num_generations, problems.seed)
     else:
       self.roller.sampler.update_params(params, version)  # in memory, no copy
-    g, buffer = rl.grpo, self.buffer
     if buffer.cursor is None:
-      buffer.cursor = buffer.trained * g.sampled_prompts
+      buffer.cursor = buffer.trained * buffer.sampled_prompts
     buffer.ready_from = buffer.cursor
     before, sampled = self.roller.tokens, []
 
     def rounds():
       while True:
-        problems = rl.task.train_problems(rl.trainer.seed, RL_STREAM, buffer.cursor, g.sampled_prompts)
-        buffer.cursor += g.sampled_prompts
-        sampled.extend(self.roller.run(problems))
-        yield sampled[-len(problems):]
+        batch = problems.train_problems(RL_STREAM, buffer.cursor, buffer.sampled_prompts)
+        buffer.cursor += buffer.sampled_prompts
+        sampled.extend(self.roller.run(batch))
+        yield sampled[-len(batch):]
 
-    chosen, dropped = fill_batch(rounds(), g.num_prompts_per_step, version, g.max_policy_lag, g.filter_groups)
+    chosen, dropped = fill_batch(rounds(), buffer.need, version, max_policy_lag=buffer.max_policy_lag,
+                                 filter_groups=buffer.filter_groups)
     buffer.ready = task.batch_arrays(chosen)
     self.last_end = time.perf_counter()
     dt = self.last_end - t0

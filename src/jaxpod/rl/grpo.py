@@ -20,9 +20,10 @@ Per completion token t of sample i, with rho = pi_theta(t) / pi_behaviour(t), pi
 probability the rollout engine recorded when it sampled t (not recomputed), and pi_theta the trainer's
 probability of t under the same distribution the engine draws from: softmax(logits / temperature) after
 the rollout's top-k / top-p filter, renormalised over the tokens it keeps (a token it leaves out gets
-log-prob `jaxpod.sample.tokens.LOGPROB_FLOOR`, ratio ~0). So an on-policy ratio is exactly 1 with any filter; recomputing over
-the unfiltered softmax instead made every filtered step off-policy from the first one (issue 25). The
-kept set is a constant of each forward pass (no gradient flows through which tokens are kept):
+log-prob `jaxpod.sample.tokens.LOGPROB_FLOOR`, ratio ~0). So an on-policy ratio is exactly 1 with any
+filter; recomputing over the unfiltered softmax instead made every filtered step off-policy from the
+first one (issue 25). The kept set is a constant of each forward pass (no gradient flows through which
+tokens are kept):
   l_t = -min(rho * A_i, clip(rho, 1 - epsilon, 1 + epsilon_high) * A_i)  [+ beta * KL_t]
 KL_t = exp(ref - logp) - (ref - logp) - 1 (the k3 estimator against the frozen reference policy).
 The loss over the batch (`loss_norm`):
@@ -47,7 +48,7 @@ TAKE = "take"
 DROP_REASONS = ("future", "stale", "uniform")
 
 
-def admit(group, trainer_version: int, max_policy_lag: int, filter_groups: bool) -> str:
+def admit(group, trainer_version: int, *, max_policy_lag: int, filter_groups: bool) -> str:
   """TAKE, or the reason (one of DROP_REASONS) the trainer at `trainer_version` must not train on `group` (a
   `rollouts.Group`: its tokens' versions and its samples' rewards); see the module docstring."""
   if group.newest_version() > trainer_version:
@@ -59,7 +60,7 @@ def admit(group, trainer_version: int, max_policy_lag: int, filter_groups: bool)
   return TAKE
 
 
-def take(groups, need: int, trainer_version: int, max_policy_lag: int,
+def take(groups, need: int, trainer_version: int, *, max_policy_lag: int,
          filter_groups: bool) -> tuple[list[int], list[tuple[int, str]]]:
   """Scan `groups` in order until `need` are admitted: (indices taken, [(index, reason)] dropped); the groups
   after the last one taken are not examined."""
@@ -68,7 +69,7 @@ def take(groups, need: int, trainer_version: int, max_policy_lag: int,
   for i, group in enumerate(groups):
     if len(taken) >= need:
       break
-    why = admit(group, trainer_version, max_policy_lag, filter_groups)
+    why = admit(group, trainer_version, max_policy_lag=max_policy_lag, filter_groups=filter_groups)
     if why == TAKE:
       taken.append(i)
     else:

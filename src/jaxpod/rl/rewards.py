@@ -13,6 +13,7 @@ traceback).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from typing import Callable, Sequence
 
@@ -92,3 +93,24 @@ class Scorer:
   def correct(self, problem: Problem, completion: str, finished: bool) -> bool:
     """Exact match (what held-out accuracy counts)."""
     return bool(self.exact(problem, completion, finished))
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifiedTask:
+  """The problems and how answers are scored: what the warm-up, the evaluation and the rollouts share."""
+
+  task: RLTaskConfig  # the problem streams and the held-out set
+  rewards: tuple[str, ...]  # reward plugins, summed
+  reward_weights: tuple[float, ...]  # one per reward (empty: all 1.0)
+  seed: int  # the run seed: problems and request seeds derive from it
+
+  def scorer(self) -> Scorer:
+    return Scorer(self.rewards, self.reward_weights, self.task)
+
+  def eval_set(self) -> list[Problem]:
+    """The held-out problems."""
+    return self.task.eval_set(self.seed)
+
+  def train_problems(self, stream: int, start: int, count: int) -> list[Problem]:
+    """`count` training problems of `stream` from index `start`."""
+    return self.task.train_problems(self.seed, stream, start, count)

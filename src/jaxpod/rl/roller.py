@@ -9,9 +9,9 @@ samples do not depend on batching, slots, hosts or restarts.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Sequence
 
+from jaxpod.rl.config import RolloutConfig
 from jaxpod.rl.rewards import Scorer
 from jaxpod.rl.rollouts import Group, make_group
 from jaxpod.rl.tasks import Problem
@@ -28,7 +28,7 @@ def answer_ids(tokenizer, text: str) -> list[int]:
   return ids[1:] if ids and tokenizer.bos_id is not None and ids[0] == tokenizer.bos_id else ids
 
 
-def make_sampler(graphdef, params, mesh, rollout, stop_ids, greedy: bool = False, version: int = 0):
+def make_sampler(graphdef, params, mesh, rollout: RolloutConfig, stop_ids, greedy: bool = False, version: int = 0):
   """A global-mode Sampler over `mesh` reading `params` in place (no copy; `update_params` swaps them)."""
   from flax import nnx
   from jaxpod.sample import Sampler
@@ -88,13 +88,3 @@ def accuracy(sampler, tokenizer, scorer: Scorer, problems: Sequence[Problem]) ->
   outs = sampler.generate(ids, [0] * len(ids))
   right = [scorer.correct(p, tokenizer.decode(c.tokens), c.finish_reason == "stop") for p, c in zip(problems, outs)]
   return {"accuracy": sum(right) / len(right), "count": len(right)}
-
-
-@dataclasses.dataclass
-class Timer:
-  """Seconds spent per phase (rollout, train_step, publish, fetch, waiting, eval), summed."""
-
-  seconds: dict = dataclasses.field(default_factory=dict)
-
-  def add(self, phase: str, s: float) -> None:
-    self.seconds[phase] = self.seconds.get(phase, 0.0) + s
