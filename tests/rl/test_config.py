@@ -61,3 +61,11 @@ def test_another_task_type_keeps_the_default_sections_but_not_its_task_fields():
   default, addition = load_config([]), load_config(["--task.type", "addition", "--task.digits", "2"])
   assert isinstance(addition.task, AdditionTask) and addition.task.digits == 2
   assert addition.grpo == default.grpo and addition.warmup == default.warmup and addition.rollout == default.rollout
+
+
+def test_a_renamed_key_in_a_config_file_names_its_new_name(tmp_path, capsys):
+  path = tmp_path / "rl.yaml"
+  path.write_text("rollout:\n  slots: 64\n")
+  assert main(["rl", "--config_path", str(path)]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err == f"jaxpod rl: error: {path}: `rollout.slots` was renamed: write `rollout.batch_size`", err
