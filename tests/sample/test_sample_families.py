@@ -1,6 +1,11 @@
 """Every decoder family through both engines and both KV layouts (sliding windows included: the prompts and
 completions reach past the window of 8): greedy tokens equal HF generate's, and the log-probs the engines return
-equal a teacher-forced forward. One engine run per family serves both tests."""
+equal a teacher-forced forward. For Qwen3 and Gemma 3 the slots layout runs as `jaxpod sample` does (`run`:
+config.json through the family registry, the checkpoint loaded sharded over data 4 x model 2, JSONL out); the
+other families skip that layout (its attention code is the one Gemma 3's sliding and full layers run through,
+and each layout costs a compile). One engine run per family serves both tests."""
+import json
+
 import jax
 import numpy as np
 import pytest
@@ -8,10 +13,11 @@ import torch
 
 from jaxpod.models.llama import hf_io
 from jaxpod.runtime import make_mesh
-from jaxpod.sample import EngineConfig, Sampler, SamplingParams
+from jaxpod.runtime import MeshConfig
+from jaxpod.sample import EngineConfig, SampleConfig, Sampler, SamplingParams, run
 from tests.hf_families import FAMILIES, WINDOW
 
-from sample_fixtures import EOS, IDS, SEEDS, STOP, lockstep, same
+from sample_fixtures import EOS, IDS, PROMPTS, SEEDS, STOP, lockstep, same
 
 NEW = 10
 # every prompt in one prefill and one decode capacity: few programs to compile (requests joining mid-stream are
@@ -19,25 +25,39 @@ NEW = 10
 ONE_ROUND = dict(batch_size=8, max_prompt_len=32, max_new_tokens=NEW, page_size=16, steps_per_round=NEW,
                  prefill_batch=8, min_prefill_len=32)
 assert max(map(len, IDS)) + NEW > 2 * WINDOW
+SAMPLE_RUN = ("qwen3", "gemma3_text")  # families that also run `jaxpod sample` (slots layout)
 
 
 @pytest.fixture(scope="module")
-def runs(hf_family):
-  """runs(family) -> (model, hf_model, {"hf", "lockstep", "slots", "paged"}: completions of IDS), made once."""
+def runs(hf_family, tmp_path_factory):
+  """runs(family) -> (model, {"hf", "lockstep", "paged", "slots" (SAMPLE_RUN)}: completions of IDS), made once."""
   made = {}
 
   def get(family):
     if family not in made:
       folder, hf_model = hf_family(family)
       model = hf_io.load(folder, make_mesh(devices=jax.devices()[:1]))
-      out = {"lockstep": lockstep(model, SamplingParams(), new=NEW)}
-      for layout in ("slots", "paged"):
-        out[layout] = Sampler(model, make_mesh(devices=jax.devices()[:1]), EngineConfig(**ONE_ROUND, kv_layout=layout),
-                              SamplingParams(), [EOS, STOP]).generate(IDS, SEEDS)
-      out["hf"] = [_hf_greedy(hf_model, row) for row in IDS]
+      out = {"lockstep": lockstep(model, SamplingParams(), new=NEW),
+             "paged": Sampler(model, make_mesh(devices=jax.devices()[:1]), EngineConfig(**ONE_ROUND, kv_layout="paged"),
+                              SamplingParams(), [EOS, STOP]).generate(IDS, SEEDS),
+             "hf": [_hf_greedy(hf_model, row) for row in IDS]}
+      if family in SAMPLE_RUN:
+        out["slots"] = _jaxpod_sample(folder, tmp_path_factory.mktemp(f"sample_{family}"))
       made[family] = model, out
     return made[family]
   return get
+
+
+def _jaxpod_sample(folder, tmp):
+  """`jaxpod sample` (slots layout) of PROMPTS (no tokenizer files: bytes, as IDS): its JSONL rows."""
+  (tmp / "p.txt").write_text("".join(p + "\n" for p in PROMPTS))
+  cfg = SampleConfig(model=folder, prompts=str(tmp / "p.txt"), out=str(tmp / "o.jsonl"), max_new_tokens=NEW,
+                     batch_size=8, max_prompt_len=32, stop_token_ids=(STOP,), kv_layout="slots",
+                     mesh=MeshConfig(data=4, model=2))
+  run(cfg)
+  rows = [json.loads(l) for l in (tmp / "o.jsonl").read_text().splitlines()]
+  assert [r["prompt"] for r in rows] == PROMPTS
+  return rows
 
 
 def _hf_greedy(hf_model, row):
@@ -49,12 +69,15 @@ def _hf_greedy(hf_model, row):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_tokens_equal_hf_generate_in_every_engine(runs, family):
-  """Token identity (fp32, greedy): HF generate of each prompt alone = lock-step engine = continuous engine in
-  both KV layouts (sliding layers keep every key and mask those past the window)."""
+  """Token identity (fp32, greedy): HF generate of each prompt alone = lock-step engine = continuous engine
+  (paged; slots through `jaxpod sample` for SAMPLE_RUN); sliding layers keep every key and mask those past the
+  window."""
   _, out = runs(family)
   assert [c.sampled for c in out["lockstep"]] == out["hf"]
-  for layout in ("slots", "paged"):
-    same(out[layout], out["lockstep"])
+  same(out["paged"], out["lockstep"])
+  for row, c in zip(out.get("slots", ()), out["lockstep"]):  # jaxpod sample's JSONL: tokens without the stop token
+    assert (row["token_ids"], row["finish_reason"]) == (c.tokens, c.finish_reason)
+    np.testing.assert_allclose(row["logprobs"], c.logprobs, atol=1e-5)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -67,7 +90,7 @@ def test_engine_logprobs_equal_a_teacher_forced_forward(runs, family):
   for i, r in enumerate(rows):
     tokens[i, :len(r)] = r
   logp = np.asarray(jax.nn.log_softmax(jax.jit(lambda t: model(t).logits)(tokens), axis=-1))
-  for engine in ("lockstep", "slots", "paged"):
+  for engine in ("lockstep", "paged"):  # slots: jaxpod sample's log-probs equal the lock-step engine's (above)
     got = [lp for c in out[engine] for lp in c.logprobs]
     want = [logp[c.request, len(IDS[c.request]) - 1 + t, tok] for c in out[engine] for t, tok in enumerate(c.sampled)]
     assert np.max(np.abs(np.asarray(got) - np.asarray(want))) <= 1e-5, engine

@@ -113,14 +113,17 @@ _NO_BACKEND = ("import sys\nfrom jax._src import xla_bridge\nfrom jaxpod.cli.mai
                "code = main(sys.argv[1:])\nprint('backend started', bool(xla_bridge._backends))\nsys.exit(code)\n")
 
 
-@pytest.mark.parametrize("command", ["extract"])
+@pytest.mark.parametrize("command", ["sample", "extract", "rl"])
 def test_unknown_model_type_is_one_line_naming_the_supported_ones_before_jax(tmp_path, command):
   """A phi3 checkpoint: one line naming phi3 and every supported family, before any JAX backend starts."""
   (tmp_path / "config.json").write_text(json.dumps(PHI3))
   (tmp_path / "p.txt").write_text("hi\n")
-  args = {"extract": ["--layers", "0", "--out", str(tmp_path / "out")]}[command]
-  out = subprocess.run([sys.executable, "-c", _NO_BACKEND, command, "--model", str(tmp_path), "--prompts",
-                        str(tmp_path / "p.txt"), *args], capture_output=True, text=True, timeout=120)
+  args = {"extract": ["--layers", "0", "--out", str(tmp_path / "out")],
+          "sample": ["--out", str(tmp_path / "o.jsonl")]}.get(command, [])
+  model = ["--model.hf", str(tmp_path), "--trainer.runs_dir", str(tmp_path / "runs")] if command == "rl" else [
+      "--model", str(tmp_path), "--prompts", str(tmp_path / "p.txt")]
+  out = subprocess.run([sys.executable, "-c", _NO_BACKEND, command, *model, *args], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path)
   text = out.stdout + out.stderr
   assert out.returncode == 2, text
   lines = [l for l in text.splitlines() if "model_type='phi3'" in l]
