@@ -83,9 +83,29 @@ def _bias_param(shape, axes, dtype) -> nnx.Param:
   return nnx.Param(jnp.zeros(shape, dtype), logical_axes=axes)
 
 
-def visible(q_pos, k_pos, window: int | None):
-  """Sliding-window visibility of keys at k_pos from queries at q_pos (broadcast): all when window is None."""
+NO_WINDOW = 2 ** 30  # a traced layer window that hides nothing (a full-attention layer in a loop over layers)
+
+
+def visible(q_pos, k_pos, window):
+  """Sliding-window visibility of keys at k_pos from queries at q_pos (broadcast): all when window is None.
+  window may be traced (a loop over layers of both kinds passes NO_WINDOW for full ones)."""
   return True if window is None else (q_pos - k_pos < window)
+
+
+def layer_tables(cfg: LlamaConfig):
+  """(RoPE inverse frequencies [L, E/2] float32, windows [L] int32 with NO_WINDOW for full layers): what a
+  loop over the layers with a traced index reads (`Llama.__call__` unrolls and uses the config directly)."""
+  import numpy as np
+  inv = np.stack([cfg.inv_freq(cfg.window(i) is not None) for i in range(cfg.num_hidden_layers)])
+  windows = [cfg.window(i) or NO_WINDOW for i in range(cfg.num_hidden_layers)]
+  return jnp.asarray(inv, jnp.float32), jnp.asarray(windows, jnp.int32)
+
+
+def embed(cfg: LlamaConfig, table_VxD, tokens_BxT):
+  """Token embeddings [B, T, D] (times sqrt(D) in the compute dtype for Gemma), the table gathered over FSDP first."""
+  table = constrain(table_VxD, ("vocab", "act_embed"))
+  x = constrain(jnp.take(table, tokens_BxT, axis=0), _ACT)
+  return x * jnp.asarray(math.sqrt(cfg.hidden_size), x.dtype) if cfg.scale_embeddings else x
 
 
 def rope(x_BxTxNxE, positions_BxT, inv_freq_E2):
@@ -123,7 +143,9 @@ class Attention(nnx.Module):
       y = y + getattr(self, f"{name}_bias")[...]
     return constrain(y, ("batch", "seq", axes, "head_dim"))
 
-  def __call__(self, x_BxTxD, positions_BxT, kv_mask_BxS, cache, cache_index, layer: int, inv_freq, kv_len=None):
+  def __call__(self, x_BxTxD, positions_BxT, kv_mask_BxS, cache, cache_index, layer: int, inv_freq, kv_len=None,
+               window=None):
+    """window: keys a query sees back from itself (None: all); the caller passes its layer's."""
     cfg = self.cfg
     e = cfg.head_dim_
     b, t, _ = x_BxTxD.shape
@@ -137,16 +159,16 @@ class Attention(nnx.Module):
     if isinstance(cache, (PagedKVCache, SlotKVCache)):
       cache = cache.stage(k, v)
       with jax.named_scope("attention"):
-        ctx = _attend_cached(cfg, q, k_BxKxTxE, v_BxKxTxE, cache, layer, positions_BxT, kv_len)
+        ctx = _attend_cached(cfg, q, k_BxKxTxE, v_BxKxTxE, cache, layer, positions_BxT, kv_len, window)
     else:
       ctx, cache = self._attend_static(q, k_BxKxTxE, v_BxKxTxE, kv_mask_BxS, cache, cache_index, layer, kv_len,
-                                       positions_BxT)
+                                       positions_BxT, window)
     # one flat contraction over H*E: with two contracting dims XLA CPU transposed all of o_proj every step
     o_FxD = self.o_proj[...].reshape(cfg.num_attention_heads * e, -1)
     return constrain(ctx.reshape(b, t, -1) @ o_FxD, _ACT), cache
 
   def _attend_static(self, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, kv_mask_BxS, cache, cache_index, layer, kv_len,
-                     positions_BxT):
+                     positions_BxT, window):
     """(context [B, T, H, E], cache) without a cache or with the static one (written in place at cache_index;
     its slot positions `cache.pos` are written once per call by `Llama.__call__`)."""
     cfg = self.cfg
@@ -166,7 +188,7 @@ class Attention(nnx.Module):
       k_pos_BxS = cache.pos[:, :kv_len]
     s = keys_BxKxSxE.shape[2]
     mask_BxTxS = ((jnp.arange(s)[None, None, :] <= q_slots_BxT[:, :, None]) & kv_mask_BxS[:, None, :]
-                  & visible(positions_BxT[:, :, None], k_pos_BxS[:, None, :], cfg.window(layer)))
+                  & visible(positions_BxT[:, :, None], k_pos_BxS[:, None, :], window))
     with jax.named_scope("attention"):
       q_BxTxKxGxE = q_BxTxHxE.reshape(b, t, kvh, h // kvh, e)
       scores = jnp.einsum("btkge,bkse->bkgts", q_BxTxKxGxE, keys_BxKxSxE,
@@ -177,11 +199,12 @@ class Attention(nnx.Module):
     return constrain(ctx, ("batch", "seq", "heads", "head_dim")), cache
 
 
-def _attend_cached(cfg: LlamaConfig, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, cache, layer: int, positions_BxT, kv_len):
+def _attend_cached(cfg: LlamaConfig, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, cache, layer: int, positions_BxT, kv_len,
+                   window):
   """Context [B, T, H, E] of T new tokens over the cached slots below each row's first position (read in place
   from a slot cache, gathered from pages; none if kv_len == 0) and causally over the new tokens themselves."""
   b, t, h, e = q_BxTxHxE.shape
-  kvh, window = cfg.num_key_value_heads, cfg.window(layer)
+  kvh = cfg.num_key_value_heads
   q_BxTxKxGxE = q_BxTxHxE.reshape(b, t, kvh, h // kvh, e)
   scale, lowest = cfg.attn_scale, jnp.finfo(jnp.float32).min
   new = jnp.einsum("btkge,bkse->bkgts", q_BxTxKxGxE, k_BxKxTxE, preferred_element_type=jnp.float32) * scale
@@ -243,9 +266,9 @@ class Block(nnx.Module):
   def _norm(self, x, name: str):
     return rms_norm(x, getattr(self, name)[...], self.eps, self.plus_one)
 
-  def __call__(self, x, positions, kv_mask, cache, cache_index, layer, inv_freq, kv_len=None):
+  def __call__(self, x, positions, kv_mask, cache, cache_index, layer, inv_freq, kv_len=None, window=None):
     attn_out, cache = self.self_attn(self._norm(x, "input_layernorm"), positions, kv_mask,
-                                     cache, cache_index, layer, inv_freq, kv_len)
+                                     cache, cache_index, layer, inv_freq, kv_len, window)
     if self.sandwich:
       attn_out = self._norm(attn_out, "post_attention_layernorm")
     x = x + attn_out
@@ -294,15 +317,12 @@ class Llama(nnx.Module):
       cache = cache._replace(pos=jax.lax.dynamic_update_slice(cache.pos, positions_BxT.astype(cache.pos.dtype),
                                                               (0, cache_index)))
     inv_freqs = {local: jnp.asarray(cfg.inv_freq(local), jnp.float32) for local in (False, True)}
-    table = constrain(self.embed_tokens[...], ("vocab", "act_embed"))  # FSDP: gather the embed dim first
-    x = constrain(jnp.take(table, tokens_BxT, axis=0), _ACT)
-    if cfg.scale_embeddings:
-      x = x * jnp.asarray(math.sqrt(cfg.hidden_size), x.dtype)
+    x = embed(cfg, self.embed_tokens[...], tokens_BxT)
     captures = {}
     for i, block in enumerate(self.layers):
       with jax.named_scope(f"layer_{i}"):
         x, cache, attn_out, mlp_out = block(x, positions_BxT, kv_mask_BxS, cache, cache_index, i,
-                                              inv_freqs[cfg.window(i) is not None], kv_len)
+                                              inv_freqs[cfg.window(i) is not None], kv_len, cfg.window(i))
       if i in capture_layers:
         got = {"resid": x, "attn_out": attn_out, "mlp_out": mlp_out}
         captures.update({f"{p}.{i}": got[p] for p in capture_points})
