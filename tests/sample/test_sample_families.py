@@ -5,6 +5,7 @@ config.json through the family registry, the checkpoint loaded sharded over data
 other families skip that layout (its attention code is the one Gemma 3's sliding and full layers run through,
 and each layout costs a compile). One engine run per family serves both tests."""
 import json
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -94,3 +95,35 @@ def test_engine_logprobs_equal_a_teacher_forced_forward(runs, family):
     got = [lp for c in out[engine] for lp in c.logprobs]
     want = [logp[c.request, len(IDS[c.request]) - 1 + t, tok] for c in out[engine] for t, tok in enumerate(c.sampled)]
     assert np.max(np.abs(np.asarray(got) - np.asarray(want))) <= 1e-5, engine
+
+
+def test_jaxpod_sample_renders_message_prompts_with_the_checkpoints_chat_template(hf_family, tmp_path):
+  """Prompts given as message lists: `jaxpod sample` renders them with the checkpoint's own chat template (Gemma 3's,
+  beside byte-level HF tokenizer files) to the ids transformers' apply_chat_template gives, and completes them as
+  HF generate does; a text prompt in the same file stays text."""
+  import shutil
+  from transformers import AutoTokenizer
+  from jaxpod.models.llama.tokenizer import save_byte_tokenizer
+  folder, hf_model = hf_family("gemma3_text")
+  ckpt = tmp_path / "ckpt"
+  shutil.copytree(folder, ckpt)
+  save_byte_tokenizer(str(ckpt))
+  shutil.copy(Path(__file__).parents[1] / "data" / "chat_templates" / "gemma3.jinja", ckpt / "chat_template.jinja")
+  chats = [[{"role": "user", "content": "What is 2+3?"}],
+           [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]]
+  lines = [json.dumps({"messages": m}) for m in chats] + [json.dumps({"prompt": "plain text"})]
+  (tmp_path / "p.jsonl").write_text("\n".join(lines) + "\n")
+  run(SampleConfig(model=str(ckpt), prompts=str(tmp_path / "p.jsonl"), out=str(tmp_path / "o.jsonl"),
+                   max_new_tokens=NEW, batch_size=8, max_prompt_len=96, mesh=MeshConfig(data=8)))
+  rows = [json.loads(l) for l in (tmp_path / "o.jsonl").read_text().splitlines()]
+  hf_tok = AutoTokenizer.from_pretrained(str(ckpt), local_files_only=True)
+  prompt_ids = [hf_tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=False)
+                for m in chats] + [hf_tok("plain text")["input_ids"]]
+  assert rows[0]["prompt"] == hf_tok.apply_chat_template(chats[0], add_generation_prompt=True, tokenize=False)
+  assert rows[2]["prompt"] == "plain text" and prompt_ids[0][0] == prompt_ids[2][0] == 256  # one BOS each
+  for row, ids in zip(rows, prompt_ids):
+    with torch.no_grad():
+      out = hf_model.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False, eos_token_id=EOS,
+                              pad_token_id=258, attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+    want = out[0, len(ids):].tolist()
+    assert row["token_ids"] == (want[:-1] if row["finish_reason"] == "stop" else want)
