@@ -47,6 +47,8 @@ def test_logits_match_transformers_past_the_window(hf_family, family):
   folder, hf_model = hf_family(family)
   model = hf_io.load(folder, _mesh())
   assert model.cfg.model_type == family
+  # the memory checks' parameter count covers every family parameter
+  assert model.cfg.num_params() == sum(p.numel() for p in hf_model.parameters())
   tokens = _tokens()
   want = _hf_logits(hf_model, tokens)
   err = float(np.max(np.abs(_logits(model, tokens) - want)))
