@@ -115,6 +115,24 @@ _NO_BACKEND = ("import sys\nfrom jax._src import xla_bridge\nfrom jaxpod.cli.mai
                "code = main(sys.argv[1:])\nprint('backend started', bool(xla_bridge._backends))\nsys.exit(code)\n")
 
 
+def test_a_tied_head_stored_twice_loads_but_a_different_one_is_refused(hf_family, tmp_path):
+  """Qwen3 (tied): a checkpoint that also stores lm_head.weight equal to the embedding loads (some exports do);
+  a different lm_head under tie_word_embeddings=true would be dropped, so it is an error naming the fix."""
+  from safetensors import safe_open
+  from safetensors.numpy import save_file
+  folder, _ = hf_family("qwen3")
+  shutil.copytree(folder, tmp_path, dirs_exist_ok=True)
+  with safe_open(f"{folder}/model.safetensors", "numpy") as f:
+    tensors = {k: f.get_tensor(k) for k in f.keys()}
+  save_file({**tensors, "lm_head.weight": tensors["model.embed_tokens.weight"]}, f"{tmp_path}/model.safetensors")
+  tokens = _tokens(seed=3)
+  np.testing.assert_array_equal(_logits(hf_io.load(str(tmp_path), _mesh()), tokens),
+                                _logits(hf_io.load(folder, _mesh()), tokens))
+  save_file({**tensors, "lm_head.weight": tensors["model.embed_tokens.weight"] + 1}, f"{tmp_path}/model.safetensors")
+  with pytest.raises(ValueError, match=r"\['lm_head\.weight'\].*set it false"):
+    hf_io.load(str(tmp_path), _mesh())
+
+
 @pytest.mark.parametrize("command", ["sample", "extract", "rl"])
 def test_unknown_model_type_is_one_line_naming_the_supported_ones_before_jax(tmp_path, command):
   """A phi3 checkpoint: one line naming phi3 and every supported family, before any JAX backend starts."""

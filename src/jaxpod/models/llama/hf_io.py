@@ -125,6 +125,19 @@ def _weight_map(url: str) -> dict[str, str]:
     return {k: SINGLE_FILE for k in f.keys()}
 
 
+def _tied_copy(url: str, wmap: dict[str, str]) -> bool:
+  """Whether the checkpoint's lm_head.weight equals its embedding (a tied head stored twice)."""
+  from safetensors import safe_open
+  names = ("lm_head.weight", "model.embed_tokens.weight")
+  if names[1] not in wmap:
+    return False
+  files = sorted({wmap[n] for n in names})
+  with _local_folder(url, files) as local, contextlib.ExitStack() as stack:
+    handles = {f: stack.enter_context(safe_open(os.path.join(local, f), "numpy")) for f in files}
+    head, embed = (handles[wmap[n]].get_tensor(n) for n in names)
+    return head.shape == embed.shape and bool(np.array_equal(head, embed))
+
+
 def load_config(url: str, **overrides) -> LlamaConfig:
   """LlamaConfig from `<url>/config.json` (overrides e.g. dtype='bfloat16')."""
   return LlamaConfig.from_json_file(f"{url.rstrip('/')}/config.json", **overrides)
@@ -140,7 +153,10 @@ def load(url: str, mesh, cfg: LlamaConfig | None = None, rules: ShardingRules = 
   flat = nnx.to_flat_state(abs_state)
   wmap = _weight_map(url)
   wanted = {hf_name(p) for p, _ in flat}
-  _check_names(url, cfg, wanted, set(wmap))
+  stored = set(wmap)
+  if cfg.tie_word_embeddings and "lm_head.weight" in stored and _tied_copy(url, wmap):
+    stored.discard("lm_head.weight")  # some exports store the tied head too: a copy of the embedding is no loss
+  _check_names(url, cfg, wanted, stored)
   files = sorted({wmap[n] for n in wanted})
   leaves = []
   with _local_folder(url, files) as local, contextlib.ExitStack() as stack:

@@ -8,7 +8,7 @@ switches of the one shared decoder in `model.py`) and back:
   def from_hf(hf: dict) -> dict             # LlamaConfig fields; raises on a feature it cannot run
   def to_hf(cfg) -> dict                    # the config.json transformers reads back
 
-No JAX here: the family check runs before JAX initialises (DESIGN.md invariant 7).
+No JAX computation here (no backend starts): workloads check the family before JAX initialises (invariant 7).
 """
 from __future__ import annotations
 
