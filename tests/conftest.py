@@ -41,6 +41,21 @@ def gcs():
         os.environ[k] = v
 
 
+@pytest.fixture(scope="session")
+def hf_family(tmp_path_factory):
+  """hf_family(name) -> (folder, torch model): the session's one tiny checkpoint of a decoder family
+  (`tests/hf_families.py`), written by transformers on first use and shared by every test that asks for it."""
+  from tests.hf_families import write_family_checkpoint
+  made: dict = {}
+
+  def get(family: str):
+    if family not in made:
+      folder = tmp_path_factory.mktemp(f"hf_{family}")
+      made[family] = (str(folder), write_family_checkpoint(folder, family))
+    return made[family]
+  return get
+
+
 @pytest.fixture
 def bucket(gcs) -> str:
   """A fresh, empty bucket on the test GCS server: `gs://test-<suffix>`."""

@@ -34,3 +34,6 @@ def test_bench_sample_smoke(tmp_path):
   assert sum(roll["profile"]["shares"].values()) == pytest.approx(1.0)
   assert roll["profile"]["shares"]["matmuls"] > 0 and roll["profile"]["shares"]["attention"] > 0
   assert (tmp_path / "sample_occupancy.png").read_bytes()[:4] == b"\x89PNG"
+  fam = saved["families"]  # (a') the default family row set: gemma3_text at the same size
+  assert set(fam) == {"llama", "gemma3_text"} and fam["gemma3_text"]["decode_vs_hf"] > 0
+  assert fam["gemma3_text"]["greedy_tokens_equal_fraction"] == 1.0

@@ -15,7 +15,9 @@ drifts on a shared machine hit every engine alike; medians are reported. Engines
       decode_tok_s    batch * (max_new_tokens - 1) / (full generate time - ttft)
       roofline        decode_tok_s over batch * memcpy bandwidth / weight bytes (decode at batch 8
                       reads every weight once per step; the bandwidth is measured in the jax process)
-    plus the fraction of greedy tokens equal to HF's.
+    plus the fraction of greedy tokens equal to HF's; then (a') the same decode for each of `families` (a model
+    of that family at the same size: Qwen3's q/k norms, Gemma 3's norms, GELU, 5:1 sliding:full layers ...),
+    jaxpod's default layout vs HF generate, each family in its own pair of child processes.
 (b) the RL rollout (see `sample_rollout.py`): mixed prompt lengths, n samples per prompt,
     stop tokens; generated tok/s, prefill work per prompt token, slot occupancy (plot next to
     the JSON), KV memory (paged peak vs a static cache), and a profile of the default layout:
@@ -76,6 +78,7 @@ class SampleBench:
   rollout_page_size: int = 16  # KV page size of the paged layout (tokens)
   rollout_repeats: int = 1  # timed rollouts per engine (after warm-up); medians reported
   profile: bool = True  # profile the default layout on the rollout (one more traced rollout)
+  families: tuple[str, ...] = ("gemma3_text",)  # decode rows for these families at the same size (llama is (a))
   json: str | None = None  # write the results here (and the occupancy plot next to it)
 
   def __post_init__(self):
@@ -83,6 +86,9 @@ class SampleBench:
     bad = [x for x in self.layouts if x not in KV_LAYOUTS]
     if bad or not self.layouts:
       raise ValueError(f"bench.layouts={self.layouts}; use one or more of {KV_LAYOUTS} (the first is the default)")
+    from jaxpod.models.llama.families import SUPPORTED
+    if any(f not in SUPPORTED for f in self.families):
+      raise ValueError(f"bench.families={self.families}; use some of {SUPPORTED}")
     if self.threads < 0:
       raise ValueError(f"bench.threads={self.threads} must be >= 0 (0: XLA's and torch's defaults)")
 
@@ -125,12 +131,21 @@ class Child:
       self.proc.wait(timeout=60)
 
 
-def _model_config(opts: SampleBench):
+# What a family's config.json adds to a Llama one of the same size (its released models' values)
+FAMILY_KEYS = {"llama": {}, "qwen2": {}, "qwen3": {}, "mistral": {"sliding_window": 4096},
+               "gemma3_text": {"sliding_window": 512, "hidden_activation": "gelu_pytorch_tanh"}}
+
+
+def _model_config(opts: SampleBench, family: str = "llama"):
+  """The benchmark model: a Llama of the options' size, or that size in another family (through its config.json)."""
   from jaxpod.models.llama import LlamaConfig
-  return LlamaConfig(vocab_size=opts.vocab_size, hidden_size=opts.hidden_size,
-                     intermediate_size=opts.intermediate_size, num_hidden_layers=opts.num_layers,
-                     num_attention_heads=opts.num_heads, num_key_value_heads=opts.num_kv_heads,
-                     rms_norm_eps=1e-5, max_position_embeddings=4096, eos_token_id=())
+  cfg = LlamaConfig(vocab_size=opts.vocab_size, hidden_size=opts.hidden_size,
+                    intermediate_size=opts.intermediate_size, num_hidden_layers=opts.num_layers,
+                    num_attention_heads=opts.num_heads, num_key_value_heads=opts.num_kv_heads,
+                    rms_norm_eps=1e-5, max_position_embeddings=4096, eos_token_id=())
+  if family == "llama":
+    return cfg
+  return LlamaConfig.from_hf_config({**cfg.to_hf_config(), "model_type": family, **FAMILY_KEYS[family]})
 
 
 def _engines(opts: SampleBench) -> dict[str, str]:
@@ -174,9 +189,49 @@ def run(json_path: str | None = None, **overrides) -> dict:
     finally:
       for c in children.values():
         c.close()
+  if "decode" in opts.workloads and opts.families:
+    payload["families"] = _families(opts, payload["results"])
   payload["wall_s"] = time.perf_counter() - t0
   write_json(json_path, payload)
   return payload
+
+
+def _families(opts: SampleBench, llama: dict) -> dict:
+  """(a'): decode of each family's model at the same size, jaxpod's default layout vs HF generate; the table."""
+  from jaxpod.models.llama import hf_io, init
+  default = f"continuous_{opts.layouts[0]}"
+  engines = {default: "jax", "hf_generate": "hf"}
+  one = dataclasses.replace(opts, workloads=("decode",), layouts=opts.layouts[:1])
+  out = {"llama": {"params": _model_config(opts).num_params(), "decode_tok_s": llama[default]["decode_tok_s"],
+                   "hf_decode_tok_s": llama["hf_generate"]["decode_tok_s"],
+                   "decode_vs_hf": llama[default]["decode_vs_hf"], "greedy_tokens_equal_fraction": None}}
+  for family in opts.families:
+    cfg = _model_config(opts, family)
+    with tempfile.TemporaryDirectory(prefix=f"jaxpod-bench-sample-{family}-") as folder:
+      hf_io.save(init(cfg, seed=0), folder)
+      children = {side: Child(side, one, folder) for side in ("jax", "hf")}
+      try:
+        for c in children.values():
+          c.ready()
+        runs = _interleaved(children, engines, "decode", opts.repeats)
+        agree = float(np.mean(np.asarray(children["jax"].ask("decode_tokens", default))
+                              == np.asarray(children["hf"].ask("decode_tokens", "hf_generate"))))
+      finally:
+        for c in children.values():
+          c.close()
+    b, n = opts.batch_size, opts.max_new_tokens
+    rate = {e: b * (n - 1) / max(statistics.median(r["full_s"] for r in rs)
+                                 - statistics.median(r["ttft_s"] for r in rs), 1e-9) for e, rs in runs.items()}
+    out[family] = {"params": cfg.num_params(), "decode_tok_s": rate[default], "hf_decode_tok_s": rate["hf_generate"],
+                   "decode_vs_hf": rate[default] / rate["hf_generate"], "greedy_tokens_equal_fraction": agree}
+  rows = [(f, r["params"] / 1e6, r["decode_tok_s"], r["hf_decode_tok_s"], f"{r['decode_vs_hf']:.2f}x",
+           "-" if r["greedy_tokens_equal_fraction"] is None else f"{r['greedy_tokens_equal_fraction']:.0%}")
+          for f, r in out.items()]
+  print_table(f"(a') decode by family at the same size: batch {opts.batch_size}, prompt {opts.prompt_len}, "
+              f"{opts.max_new_tokens} new tokens, greedy; jaxpod {default} vs HF generate (medians of {opts.repeats}, "
+              "interleaved; llama: the (a) run)",
+              ["family", "M params", "jaxpod tok/s", "HF tok/s", "vs HF", "= HF tokens"], rows)
+  return out
 
 
 def _with_default(results: dict, opts: SampleBench) -> dict:

@@ -74,8 +74,8 @@ def _jax_decode_engines(model, mesh, opts) -> dict[str, dict[str, Any]]:
 def _hf_decode_engine(folder: str, opts) -> dict[str, Any]:
   """HF generate on the decode workload (greedy, exactly max_new_tokens)."""
   import torch
-  from transformers import LlamaForCausalLM
-  model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+  from transformers import AutoModelForCausalLM  # any family's checkpoint
+  model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
   ids = torch.from_numpy(decode_tokens(opts)).long()
   mask = torch.ones_like(ids)
 

@@ -113,9 +113,9 @@ def lockstep(model, opts) -> dict[str, Any]:
 def hf(folder, opts) -> dict[str, Any]:
   """Run / stats of HF generate: batches of slots/n prompts, left-padded, num_return_sequences=n."""
   import torch
-  from transformers import LlamaForCausalLM
+  from transformers import AutoModelForCausalLM  # any family's checkpoint
   prompts, _, stops = workload(opts)
-  model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+  model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
   per = max(1, opts.rollout_slots // opts.rollout_n)
   stop_set, pad = set(stops), 0
   computed = [0]

@@ -26,7 +26,7 @@ FORWARDS = ("sharded", "exact")
 class ExtractConfig:
   """Options of `jaxpod extract` (one activation dataset per run)."""
 
-  model: str = ""  # HF Llama checkpoint folder or fsspec URL (config.json + safetensors)
+  model: str = ""  # HF checkpoint folder or fsspec URL (config.json + safetensors); families: models/llama/families
   prompts: str = ""  # prompt file: .txt (one prompt per line) or .jsonl ({"text": ...} or {"prompt": ...})
   layers: tuple[int, ...] = ()  # decoder blocks to capture, 0-based (CLI: --layers 4,8)
   out: str = ""  # output folder or fsspec URL (local, memory://, gs://); rerun with the same to resume
@@ -83,7 +83,7 @@ def read_model_config(url: str) -> dict:
   path = f"{root.rstrip('/')}/config.json"
   if not fs.exists(path):
     what = "does not exist" if not fs.exists(root) else "has no config.json"
-    raise ValueError(f"extract.model={url!r} {what}; point --model at a HF Llama checkpoint folder")
+    raise ValueError(f"extract.model={url!r} {what}; point --model at a HF checkpoint folder")
   with fs.open(path, "r") as f:
     return json.load(f)
 
@@ -126,6 +126,11 @@ def check_batch(cfg: ExtractConfig, num_devices: int) -> None:
 def check_inputs(cfg: ExtractConfig, hosts: HostInfo) -> dict:
   """Everything that can be checked before JAX init; returns the model's config.json dict."""
   hf = read_model_config(cfg.model)
+  from jaxpod.models.llama.config import LlamaConfig  # no backend: reads the dict through its family
+  try:
+    LlamaConfig.from_hf_config(hf)
+  except (ValueError, KeyError) as e:
+    raise ValueError(f"extract.model={cfg.model!r}: {e}") from None
   check_layers(cfg, int(hf["num_hidden_layers"]))
   fs, path = fsspec.core.url_to_fs(cfg.prompts)
   if not fs.isfile(path):

@@ -83,17 +83,16 @@ class ShardedForward:
     def fn(params, tokens_BxT, mask_BxT):
       embed, blocks = params
       b, t = tokens_BxT.shape
-      table = constrain(embed, ("vocab", "act_embed"))  # as Llama.__call__: gather the embed dim first
-      x = constrain(jnp.take(table, tokens_BxT, axis=0), ACT)
+      x = model_lib.embed(mc, embed, tokens_BxT)  # as Llama.__call__
       positions = jnp.broadcast_to(jnp.arange(t), (b, t))
-      inv_freq = jnp.asarray(mc.inv_freq(), jnp.float32)
+      inv_freq_LxE2, window_L = model_lib.layer_tables(mc)  # per layer: sliding and full layers differ
       bufs = {p: constrain(jnp.zeros((len(layers) + 1, *x.shape), x.dtype), BUFFER) for p in points}
 
       def body(i, carry):
         x, bufs = carry
         block = nnx.merge(block_def, jax.tree.map(lambda w: jax.lax.dynamic_index_in_dim(w, i, keepdims=False),
                                                   blocks))
-        x, _, attn_out, mlp_out = block(x, positions, mask_BxT, None, 0, 0, inv_freq)
+        x, _, attn_out, mlp_out = block(x, positions, mask_BxT, None, 0, 0, inv_freq_LxE2[i], window=window_L[i])
         got = {"resid": x, "attn_out": attn_out, "mlp_out": mlp_out}
         slot = jnp.asarray(slots)[i]
         bufs = {p: constrain(jax.lax.dynamic_update_index_in_dim(bufs[p], got[p].astype(x.dtype), slot, 0), BUFFER)

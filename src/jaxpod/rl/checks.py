@@ -33,7 +33,7 @@ def before_jax(cfg: RLConfig) -> None:
   if several and cfg.role != "auto":
     storage.check_shared(cfg.trainer.runs_dir, "trainer.runs_dir", 2)
   if cfg.model.hf and not storage.exists(storage.join(cfg.model.hf, "config.json")):
-    raise FileNotFoundError(f"model.hf={cfg.model.hf}: no config.json there; point it at a HF Llama checkpoint folder")
+    raise FileNotFoundError(f"model.hf={cfg.model.hf}: no config.json there; point it at a HF checkpoint folder (families: jaxpod.models.llama.families)")
   check_lengths(cfg)
 
 

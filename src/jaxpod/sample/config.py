@@ -178,10 +178,19 @@ class SampleConfig(SamplingOptions):
     super().__post_init__()
 
   def check_files(self) -> None:
-    """Invariant 7: the checkpoint config and the prompt file exist (before JAX initialises)."""
+    """Invariant 7: the checkpoint config and the prompt file exist, and the config.json names a family jaxpod
+    runs (before JAX initialises)."""
+    import json
     import fsspec
+    from jaxpod.models.llama.config import LlamaConfig
     for field, path in (("model", f"{self.model.rstrip('/')}/config.json"), ("prompts", self.prompts)):
       fs, p = fsspec.core.url_to_fs(path)
       if not fs.exists(p):
         raise FileNotFoundError(f"sample.{field}: {path} does not exist; point --{field} at "
                                 f"{'a HF checkpoint folder' if field == 'model' else 'a .txt or .jsonl file'}")
+    with fsspec.open(f"{self.model.rstrip('/')}/config.json", "r") as f:
+      hf = json.load(f)
+    try:
+      LlamaConfig.from_hf_config(hf)
+    except (ValueError, KeyError) as e:
+      raise ValueError(f"sample.model={self.model}: {e}") from None

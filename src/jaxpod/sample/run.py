@@ -29,8 +29,9 @@ from jaxpod.sample.config import SampleConfig
 from jaxpod.sample.sampler import Sampler, check_batch, check_memory, make_sample_mesh
 
 
-def read_prompts(path: str) -> tuple[list[str], list[int | None]]:
-  """Prompts (and optional per-request seeds) from .jsonl ({"prompt", "seed"?}) or text lines."""
+def read_prompts(path: str) -> tuple[list[str | list[dict]], list[int | None]]:
+  """Prompts (and optional per-request seeds) from .jsonl ({"prompt": text or "messages": [{"role", "content"},
+  ...], "seed"?}) or text lines; a message list is returned as is (`tokenized_prompts` renders it)."""
   with fsspec.open(path, "r") as f:
     lines = [l.rstrip("\n") for l in f]
   if path.endswith(".jsonl"):
@@ -41,21 +42,45 @@ def read_prompts(path: str) -> tuple[list[str], list[int | None]]:
           rows.append(json.loads(line))
         except ValueError as e:
           raise ValueError(f"sample.prompts={path} line {n} is not JSON ({e}); one object per line: "
-                           '{"prompt": "..."}') from None
-    bad = [i for i, r in enumerate(rows) if not isinstance(r, dict) or not isinstance(r.get("prompt"), str)]
+                           '{"prompt": "..."} or {"messages": [...]}') from None
+    bad = [i for i, r in enumerate(rows) if not isinstance(r, dict)
+           or not (isinstance(r.get("prompt"), str) or isinstance(r.get("messages"), list))]
     if bad:
-      raise ValueError(f"{path}: line(s) {bad[:5]} lack a string \"prompt\" field")
-    return [r["prompt"] for r in rows], [r.get("seed") for r in rows]
+      raise ValueError(f"{path}: line(s) {bad[:5]} lack a string \"prompt\" or a \"messages\" list")
+    return [r["prompt"] if isinstance(r.get("prompt"), str) else r["messages"] for r in rows], \
+        [r.get("seed") for r in rows]
   prompts = [l for l in lines if l.strip()]
   return prompts, [None] * len(prompts)
 
 
+def render_messages(cfg: SampleConfig, prompts: list) -> list[tuple[str, bool]]:
+  """(text, rendered) per prompt: message lists rendered with the checkpoint's chat template and its generation
+  prompt, as transformers' apply_chat_template does; text prompts as they are."""
+  if all(isinstance(p, str) for p in prompts):
+    return [(p, False) for p in prompts]
+  from jaxpod.data.chat import load_chat_template, load_special_tokens, render_chat
+  template = load_chat_template(cfg.model)
+  if template is None:
+    raise ValueError(f"sample.prompts={cfg.prompts} gives message lists but sample.model={cfg.model} carries no "
+                     "chat template (chat_template.jinja, or chat_template in tokenizer_config.json); add one or "
+                     "give the prompts as text")
+  specials = load_special_tokens(cfg.model)
+  return [(p, False) if isinstance(p, str) else
+          (render_chat(template, p, add_generation_prompt=True, special_tokens=specials,
+                       where=f"{cfg.prompts} prompt {i}"), True) for i, p in enumerate(prompts)]
+
+
 def tokenized_prompts(cfg: SampleConfig, tok) -> tuple[list[str], list[list[int]], list[int]]:
-  """(prompts, token ids, seeds) from the prompt file; raises on empty or too-long prompts."""
-  prompts, seeds = read_prompts(cfg.prompts)
-  if not prompts:
+  """(prompts as text, token ids, seeds) from the prompt file; raises on empty or too-long prompts.
+
+  A rendered chat template is tokenized without added special tokens (it carries its own BOS, as
+  apply_chat_template(tokenize=True) does)."""
+  raw, seeds = read_prompts(cfg.prompts)
+  if not raw:
     raise ValueError(f"{cfg.prompts} holds no prompts")
-  ids = [tok.encode(p) for p in prompts]
+  rendered = render_messages(cfg, raw)
+  prompts = [text for text, _ in rendered]
+  ids = [tok.encode(text, add_special_tokens=not chat) for text, chat in rendered]
   empty = [i for i, x in enumerate(ids) if not x]
   if empty:
     raise ValueError(f"{cfg.prompts}: prompt(s) {empty[:5]} are empty (0 tokens); remove them or give them text")

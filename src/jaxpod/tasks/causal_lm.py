@@ -9,6 +9,8 @@
   the control plane (invariant 2). Every host reads it, checks the hash, packs the same rows.
 - Tokenizer (`data.tokenizer`): `byte` (ids 0..255, BOS 256, EOS 257, PAD 258) or a folder holding a
   `tokenizer.json` trained offline (`jaxpod.models.llama.load_tokenizer`).
+- Model: `task.model` (random init; any family's switches, see `models/llama/families/`), or
+  `task.init_from`, a HF checkpoint of any family whose config.json and weights the run starts from.
 - Loss: mean next-token cross-entropy over the global batch (`models/llama/loss.py`);
   logged as loss and perplexity. AdamW with warmup + cosine, global-norm clipping.
 - Eval: held-out rows (the tail of the stream), loss and perplexity with the EMA weights.
@@ -86,6 +88,7 @@ class CausalLMConfig(TaskConfig):
   plot_metrics: tuple[str, ...] = ("loss", "perplexity")
   data: TextData = dataclasses.field(default_factory=TextData)
   model: LlamaConfig = dataclasses.field(default_factory=_default_model)
+  init_from: str = ""  # HF checkpoint (folder or URL, any family) to start from; its config.json replaces model
   optim: AdamWConfig = dataclasses.field(default_factory=AdamWConfig)
   sample: SamplingOptions = dataclasses.field(default_factory=SamplingOptions)  # SampleHook's options
   sample_every: int = 0  # SampleHook cadence in steps (0: only at the end; no prompts: no sampling)
@@ -93,8 +96,17 @@ class CausalLMConfig(TaskConfig):
 
   prefix = "lm"
 
+  def model_config(self) -> LlamaConfig:
+    """The architecture trained: init_from's config.json (read through its family; no JAX), else `model`."""
+    if not self.init_from:
+      return self.model
+    url = storage.join(self.init_from, "config.json")
+    if not storage.exists(url):
+      raise FileNotFoundError(f"task.init_from={self.init_from}: no config.json there; point it at a HF checkpoint")
+    return LlamaConfig.from_json_file(url)
+
   def __post_init__(self):
-    d, m, smp = self.data, self.model, self.sample
+    d, m, smp = self.data, self.model_config(), self.sample
     if d.seq_len > m.max_position_embeddings:
       raise ValueError(f"task.data.seq_len={d.seq_len} exceeds task.model.max_position_embeddings="
                        f"{m.max_position_embeddings}; lower seq_len or raise max_position_embeddings")
@@ -136,6 +148,7 @@ class LMTask:
 
   def __init__(self, cfg: TrainConfig):
     self.cfg, self.lm = cfg, cfg.task
+    self.model_cfg = self.lm.model_config()
     self.tokenizer = _load_tokenizer(self.lm.data.tokenizer)
     self.loader = None
 
@@ -174,8 +187,8 @@ class LMTask:
     eos = self.tokenizer.eos_ids[0] if self.tokenizer.eos_ids else None
     tokens = tokenize_documents(self.read_text() if text is None else text, self.tokenizer.encode, eos)
     top = int(tokens.max()) if len(tokens) else 0
-    if top >= self.lm.model.vocab_size:
-      raise ValueError(f"the tokenizer produced id {top} but task.model.vocab_size={self.lm.model.vocab_size}; "
+    if top >= self.model_cfg.vocab_size:
+      raise ValueError(f"the tokenizer produced id {top} but task.model.vocab_size={self.model_cfg.vocab_size}; "
                        f"set task.model.vocab_size >= {top + 1}")
     return tokens.astype(np.uint16) if top < 2 ** 16 else tokens
 
@@ -198,13 +211,22 @@ class LMTask:
   def abstract_model(self, seed: int):
     from flax import nnx
     from jaxpod.models.llama import abstract
-    graphdef, params = nnx.split(abstract(self.lm.model))
+    graphdef, params = nnx.split(abstract(self.model_cfg))
     return graphdef, params, {}
 
   def init_model(self, seed: int):
     from flax import nnx
     from jaxpod.models.llama import Llama
-    return nnx.split(Llama(self.lm.model, rngs=nnx.Rngs(params=seed)))[1], {}
+    return nnx.split(Llama(self.model_cfg, rngs=nnx.Rngs(params=seed)))[1], {}
+
+  def initial_params(self, mesh, shardings):
+    """task.init_from's weights placed like the trainer's params; None: random init."""
+    if not self.lm.init_from:
+      return None
+    import jax
+    from flax import nnx
+    from jaxpod.models.llama import hf_io
+    return jax.device_put(nnx.split(hf_io.load(self.lm.init_from, mesh, cfg=self.model_cfg))[1], shardings.params), {}
 
   def init_carry(self, global_batch: int):
     return ()

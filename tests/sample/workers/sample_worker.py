@@ -1,4 +1,5 @@
-"""Worker for the multi-host sampling tests: `python sample_worker.py SCENARIOS CKPT PROMPTS OUT_DIR BAD_CKPT`.
+"""Worker for the multi-host sampling tests:
+`python sample_worker.py SCENARIOS CKPT PROMPTS OUT_DIR BAD_CKPT [FAMILY_CKPT]`.
 
 SCENARIOS is a comma list, run in order in the same processes (one launch serves several tests):
   modes  `jaxpod.sample.run` in global then replicated mode; the leader writes OUT_DIR/<mode>.jsonl
@@ -7,6 +8,7 @@ SCENARIOS is a comma list, run in order in the same processes (one launch serves
   hook   trains the tiny Llama 6 steps without, then with a SampleHook every 2 steps in global, then in
          replicated mode; prints `LOSSES <plain|hook|hook_replicated> <hex of the float32 losses>`;
          samples go to OUT_DIR/<hook|hook_replicated>.jsonl
+  family `jaxpod.sample.run` of FAMILY_CKPT (a sliding-window family), greedy, global mode, to OUT_DIR/family.jsonl
 """
 import dataclasses
 import json
@@ -18,6 +20,7 @@ import numpy as np
 from jaxpod import runtime
 
 scenarios, ckpt, prompts, out_dir, bad_ckpt = sys.argv[1].split(","), *sys.argv[2:6]
+family_ckpt = sys.argv[6] if len(sys.argv) > 6 else None
 host = runtime.init(runtime.RuntimeConfig(control_timeout_s=90))
 
 from jaxpod.runtime import MeshConfig, make_mesh  # noqa: E402
@@ -79,6 +82,9 @@ for scenario in scenarios:
   if scenario == "modes":
     run(dataclasses.replace(BASE, mode="global", out=f"{out_dir}/global.jsonl", mesh=GLOBAL_MESH))
     run(dataclasses.replace(BASE, mode="replicated", out=f"{out_dir}/replicated.jsonl"))
+  elif scenario == "family":
+    run(dataclasses.replace(BASE, model=family_ckpt, mode="global", out=f"{out_dir}/family.jsonl", mesh=GLOBAL_MESH,
+                            temperature=0.0, n=1))
   elif scenario == "fail":
     fail("tokenizer", dataclasses.replace(BASE, model=bad_ckpt))
     fail("memory", dataclasses.replace(BASE, batch_size=4096, max_new_tokens=1_000_000))  # TBs of KV cache

@@ -1,8 +1,11 @@
 """`LlamaConfig`: the shape of a Llama-family decoder, read from a Hugging Face `config.json`.
 
-Both config generations are read: newer files carry `rope_parameters` (with `rope_theta`,
-`rope_type` and scaling fields) and `head_dim`; older ones carry top-level `rope_theta` and
-an optional `rope_scaling` dict. RoPE types supported: `default`, `linear` and `llama3`.
+One decoder serves every family (`families/`): a family is a set of switches on this config
+(q/k/v biases, q/k norms, (1 + w) norms, sliding layers, ...), and its module maps config.json
+onto them and back; `model_type` picks the module. Both config generations are read: newer
+files carry `rope_parameters` (with `rope_theta`, `rope_type` and scaling fields) and
+`head_dim`; older ones carry top-level `rope_theta` and an optional `rope_scaling` dict.
+RoPE types supported: `default`, `linear` and `llama3`.
 """
 from __future__ import annotations
 
@@ -13,8 +16,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from jaxpod.models.llama import families
+
 ROPE_TYPES = ("default", "linear", "llama3")
 DTYPES = ("float32", "bfloat16")
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+LAYER_KINDS = ("full_attention", "sliding_attention")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +48,17 @@ class LlamaConfig:
   eos_token_id: tuple[int, ...] = (2,)  # HF allows one id or a list; always a tuple here
   pad_token_id: int | None = None
   dtype: str = "float32"  # compute and parameter dtype: float32 | bfloat16
+  model_type: str = "llama"  # family (config.json model_type): how config.json is read and written
+  qkv_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
+  qk_norm: bool = False  # RMSNorm over head_dim on every query and key head before RoPE (Qwen3, Gemma 3)
+  norm_plus_one: bool = False  # RMSNorm scales by (1 + w) in float32, weights stored around 0 (Gemma)
+  scale_embeddings: bool = False  # embeddings times sqrt(hidden_size), rounded to the compute dtype (Gemma)
+  hidden_act: str = "silu"  # MLP gate activation: silu | gelu_pytorch_tanh (Gemma)
+  sandwich_norms: bool = False  # also norm the attention and MLP outputs; MLP input norm is pre_feedforward (Gemma 3)
+  query_pre_attn_scalar: float | None = None  # attention scale query_pre_attn_scalar**-0.5 (Gemma); None: head_dim
+  sliding_window: int | None = None  # a sliding layer's query at i sees keys j with i - window < j <= i
+  layer_types: tuple[str, ...] = ()  # per layer: full_attention | sliding_attention; () = all full
+  rope_local_theta: float | None = None  # RoPE base of sliding layers (Gemma 3 local layers); None: rope_theta
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -62,6 +80,32 @@ class LlamaConfig:
       raise ValueError(f"LlamaConfig.dtype={self.dtype!r}; use one of {DTYPES}")
     if not isinstance(self.eos_token_id, tuple):
       raise ValueError(f"LlamaConfig.eos_token_id must be a tuple of ints, got {self.eos_token_id!r}")
+    families.family(self.model_type)
+    if self.hidden_act not in ACTIVATIONS:
+      raise ValueError(f"LlamaConfig.hidden_act={self.hidden_act!r}; use one of {ACTIVATIONS}")
+    if self.layer_types and len(self.layer_types) != self.num_hidden_layers:
+      raise ValueError(f"LlamaConfig.layer_types has {len(self.layer_types)} entries for num_hidden_layers="
+                       f"{self.num_hidden_layers}; give one per layer (or none: all full attention)")
+    bad = sorted(set(self.layer_types) - set(LAYER_KINDS))
+    if bad:
+      raise ValueError(f"LlamaConfig.layer_types has {bad}; use {LAYER_KINDS}")
+    if "sliding_attention" in self.layer_types and not (self.sliding_window or 0) >= 1:
+      raise ValueError(f"LlamaConfig.layer_types has sliding layers but sliding_window={self.sliding_window}; "
+                       "set sliding_window >= 1")
+
+  @property
+  def layer_kinds(self) -> tuple[str, ...]:
+    """Attention kind of every layer (full_attention when layer_types is empty)."""
+    return self.layer_types or ("full_attention",) * self.num_hidden_layers
+
+  def window(self, layer: int) -> int | None:
+    """Keys a query of `layer` sees back from itself (None: all, causally)."""
+    return self.sliding_window if self.layer_kinds[layer] == "sliding_attention" else None
+
+  @property
+  def attn_scale(self) -> float:
+    """Multiplier of q.k scores."""
+    return (self.query_pre_attn_scalar if self.query_pre_attn_scalar is not None else self.head_dim_) ** -0.5
 
   @property
   def head_dim_(self) -> int:
@@ -77,15 +121,21 @@ class LlamaConfig:
     """Parameter count (embedding counted once when tied)."""
     d, i, hd = self.hidden_size, self.intermediate_size, self.head_dim_
     h, kv = self.num_attention_heads, self.num_key_value_heads
-    per_layer = d * hd * (2 * h + 2 * kv) + 3 * d * i + 2 * d
+    per_layer = (d * hd * (2 * h + 2 * kv) + 3 * d * i + (4 if self.sandwich_norms else 2) * d
+                 + (hd * (h + 2 * kv) if self.qkv_bias else 0) + (2 * hd if self.qk_norm else 0))
     head = 0 if self.tie_word_embeddings else self.vocab_size * d
     return self.vocab_size * d + head + d + self.num_hidden_layers * per_layer
 
-  def inv_freq(self) -> np.ndarray:
-    """RoPE inverse frequencies [hd/2] in float64, with linear or Llama-3 scaling applied."""
+  def inv_freq(self, local: bool = False) -> np.ndarray:
+    """RoPE inverse frequencies [hd/2] in float64, with linear or Llama-3 scaling applied.
+
+    local: of sliding layers, whose RoPE (when rope_local_theta is set) is the default one with that base."""
     hd = self.head_dim_
-    inv = 1.0 / (self.rope_theta ** (np.arange(0, hd, 2, dtype=np.int64).astype(np.float32) / hd))
+    theta = self.rope_local_theta if local and self.rope_local_theta is not None else self.rope_theta
+    inv = 1.0 / (theta ** (np.arange(0, hd, 2, dtype=np.int64).astype(np.float32) / hd))
     inv = inv.astype(np.float64)
+    if local and self.rope_local_theta is not None:
+      return inv
     if self.rope_type == "linear":
       return inv / self.rope_factor
     if self.rope_type == "llama3":
@@ -102,67 +152,15 @@ class LlamaConfig:
 
   @classmethod
   def from_hf_config(cls, hf: Mapping[str, Any], **overrides) -> "LlamaConfig":
-    """Read a HF Llama `config.json` dict (new `rope_parameters` or old `rope_theta`/`rope_scaling`)."""
-    rope = dict(hf.get("rope_parameters") or {})
-    old_scaling = hf.get("rope_scaling") or {}
-    if not rope:
-      rope = dict(old_scaling)
-      rope.setdefault("rope_theta", hf.get("rope_theta", 10000.0))
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    eos = hf.get("eos_token_id")
-    eos = () if eos is None else (tuple(int(e) for e in eos) if isinstance(eos, (list, tuple)) else (int(eos),))
-    fields = dict(
-        vocab_size=hf["vocab_size"],
-        hidden_size=hf["hidden_size"],
-        intermediate_size=hf["intermediate_size"],
-        num_hidden_layers=hf["num_hidden_layers"],
-        num_attention_heads=hf["num_attention_heads"],
-        num_key_value_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-        head_dim=hf.get("head_dim"),
-        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-        rope_type=rope_type,
-        rope_factor=float(rope.get("factor", 1.0)),
-        rope_low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
-        rope_high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
-        rope_original_max_position=int(rope.get("original_max_position_embeddings",
-                                                hf.get("max_position_embeddings", 8192))),
-        max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        bos_token_id=hf.get("bos_token_id"),
-        eos_token_id=eos,
-        pad_token_id=hf.get("pad_token_id"),
-        # the stored dtype becomes the compute dtype unless overridden (float16 computes in float32)
-        dtype="bfloat16" if (hf.get("dtype") or hf.get("torch_dtype")) == "bfloat16" else "float32",
-    )
-    for bad in ("attention_bias", "mlp_bias"):
-      if hf.get(bad):
-        raise ValueError(f"config.json sets {bad}=true; jaxpod's Llama has no biases")
-    if hf.get("hidden_act", "silu") != "silu":
-      raise ValueError(f"config.json hidden_act={hf['hidden_act']!r}; jaxpod's Llama supports silu only")
+    """Read a HF `config.json` dict through its family (`model_type`); unknown families raise in one line."""
+    fields = families.fields_from_hf(hf)
+    fields["layer_types"] = tuple(fields.get("layer_types") or ())
     fields.update(overrides)
     return cls(**fields)
 
   def to_hf_config(self) -> dict:
-    """A HF `config.json` dict (new `rope_parameters` layout) for this config."""
-    rope: dict[str, Any] = {"rope_type": self.rope_type, "rope_theta": self.rope_theta}
-    if self.rope_type in ("linear", "llama3"):
-      rope["factor"] = self.rope_factor
-    if self.rope_type == "llama3":
-      rope.update(low_freq_factor=self.rope_low_freq_factor, high_freq_factor=self.rope_high_freq_factor,
-                  original_max_position_embeddings=self.rope_original_max_position)
-    eos = list(self.eos_token_id)
-    return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
-        "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_hidden_layers,
-        "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
-        "head_dim": self.head_dim_, "rms_norm_eps": self.rms_norm_eps, "rope_parameters": rope,
-        "max_position_embeddings": self.max_position_embeddings, "hidden_act": "silu",
-        "tie_word_embeddings": self.tie_word_embeddings, "bos_token_id": self.bos_token_id,
-        "eos_token_id": eos[0] if len(eos) == 1 else (eos or None), "pad_token_id": self.pad_token_id,
-        "attention_bias": False, "mlp_bias": False, "dtype": self.dtype,
-    }
+    """The HF `config.json` dict of this config's family (new `rope_parameters` layout)."""
+    return families.family(self.model_type).to_hf(self)
 
   @classmethod
   def from_json_file(cls, path: str, **overrides) -> "LlamaConfig":

@@ -2,8 +2,8 @@
 
 Shapes use B=rows, T=new tokens, S=key slots, K=kv heads, E=head_dim, L=layers, P=pages.
 
-  KVCache      [L, B, K, S, E] each for k and v; the lock-step engine writes the T new tokens at
-               one shared slot index (`Attention` updates it in place).
+  KVCache      [L, B, K, S, E] each for k and v, plus each slot's position [B, S]; the lock-step
+               engine writes the T new tokens at one shared slot index (`Attention` updates it in place).
   PagedKVCache pools [L, P, page_size, K, E] plus a page table [B, M]; position p of row b lives
                in page table[b, p // page_size] at offset p % page_size. Reading gathers a row's
                pages. Page 0 is scratch.
@@ -33,16 +33,19 @@ SLOT_AXES = ("batch", "kv_heads", "cache_seq", "head_dim")  # one layer's buffer
 
 
 class KVCache(NamedTuple):
-  """Static key/value cache, each [L, B, K, S, E] (the layout attention reads without a transpose)."""
+  """Static key/value cache, each [L, B, K, S, E] (the layout attention reads without a transpose), and the
+  position of the token in each slot [B, S] (slots are not positions here; sliding layers mask on positions)."""
 
   k: jax.Array
   v: jax.Array
+  pos: jax.Array
 
   @classmethod
   def zeros(cls, cfg: LlamaConfig, batch: int, length: int) -> "KVCache":
     shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, length, cfg.head_dim_)
     z = jnp.zeros(shape, cfg.jnp_dtype)
-    return cls(constrain(z, CACHE_AXES), constrain(z, CACHE_AXES))
+    return cls(constrain(z, CACHE_AXES), constrain(z, CACHE_AXES),
+               constrain(jnp.zeros((batch, length), jnp.int32), ("batch", "cache_seq")))
 
   @staticmethod
   def nbytes(cfg: LlamaConfig, batch: int, length: int) -> int:

@@ -1,4 +1,8 @@
-"""Llama-family decoder in Flax NNX: GQA, split-half RoPE (with Llama-3 scaling), RMSNorm, SwiGLU.
+"""Llama-family decoder in Flax NNX: GQA, split-half RoPE (with Llama-3 scaling), RMSNorm, gated MLP.
+
+The same blocks serve every family in `families/`; the config's switches add q/k/v biases
+(Qwen2), per-head q/k norms (Qwen3, Gemma 3), (1 + w) norms, scaled embeddings, GELU and
+sandwich norms (Gemma 3), and sliding-window layers (Mistral, Gemma 3, Qwen2/3 when enabled).
 
 Every parameter is declared once, with its logical axes (`runtime/sharding.py` names), so
 abstract shapes, shardings and HF loading all derive from the module tree. Shapes in names
@@ -11,25 +15,29 @@ slot q sees key slot s iff `s <= q and kv_mask[b, s]`. Without a cache the slots
 `cache_index .. cache_index+T-1` (one scalar index for the whole batch), and `kv_mask`
 says which slots of each row hold real keys. RoPE uses `positions`, which need not equal
 slots: the sampler puts ragged prompts right-padded at slots 0.. and every decode step at
-one shared slot, with true per-row positions.
+one shared slot, with true per-row positions. A sliding layer (window W) also requires
+`q_pos - k_pos < W`, on positions: the static cache keeps each slot's position (`KVCache.pos`).
 
 With a `PagedKVCache` or a `SlotKVCache` (see `kv.py`) a token's slot is its position. A
 call's T new tokens (at positions p0..p0+T-1 of each row) attend to the cached slots below
 p0 (none when kv_len=0, as in a prefill from position 0), plus causally to each other; the
 softmax runs over both parts at once without concatenating the cached keys (a copy), and
 the new keys/values come back staged in the returned cache for the caller to write when no
-later read of the buffers remains in its program.
+later read of the buffers remains in its program. Sliding layers keep every key and mask
+those older than the window (same tokens; no memory saved).
 
 Captures (for activation extraction): `capture_layers=(i, ...)` and
 `capture_points=("resid", "attn_out", "mlp_out")` return `out.captures["resid.3"]` etc.,
 each [B, T, D] in the compute dtype:
   resid.i    residual stream after block i (HF `hidden_states[i+1]`, except that HF applies
              the final norm to its last entry and jaxpod does not)
-  attn_out.i output of block i's attention (after o_proj), before it is added to the residual
-  mlp_out.i  output of block i's MLP (after down_proj), before it is added to the residual
+  attn_out.i output of block i's attention (after o_proj; Gemma 3: after its post-attention norm), as added
+             to the residual
+  mlp_out.i  output of block i's MLP (after down_proj; Gemma 3: after its post-feedforward norm), as added
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple, Sequence
 
@@ -57,11 +65,47 @@ def _param(rngs: nnx.Rngs, shape, axes, dtype, scale: float = 0.02) -> nnx.Param
   return nnx.Param(scale * jax.random.normal(rngs.params(), shape, jnp.float32).astype(dtype), logical_axes=axes)
 
 
-def rms_norm(x, w, eps: float):
-  """HF RMSNorm: w * (x32 * rsqrt(mean(x32^2) + eps)).astype(dtype)."""
+def rms_norm(x, w, eps: float, plus_one: bool = False):
+  """HF RMSNorm: w * (x32 * rsqrt(mean(x32^2) + eps)).astype(dtype); Gemma's: (y32 * (1 + w32)).astype(dtype)."""
   x32 = x.astype(jnp.float32)
   y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  if plus_one:
+    return (y * (1.0 + w.astype(jnp.float32))).astype(x.dtype)
   return w * y.astype(x.dtype)
+
+
+def _norm_param(cfg: LlamaConfig, dim: int, axes) -> nnx.Param:
+  """A norm weight at identity: ones, or zeros for (1 + w) norms."""
+  return nnx.Param((jnp.zeros if cfg.norm_plus_one else jnp.ones)((dim,), cfg.jnp_dtype), logical_axes=axes)
+
+
+def _bias_param(shape, axes, dtype) -> nnx.Param:
+  return nnx.Param(jnp.zeros(shape, dtype), logical_axes=axes)
+
+
+NO_WINDOW = 2 ** 30  # a traced layer window that hides nothing (a full-attention layer in a loop over layers)
+
+
+def visible(q_pos, k_pos, window):
+  """Sliding-window visibility of keys at k_pos from queries at q_pos (broadcast): all when window is None.
+  window may be traced (a loop over layers of both kinds passes NO_WINDOW for full ones)."""
+  return True if window is None else (q_pos - k_pos < window)
+
+
+def layer_tables(cfg: LlamaConfig):
+  """(RoPE inverse frequencies [L, E/2] float32, windows [L] int32 with NO_WINDOW for full layers): what a
+  loop over the layers with a traced index reads (`Llama.__call__` unrolls and uses the config directly)."""
+  import numpy as np
+  inv = np.stack([cfg.inv_freq(cfg.window(i) is not None) for i in range(cfg.num_hidden_layers)])
+  windows = [cfg.window(i) or NO_WINDOW for i in range(cfg.num_hidden_layers)]
+  return jnp.asarray(inv, jnp.float32), jnp.asarray(windows, jnp.int32)
+
+
+def embed(cfg: LlamaConfig, table_VxD, tokens_BxT):
+  """Token embeddings [B, T, D] (times sqrt(D) in the compute dtype for Gemma), the table gathered over FSDP first."""
+  table = constrain(table_VxD, ("vocab", "act_embed"))
+  x = constrain(jnp.take(table, tokens_BxT, axis=0), _ACT)
+  return x * jnp.asarray(math.sqrt(cfg.hidden_size), x.dtype) if cfg.scale_embeddings else x
 
 
 def rope(x_BxTxNxE, positions_BxT, inv_freq_E2):
@@ -84,62 +128,88 @@ class Attention(nnx.Module):
     self.k_proj = _param(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"), dt)
     self.v_proj = _param(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"), dt)
     self.o_proj = _param(rngs, (h, e, d), ("heads", "head_dim", "embed"), dt)
+    if cfg.qkv_bias:
+      self.q_bias = _bias_param((h, e), ("heads", "head_dim"), dt)
+      self.k_bias = _bias_param((k, e), ("kv_heads", "head_dim"), dt)
+      self.v_bias = _bias_param((k, e), ("kv_heads", "head_dim"), dt)
+    if cfg.qk_norm:
+      self.q_norm = _norm_param(cfg, e, ("head_dim",))
+      self.k_norm = _norm_param(cfg, e, ("head_dim",))
 
-  def __call__(self, x_BxTxD, positions_BxT, kv_mask_BxS, cache, cache_index, layer: int, inv_freq, kv_len=None):
+  def _project(self, x_BxTxD, name: str, axes):
+    """x @ {q,k,v}_proj (+ bias): [B, T, heads, E]."""
+    y = jnp.einsum("btd,dhe->bthe", x_BxTxD, getattr(self, f"{name}_proj")[...])
+    if self.cfg.qkv_bias:
+      y = y + getattr(self, f"{name}_bias")[...]
+    return constrain(y, ("batch", "seq", axes, "head_dim"))
+
+  def __call__(self, x_BxTxD, positions_BxT, kv_mask_BxS, cache, cache_index, layer: int, inv_freq, kv_len=None,
+               window=None):
+    """window: keys a query sees back from itself (None: all); the caller passes its layer's."""
     cfg = self.cfg
     e = cfg.head_dim_
     b, t, _ = x_BxTxD.shape
-    q = constrain(jnp.einsum("btd,dhe->bthe", x_BxTxD, self.q_proj[...]), ("batch", "seq", "heads", "head_dim"))
-    k = constrain(jnp.einsum("btd,dke->btke", x_BxTxD, self.k_proj[...]), ("batch", "seq", "kv_heads", "head_dim"))
-    v = constrain(jnp.einsum("btd,dke->btke", x_BxTxD, self.v_proj[...]), ("batch", "seq", "kv_heads", "head_dim"))
+    q, k, v = (self._project(x_BxTxD, "q", "heads"), self._project(x_BxTxD, "k", "kv_heads"),
+               self._project(x_BxTxD, "v", "kv_heads"))
+    if cfg.qk_norm:
+      q = rms_norm(q, self.q_norm[...], cfg.rms_norm_eps, cfg.norm_plus_one)
+      k = rms_norm(k, self.k_norm[...], cfg.rms_norm_eps, cfg.norm_plus_one)
     q, k = rope(q, positions_BxT, inv_freq), rope(k, positions_BxT, inv_freq)
     k_BxKxTxE, v_BxKxTxE = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
     if isinstance(cache, (PagedKVCache, SlotKVCache)):
       cache = cache.stage(k, v)
       with jax.named_scope("attention"):
-        ctx = _attend_cached(cfg, q, k_BxKxTxE, v_BxKxTxE, cache, layer, positions_BxT, kv_len)
+        ctx = _attend_cached(cfg, q, k_BxKxTxE, v_BxKxTxE, cache, layer, positions_BxT, kv_len, window)
     else:
-      ctx, cache = self._attend_static(q, k_BxKxTxE, v_BxKxTxE, kv_mask_BxS, cache, cache_index, layer, kv_len)
+      ctx, cache = self._attend_static(q, k_BxKxTxE, v_BxKxTxE, kv_mask_BxS, cache, cache_index, layer, kv_len,
+                                       positions_BxT, window)
     # one flat contraction over H*E: with two contracting dims XLA CPU transposed all of o_proj every step
     o_FxD = self.o_proj[...].reshape(cfg.num_attention_heads * e, -1)
     return constrain(ctx.reshape(b, t, -1) @ o_FxD, _ACT), cache
 
-  def _attend_static(self, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, kv_mask_BxS, cache, cache_index, layer, kv_len):
-    """(context [B, T, H, E], cache) without a cache or with the static one (written in place at cache_index)."""
+  def _attend_static(self, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, kv_mask_BxS, cache, cache_index, layer, kv_len,
+                     positions_BxT, window):
+    """(context [B, T, H, E], cache) without a cache or with the static one (written in place at cache_index;
+    its slot positions `cache.pos` are written once per call by `Llama.__call__`)."""
     cfg = self.cfg
     b, t, h, e = q_BxTxHxE.shape
     kvh = cfg.num_key_value_heads
     if cache is None:
       keys_BxKxSxE, values_BxKxSxE = k_BxKxTxE, v_BxKxTxE
       q_slots_BxT = jnp.broadcast_to(jnp.arange(t), (b, t))
+      k_pos_BxS = positions_BxT
     else:
       start = (layer, 0, 0, cache_index, 0)
-      cache = KVCache(jax.lax.dynamic_update_slice(cache.k, k_BxKxTxE[None].astype(cache.k.dtype), start),
-                      jax.lax.dynamic_update_slice(cache.v, v_BxKxTxE[None].astype(cache.v.dtype), start))
+      cache = cache._replace(k=jax.lax.dynamic_update_slice(cache.k, k_BxKxTxE[None].astype(cache.k.dtype), start),
+                             v=jax.lax.dynamic_update_slice(cache.v, v_BxKxTxE[None].astype(cache.v.dtype), start))
       keys_BxKxSxE, values_BxKxSxE = cache.k[layer, :, :, :kv_len], cache.v[layer, :, :, :kv_len]
       kv_mask_BxS = kv_mask_BxS[:, :kv_len]
       q_slots_BxT = jnp.broadcast_to(cache_index + jnp.arange(t), (b, t))
+      k_pos_BxS = cache.pos[:, :kv_len]
     s = keys_BxKxSxE.shape[2]
-    mask_BxTxS = (jnp.arange(s)[None, None, :] <= q_slots_BxT[:, :, None]) & kv_mask_BxS[:, None, :]
+    mask_BxTxS = ((jnp.arange(s)[None, None, :] <= q_slots_BxT[:, :, None]) & kv_mask_BxS[:, None, :]
+                  & visible(positions_BxT[:, :, None], k_pos_BxS[:, None, :], window))
     with jax.named_scope("attention"):
       q_BxTxKxGxE = q_BxTxHxE.reshape(b, t, kvh, h // kvh, e)
       scores = jnp.einsum("btkge,bkse->bkgts", q_BxTxKxGxE, keys_BxKxSxE,
-                          preferred_element_type=jnp.float32) * (1.0 / math.sqrt(e))
+                          preferred_element_type=jnp.float32) * cfg.attn_scale
       scores = jnp.where(mask_BxTxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
       probs = jax.nn.softmax(scores, axis=-1).astype(values_BxKxSxE.dtype)
       ctx = jnp.einsum("bkgts,bkse->btkge", probs, values_BxKxSxE).reshape(b, t, h, e)
     return constrain(ctx, ("batch", "seq", "heads", "head_dim")), cache
 
 
-def _attend_cached(cfg: LlamaConfig, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, cache, layer: int, positions_BxT, kv_len):
+def _attend_cached(cfg: LlamaConfig, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, cache, layer: int, positions_BxT, kv_len,
+                   window):
   """Context [B, T, H, E] of T new tokens over the cached slots below each row's first position (read in place
   from a slot cache, gathered from pages; none if kv_len == 0) and causally over the new tokens themselves."""
   b, t, h, e = q_BxTxHxE.shape
   kvh = cfg.num_key_value_heads
   q_BxTxKxGxE = q_BxTxHxE.reshape(b, t, kvh, h // kvh, e)
-  scale, lowest = 1.0 / math.sqrt(e), jnp.finfo(jnp.float32).min
+  scale, lowest = cfg.attn_scale, jnp.finfo(jnp.float32).min
   new = jnp.einsum("btkge,bkse->bkgts", q_BxTxKxGxE, k_BxKxTxE, preferred_element_type=jnp.float32) * scale
-  new = jnp.where((jnp.arange(t)[None, :] <= jnp.arange(t)[:, None])[None, None, None], new, lowest)
+  steps_TxT = jnp.arange(t)[:, None] - jnp.arange(t)[None, :]  # query index - key index (= position difference)
+  new = jnp.where(((steps_TxT >= 0) & visible(steps_TxT, 0, window))[None, None, None], new, lowest)
   if kv_len == 0:
     probs = jax.nn.softmax(new, axis=-1).astype(v_BxKxTxE.dtype)
     ctx = jnp.einsum("bkgts,bkse->btkge", probs, v_BxKxTxE)
@@ -149,8 +219,10 @@ def _attend_cached(cfg: LlamaConfig, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, cache, lay
     old_k_BxKxSxE, old_v_BxKxSxE = cache.read(layer, kv_len)
     s = old_k_BxKxSxE.shape[2]
     old = jnp.einsum("btkge,bkse->bkgts", q_BxTxKxGxE, old_k_BxKxSxE, preferred_element_type=jnp.float32) * scale
-    seen_BxS = jnp.arange(s)[None, :] < positions_BxT[:, :1]  # slots below the row's first new position
-    old = jnp.where(seen_BxS[:, None, None, None, :], old, lowest)
+    slot_S = jnp.arange(s)
+    seen_BxTxS = ((slot_S[None, None, :] < positions_BxT[:, :1, None])  # slots below the row's first new position
+                  & visible(positions_BxT[:, :, None], slot_S[None, None, :], window))  # a slot's position is itself
+    old = jnp.where(seen_BxTxS[:, None, None], old, lowest)
     probs = jax.nn.softmax(jnp.concatenate([old, new], axis=-1), axis=-1)  # scores only: [B, K, G, T, S + T]
     p_old, p_new = probs[..., :s].astype(old_v_BxKxSxE.dtype), probs[..., s:].astype(v_BxKxTxE.dtype)
     ctx = (jnp.einsum("bkgts,bkse->btkge", p_old, old_v_BxKxSxE)
@@ -159,36 +231,50 @@ def _attend_cached(cfg: LlamaConfig, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, cache, lay
 
 
 class MLP(nnx.Module):
-  """SwiGLU: down(silu(gate(x)) * up(x))."""
+  """Gated MLP: down(act(gate(x)) * up(x)); act silu (SwiGLU) or tanh-approximated GELU (Gemma)."""
 
   def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
     d, i, dt = cfg.hidden_size, cfg.intermediate_size, cfg.jnp_dtype
+    self.act = jax.nn.silu if cfg.hidden_act == "silu" else functools.partial(jax.nn.gelu, approximate=True)
     self.gate_proj = _param(rngs, (d, i), ("embed", "mlp"), dt)
     self.up_proj = _param(rngs, (d, i), ("embed", "mlp"), dt)
     self.down_proj = _param(rngs, (i, d), ("mlp", "embed"), dt)
 
   def __call__(self, x_BxTxD):
-    h = jax.nn.silu(x_BxTxD @ self.gate_proj[...]) * (x_BxTxD @ self.up_proj[...])
+    h = self.act(x_BxTxD @ self.gate_proj[...]) * (x_BxTxD @ self.up_proj[...])
     h = constrain(h, ("batch", "seq", "mlp"))
     return constrain(h @ self.down_proj[...], _ACT)
 
 
 class Block(nnx.Module):
-  """Pre-norm decoder block: x + attn(norm(x)), then + mlp(norm(x))."""
+  """Pre-norm decoder block: x + attn(norm(x)), then + mlp(norm(x)).
+
+  Sandwich norms (Gemma 3): x + post_attention_norm(attn(input_norm(x))), then
+  + post_feedforward_norm(mlp(pre_feedforward_norm(x))); HF's names, so post_attention_layernorm
+  is the MLP's input norm in Llama and the attention's output norm in Gemma 3."""
 
   def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
-    self.eps = cfg.rms_norm_eps
-    self.input_layernorm = nnx.Param(jnp.ones((cfg.hidden_size,), cfg.jnp_dtype), logical_axes=("act_embed",))
+    self.eps, self.plus_one, self.sandwich = cfg.rms_norm_eps, cfg.norm_plus_one, cfg.sandwich_norms
+    self.input_layernorm = _norm_param(cfg, cfg.hidden_size, ("act_embed",))
     self.self_attn = Attention(cfg, rngs=rngs)
-    self.post_attention_layernorm = nnx.Param(jnp.ones((cfg.hidden_size,), cfg.jnp_dtype),
-                                              logical_axes=("act_embed",))
+    self.post_attention_layernorm = _norm_param(cfg, cfg.hidden_size, ("act_embed",))
+    if cfg.sandwich_norms:
+      self.pre_feedforward_layernorm = _norm_param(cfg, cfg.hidden_size, ("act_embed",))
+      self.post_feedforward_layernorm = _norm_param(cfg, cfg.hidden_size, ("act_embed",))
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x, positions, kv_mask, cache, cache_index, layer, inv_freq, kv_len=None):
-    attn_out, cache = self.self_attn(rms_norm(x, self.input_layernorm[...], self.eps), positions, kv_mask,
-                                     cache, cache_index, layer, inv_freq, kv_len)
+  def _norm(self, x, name: str):
+    return rms_norm(x, getattr(self, name)[...], self.eps, self.plus_one)
+
+  def __call__(self, x, positions, kv_mask, cache, cache_index, layer, inv_freq, kv_len=None, window=None):
+    attn_out, cache = self.self_attn(self._norm(x, "input_layernorm"), positions, kv_mask,
+                                     cache, cache_index, layer, inv_freq, kv_len, window)
+    if self.sandwich:
+      attn_out = self._norm(attn_out, "post_attention_layernorm")
     x = x + attn_out
-    mlp_out = self.mlp(rms_norm(x, self.post_attention_layernorm[...], self.eps))
+    mlp_out = self.mlp(self._norm(x, "pre_feedforward_layernorm" if self.sandwich else "post_attention_layernorm"))
+    if self.sandwich:
+      mlp_out = self._norm(mlp_out, "post_feedforward_layernorm")
     return constrain(x + mlp_out, _ACT), cache, attn_out, mlp_out
 
 
@@ -199,7 +285,7 @@ class Llama(nnx.Module):
     self.cfg = cfg
     self.embed_tokens = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), cfg.jnp_dtype)
     self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
-    self.norm = nnx.Param(jnp.ones((cfg.hidden_size,), cfg.jnp_dtype), logical_axes=("act_embed",))
+    self.norm = _norm_param(cfg, cfg.hidden_size, ("act_embed",))
     if not cfg.tie_word_embeddings:
       self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), cfg.jnp_dtype)
 
@@ -227,18 +313,20 @@ class Llama(nnx.Module):
       positions_BxT = jnp.broadcast_to(cache_index + jnp.arange(t), (b, t))
     if kv_mask_BxS is None and not isinstance(cache, (PagedKVCache, SlotKVCache)):
       kv_mask_BxS = jnp.ones((b, t if cache is None else cache.k.shape[3]), bool)
-    inv_freq = jnp.asarray(cfg.inv_freq(), jnp.float32)
-    table = constrain(self.embed_tokens[...], ("vocab", "act_embed"))  # FSDP: gather the embed dim first
-    x = constrain(jnp.take(table, tokens_BxT, axis=0), _ACT)
+    if isinstance(cache, KVCache):  # the slots' positions, for sliding layers
+      cache = cache._replace(pos=jax.lax.dynamic_update_slice(cache.pos, positions_BxT.astype(cache.pos.dtype),
+                                                              (0, cache_index)))
+    inv_freqs = {local: jnp.asarray(cfg.inv_freq(local), jnp.float32) for local in (False, True)}
+    x = embed(cfg, self.embed_tokens[...], tokens_BxT)
     captures = {}
     for i, block in enumerate(self.layers):
       with jax.named_scope(f"layer_{i}"):
-        x, cache, attn_out, mlp_out = block(x, positions_BxT, kv_mask_BxS, cache, cache_index, i, inv_freq,
-                                              kv_len)
+        x, cache, attn_out, mlp_out = block(x, positions_BxT, kv_mask_BxS, cache, cache_index, i,
+                                              inv_freqs[cfg.window(i) is not None], kv_len, cfg.window(i))
       if i in capture_layers:
         got = {"resid": x, "attn_out": attn_out, "mlp_out": mlp_out}
         captures.update({f"{p}.{i}": got[p] for p in capture_points})
-    h = rms_norm(x, self.norm[...], cfg.rms_norm_eps)
+    h = rms_norm(x, self.norm[...], cfg.rms_norm_eps, cfg.norm_plus_one)
     if logits_at_B is not None:
       h = jnp.take_along_axis(h, logits_at_B[:, None, None].astype(jnp.int32), axis=1)  # [B, 1, D]
     return Output(h if return_hidden else self.head(h), cache, captures)
@@ -254,7 +342,7 @@ def _check_captures(cfg: LlamaConfig, layers: Sequence[int], points: Sequence[st
 
 
 def init(cfg: LlamaConfig, seed: int = 0, shardings=None) -> Llama:
-  """A random model: normal(0.02) matrices, unit norms, drawn with numpy (no compile) per parameter.
+  """A random model: normal(0.02) matrices and biases, identity norms, drawn with numpy (no compile) per parameter.
 
   shardings: optional `runtime.state_shardings(...)` tree; parameters are then placed sharded.
   `Llama(cfg, rngs=nnx.Rngs(seed))` gives the same distribution inside a jit.
@@ -267,7 +355,10 @@ def init(cfg: LlamaConfig, seed: int = 0, shardings=None) -> Llama:
   leaves = []
   for (_, var), sh in zip(flat, shard_leaves):
     shape = tuple(var.shape)
-    w = np.ones(shape, np.float32) if len(shape) == 1 else (0.02 * rng.standard_normal(shape, np.float32))
+    if len(shape) == 1:  # norms: identity
+      w = np.zeros(shape, np.float32) if cfg.norm_plus_one else np.ones(shape, np.float32)
+    else:
+      w = 0.02 * rng.standard_normal(shape, np.float32)
     w = w.astype(var.dtype)
     leaves.append(jnp.asarray(w) if sh is None else jax.make_array_from_callback(shape, sh, lambda i, w=w: w[i]))
   return nnx.merge(graphdef, nnx.from_flat_state([(p, v.replace(a)) for (p, v), a in zip(flat, leaves)]))

@@ -29,7 +29,8 @@ class Tokenizer(Protocol):
   eos_ids: tuple[int, ...]
   pad_id: int
 
-  def encode(self, text: str) -> list[int]: ...
+  def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    """Ids of text; add_special_tokens=False: no BOS added (a rendered chat template carries its own)."""
 
   def decode(self, ids: Sequence[int]) -> str: ...
 
@@ -42,8 +43,8 @@ class ByteTokenizer:
   def __init__(self, add_bos: bool = True):
     self.bos_id, self.eos_ids, self.pad_id, self.add_bos = 256, (257,), 258, add_bos
 
-  def encode(self, text: str) -> list[int]:
-    return ([self.bos_id] if self.add_bos else []) + list(text.encode("utf-8"))
+  def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    return ([self.bos_id] if self.add_bos and add_special_tokens else []) + list(text.encode("utf-8"))
 
   def decode(self, ids: Sequence[int]) -> str:
     return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
@@ -57,16 +58,16 @@ class HFTokenizer:
     self.bos_id, self.eos_ids = bos_id, eos_ids
     self.pad_id = pad_id if pad_id is not None else (eos_ids[0] if eos_ids else 0)
 
-  def encode(self, text: str) -> list[int]:
-    return list(self.tok.encode(text).ids)
+  def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    return list(self.tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
   def decode(self, ids: Sequence[int]) -> str:
     return self.tok.decode(list(ids), skip_special_tokens=True)
 
 
 class _TransformersTokenizer(HFTokenizer):
-  def encode(self, text: str) -> list[int]:
-    return list(self.tok(text)["input_ids"])
+  def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    return list(self.tok(text, add_special_tokens=add_special_tokens)["input_ids"])
 
 
 def _read_json(fs, path: str) -> dict:
