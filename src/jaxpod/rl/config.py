@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxpod.models.llama.config import LlamaConfig
+from jaxpod.rl.dataset_task import DatasetTask  # registers task type "dataset"
 from jaxpod.rl.grpo import LOSS_NORMS, SCALE_REWARDS
 from jaxpod.rl.tasks import RLTaskConfig, SortTask
 from jaxpod.runtime.mesh import MeshConfig
@@ -183,7 +184,7 @@ class RLTransferConfig(TransferConfig):
 class RLConfig:
   """`jaxpod rl`: warm-up, then GRPO with rollouts from the continuous engine (see the module docstring)."""
 
-  task: RLTaskConfig = dataclasses.field(default_factory=SortTask)  # verifiable problems (type: sort | addition)
+  task: RLTaskConfig = dataclasses.field(default_factory=SortTask)  # verifiable problems (type: sort | addition | dataset)
   rewards: tuple[str, ...] = ("exact_match",)  # reward plugins (registered names or "module:function"), summed
   reward_weights: tuple[float, ...] = ()  # one weight per reward (empty: all 1.0)
   model: RLModelConfig = dataclasses.field(default_factory=RLModelConfig)  # the policy (or model.hf)
@@ -209,6 +210,9 @@ class RLConfig:
       raise ValueError(f"rl.role={self.role!r} needs --topology disaggregated (colocated runs one job: role auto)")
     if self.trainer_hosts < 1:
       raise ValueError(f"rl.trainer_hosts={self.trainer_hosts} must be >= 1")
+    if isinstance(self.task, DatasetTask) and not self.task.chat_template and self.model.hf:
+      # message prompts are rendered with the policy's own chat template unless another is named
+      object.__setattr__(self, "task", dataclasses.replace(self.task, chat_template=self.model.hf))
     if self.rollout.groups_per_file > self.grpo.num_prompts_per_step:
       raise ValueError(f"rl.rollout.groups_per_file={self.rollout.groups_per_file} exceeds "
                        f"rl.grpo.num_prompts_per_step={self.grpo.num_prompts_per_step}; lower it")

@@ -75,7 +75,7 @@ def resolve(name: str, task: RLTaskConfig) -> RewardFn:
 
 
 class Scorer:
-  """The weighted sum of the configured rewards, plus exact-match correctness for accuracy."""
+  """The weighted sum of the configured rewards, plus correctness for accuracy (the task's `correct_reward`)."""
 
   def __init__(self, names: Sequence[str], weights: Sequence[float], task: RLTaskConfig):
     if not names:
@@ -85,7 +85,7 @@ class Scorer:
                        "reward or none (all 1.0)")
     self.names, self.weights = list(names), list(weights) or [1.0] * len(names)
     self.fns = [resolve(n, task) for n in self.names]
-    self.exact = _exact_match(task)
+    self.exact = resolve(task.correct_reward, task)
 
   def __call__(self, problem: Problem, completion: str, finished: bool) -> float:
     """The reward of one completion; RewardError naming the plugin and the prompt if one raises."""
@@ -99,5 +99,5 @@ class Scorer:
     return total
 
   def correct(self, problem: Problem, completion: str, finished: bool) -> bool:
-    """Exact match (what held-out accuracy counts)."""
+    """Whether the completion is correct by the task's verifier (what held-out accuracy counts)."""
     return bool(self.exact(problem, completion, finished))

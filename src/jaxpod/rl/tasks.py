@@ -54,6 +54,11 @@ class RLTaskConfig(draccus.ChoiceRegistry):
     """(prompt, answer) of one random problem."""
     raise NotImplementedError
 
+  @property
+  def correct_reward(self) -> str:
+    """The registered reward that says a completion is correct (held-out accuracy, pass@k)."""
+    return "exact_match"
+
   def well_formed(self, completion: str) -> bool:
     """Whether a completion has the answer's form (the `format` reward)."""
     return bool(completion)
