@@ -5,23 +5,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxpod.models.llama import hf_io, init
+from jaxpod.models.llama import init
 from jaxpod.runtime import make_mesh
-from jaxpod.sample import EngineConfig, Sampler, SamplingParams
+from jaxpod.sample import SamplingParams
 
-from sample_fixtures import EOS, IDS, SEEDS, STOP, lockstep, same, tiny_sample_cfg
-
-SMALL = dict(batch_size=2, max_prompt_len=32, max_new_tokens=10, page_size=4, steps_per_round=3, prefill_batch=2,
-             min_prefill_len=16)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_ckpt):
-  return hf_io.load(tiny_ckpt, make_mesh(devices=jax.devices()[:1]))
-
-
-def _sampler(model, sp=SamplingParams(), **kw):
-  return Sampler(model, make_mesh(devices=jax.devices()[:1]), EngineConfig(**(SMALL | kw)), sp, [EOS, STOP])
+from sample_fixtures import EOS, IDS, SEEDS, STOP, lockstep, same, small_sampler as _sampler, tiny_sample_cfg
 
 
 def _teacher_forced(model, completions, temperature):
