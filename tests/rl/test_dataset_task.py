@@ -75,27 +75,42 @@ def test_message_prompts_use_model_hf_chat_template_unless_one_is_named(tmp_path
   assert cfg.task.chat_template == "/other"
 
 
-def test_a_bad_row_fails_before_jax_naming_file_and_row(tmp_path):
-  from jaxpod.rl.checks import before_jax
+def test_a_bad_row_fails_in_one_line_naming_file_and_row(tmp_path, capsys):
+  from jaxpod.cli.main import main
   path = tmp_path / "p.jsonl"
   _addition_file(path)
   with open(path, "a") as f:
     f.write(json.dumps({"prompt": "", "answer": 1}) + "\n")
-  cfg = draccus.parse(RLConfig, args=_dataset_args(str(path)))
-  with pytest.raises(ValueError, match=r"p\.jsonl row 100 column 'prompt': the prompt is empty"):
-    before_jax(cfg)
+  assert main(["rl", *_dataset_args(str(path)), "--trainer.runs_dir", str(tmp_path / "runs")]) == 2
+  err = capsys.readouterr().err.strip()
+  assert "p.jsonl row 100 column 'prompt': the prompt is empty" in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("args, message", [(["--eval.k", "4", "--eval.samples", "2"], "pass@k needs n >= k"),
+                                           (["--eval.samples", "2"], "without eval.k")])
+def test_pass_at_k_needs_at_least_k_samples_per_problem(args, message, capsys, tmp_path):
+  from jaxpod.cli.main import main
+  assert main(["rl", "--trainer.runs_dir", str(tmp_path), *args]) == 2
+  err = capsys.readouterr().err.strip()
+  assert message in err and len(err.splitlines()) == 1, err
 
 
 def test_jaxpod_rl_trains_on_chat_message_prompts_from_a_file(tmp_path, warm_policy):
-  """End to end: the session's warm policy, prompts as chat messages rendered with a template, 2 GRPO steps."""
+  """End to end: the session's warm policy, prompts as chat messages rendered with a template, 2 GRPO steps,
+  held-out pass@1 and pass@2 from 4 samples per problem beside greedy accuracy."""
   from jaxpod.rl.run import run
   path = _addition_file(tmp_path / "p.jsonl", messages=True)
   (tmp_path / "template").mkdir()
   (tmp_path / "template" / "chat_template.jinja").write_text(PLAIN_TEMPLATE)
   cfg = draccus.parse(RLConfig, args=[*_dataset_args(path), "--model.hf", warm_policy, "--task.chat_template",
                                       str(tmp_path / "template"), "--trainer.steps", "2", "--trainer.eval_every", "2",
+                                      "--eval.k", "2", "--eval.samples", "4",
                                       "--trainer.runs_dir", str(tmp_path / "runs")])
   summary = run(cfg)
   assert summary["steps"] == 2 and len(summary["reward_curve"]) == 2
   # the warm policy learnt "a+b=" -> sum; the rendered message prompts are that text, so it answers many correctly
   assert summary["accuracy.start"] > 0.1
+  passk = summary["pass_at_k"]
+  assert (passk["k"], passk["samples"]) == (2, 4) and [s for s, _ in passk["pass@2"]["curve"]] == [0, 2]
+  for v in ("start", "end"):
+    assert 0.0 < passk["pass@1"][v] <= passk["pass@2"][v] <= 1.0  # more tries never pass less often

@@ -156,6 +156,28 @@ class RolloutConfig:
         raise ValueError(f"rl.rollout.{name}={getattr(self, name)} must be > 0 seconds")
 
 
+@dataclasses.dataclass(frozen=True)
+class RLEvalConfig:
+  """Held-out evaluation beside greedy accuracy: pass@k from `samples` samples per problem at the rollout temperature."""
+
+  k: int = 0  # pass@k on the held-out split, with pass@1 (0: greedy accuracy only)
+  samples: int = 0  # samples per held-out problem, n >= k (0: k); the unbiased estimator uses all n
+
+  def __post_init__(self):
+    if self.k < 0 or self.samples < 0:
+      raise ValueError(f"rl.eval: k={self.k} and samples={self.samples} must be >= 0")
+    if self.samples and self.samples < self.k:
+      raise ValueError(f"rl.eval.samples={self.samples} is below eval.k={self.k}; pass@k needs n >= k samples per "
+                       "problem")
+    if self.samples and not self.k:
+      raise ValueError(f"rl.eval.samples={self.samples} without eval.k; set --eval.k (e.g. 4)")
+
+  @property
+  def n(self) -> int:
+    """Samples drawn per held-out problem."""
+    return self.samples or self.k
+
+
 # Sections with RL's own defaults are subclasses, not default_factory values: draccus rebuilds a
 # section from its class defaults as soon as one of its fields is given on the command line.
 @dataclasses.dataclass(frozen=True)
@@ -191,6 +213,7 @@ class RLConfig:
   warmup: WarmupConfig = dataclasses.field(default_factory=WarmupConfig)  # supervised steps before RL
   grpo: GRPOConfig = dataclasses.field(default_factory=GRPOConfig)  # the algorithm
   rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)  # engine + workers
+  eval: RLEvalConfig = dataclasses.field(default_factory=RLEvalConfig)  # pass@k next to greedy accuracy
   topology: str = "colocated"  # colocated: one cluster, trainer and engine alternate | disaggregated: two clusters
   role: str = "auto"  # auto: everything here (disaggregated: launches the clusters) | trainer | rollout
   trainer_hosts: int = 1  # disaggregated, role auto: hosts of the trainer cluster it launches
