@@ -38,6 +38,7 @@ class PromptSource:
   path: str  # JSONL or Parquet file (local path or URL)
   prompt_column: str = "prompt"  # text, or a list of chat messages
   answer_column: str = "answer"  # the reference answer the reward checks
+  fields: str = ""  # how the caller's config names these fields in errors, e.g. "rl.task."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +103,7 @@ def read_prompts(source: PromptSource, shard: tuple[int, int] = (0, 1)) -> list[
   for field, column in (("prompt_column", source.prompt_column), ("answer_column", source.answer_column)):
     if column not in ds.column_names:
       raise PromptDataError(f"{source.path} has no column {column!r} (it has {', '.join(ds.column_names)}); "
-                            f"set {field}")
+                            f"set {source.fields}{field}")
   if len(ds) == 0:
     raise PromptDataError(f"{source.path} holds no rows")
   start, stop = slice_bounds(len(ds), index, count)

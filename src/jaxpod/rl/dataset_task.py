@@ -106,7 +106,7 @@ class _Tables:
 def _tables(task: DatasetTask) -> _Tables:
   """The file read once per process: rendered held-out and training problems."""
   from jaxpod.data import prompts
-  source = prompts.PromptSource(task.path, task.prompt_column, task.answer_column)
+  source = prompts.PromptSource(task.path, task.prompt_column, task.answer_column, fields="rl.task.")
   rows = prompts.read_prompts(source)
   given = None
   if task.eval_path:
