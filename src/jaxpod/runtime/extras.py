@@ -22,6 +22,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "pytest": ("test", "pytest"),
     "math_verify": ("math", "math-verify"),
     "datasets": ("datasets", "datasets"),
+    "trl": ("bench", "trl"),
 }
 
 
