@@ -25,5 +25,5 @@ rm -rf "$OUT/policy" && cp -r "$OUT/warm/warm/warmup/hf" "$OUT/policy"
 # 3. RL from that checkpoint on problems.jsonl: held-out greedy accuracy and pass@1 / pass@4 before and after
 "$JAXPOD" rl --model.hf "$OUT/policy" "${TASK[@]}" --task.path "$OUT/data/problems.jsonl" --eval.k 4 \
   --trainer.steps "${STEPS:-60}" --trainer.eval_every 20 --grpo.num_prompts_per_step 16 \
-  --grpo.sample_prompts_per_step 32 --rollout.temperature 1.0 --rollout.slots 128 \
+  --grpo.sample_prompts_per_step 32 --rollout.temperature 1.0 \
   --trainer.runs_dir "$OUT/rl" --trainer.run_name rl

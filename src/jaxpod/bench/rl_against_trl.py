@@ -55,7 +55,7 @@ def _jaxpod(root: str, policy: str, problems: str, steps: int, name: str) -> dic
                      "--grpo.num_prompts_per_step", str(PROMPTS), "--grpo.num_generations", str(GENERATIONS),
                      "--grpo.lr", str(LR), "--grpo.sample_prompts_per_step", "0", "--grpo.filter_groups", "false",
                      "--trainer.runs_dir", runs, "--trainer.run_name", name], os.path.join(root, f"{name}.log"))
-  m = _measure(os.path.join(runs, name), PROMPTS * GENERATIONS)
+  m = _measure(os.path.join(runs, name))
   from jaxpod.rl.summary import by_step, read_metrics
   later = [r for r in by_step(read_metrics(os.path.join(runs, name, "train"))) if r["step"] >= 2 and "reward" in r]
   tokens = sum(r["completion_tokens"] for r in later) / len(later)  # per step, as TRL's figure (generation in its step)
