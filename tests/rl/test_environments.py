@@ -10,6 +10,7 @@ from jaxpod.rl import grpo
 from jaxpod.rl.environments import (NO_VERSION, Calculator, Episode, calculate, environment_factory, episode_rows,
                                     run_episodes)
 from jaxpod.rl.tasks import Problem
+from jaxpod.sample import SamplingParams
 
 TOK = ByteTokenizer()
 
@@ -71,7 +72,7 @@ def test_an_observation_token_gets_no_gradient():
   targets = jnp.asarray(rows["tokens"][:, 1:])
 
   def loss(logits_BxTxV):
-    logp = grpo.token_logprobs(logits_BxTxV, targets, 1.0)
+    logp = grpo.token_logprobs(logits_BxTxV, targets, SamplingParams(temperature=1.0))
     return grpo.policy_loss(logp, jnp.asarray(rows["behaviour"][:, :-1]), jnp.asarray(rows["advantages"]),
                             jnp.asarray(rows["loss_mask"][:, :-1] > 0), epsilon=0.2, epsilon_high=0.28, beta=0.0,
                             loss_norm="token", max_new_tokens=32)[0]
@@ -97,7 +98,6 @@ class _Counter:
 def test_the_engine_continues_each_episode_after_its_observation_with_the_version_of_each_turn():
   from flax import nnx
   from jaxpod.models.llama import Llama
-  from jaxpod.sample import SamplingParams
   from tests.sample.sample_fixtures import small_sampler, tiny_sample_cfg
   model = Llama(tiny_sample_cfg(), rngs=nnx.Rngs(params=0))
   sampler = small_sampler(model, SamplingParams(temperature=1.0), max_prompt_len=16, max_new_tokens=3)
