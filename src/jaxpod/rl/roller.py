@@ -32,6 +32,7 @@ def make_sampler(graphdef, params, mesh, rollout: RolloutConfig, stop_ids, greed
   """A global-mode Sampler over `mesh` reading `params` in place (no copy; `update_params` swaps them)."""
   from flax import nnx
   from jaxpod.sample import Sampler
+  stop_ids = tuple(stop_ids) + tuple(rollout.stop_token_ids)  # the policy's EOS ids and the user's extra ones
   return Sampler(nnx.merge(graphdef, params), mesh, rollout.engine(greedy), rollout.sampling(greedy), stop_ids,
                  mode="global", version=version)
 
