@@ -136,7 +136,8 @@ def test_both_topologies_take_and_drop_the_same_groups(tmp_path):
                                       ((3, 3), (0, 1)), ((5, 5), (0, 0)), ((5, 5), (1, 0)), ((5, 5), (0, 1))]]
   for i, g in enumerate(groups):
     g.problem = dataclasses.replace(g.problem, index=i)
-  colocated, dropped = fill_batch(iter([groups[:4], groups[4:]]), 3, 5, max_policy_lag=2, filter_groups=True)
+  colocated, dropped = fill_batch(iter([groups[:4], groups[4:]]), 3, 5, max_policy_lag=2, filter_groups=True,
+                                  max_rounds=2)
   source = QueueSource(None, str(tmp_path / "run"), None, need=3, max_policy_lag=2, filter_groups=True,
                        worker_timeout_s=15.0, rollout_timeout_s=900.0)
   for seq in range(3):
@@ -147,3 +148,11 @@ def test_both_topologies_take_and_drop_the_same_groups(tmp_path):
   assert [(file_name(0, i // 3), i % 3, why) for i, why in [(0, "uniform"), (2, "stale"), (3, "future"),
                                                             (5, "uniform")]] == [tuple(d) for d in pick["drop"]]
   assert dropped == {"uniform": 2, "stale": 1, "future": 1}
+
+
+def test_colocated_gives_up_after_max_rounds_without_enough_mixed_groups():
+  """filter_groups on a policy that gets every problem equally right or wrong: one line naming the knobs."""
+  from jaxpod.rl.colocated import fill_batch
+  uniform = [_group((5, 5), (0, 0))] * 4
+  with pytest.raises(RuntimeError, match=r"only 0 of the 12 groups .* raise grpo.max_sampling_rounds"):
+    fill_batch(iter([uniform] * 10), 2, 5, max_policy_lag=2, filter_groups=True, max_rounds=3)

@@ -12,9 +12,10 @@ and takes its own contiguous share of the batch rows.
 A batch is filled in rounds: a round samples the next `sample_prompts_per_step` problems of
 training stream 2 and `grpo.take` admits groups in order (`grpo.admit`, the rule the disaggregated
 trainer applies to the queue: with filter_groups, groups whose rewards are all equal are dropped)
-until `num_prompts_per_step` are taken; at most MAX_ROUNDS rounds per batch. Request seeds are fixed
-by the run seed, so a rerun from a checkpoint regenerates exactly the rollouts it would have trained
-on: the data state is the number of batches trained and the stream position of the batch not yet
+until `num_prompts_per_step` are taken; at most `max_sampling_rounds` rounds per batch (DAPO's
+max_num_gen_batches; a policy that solves or fails almost every problem ends the run in one line).
+Request seeds are fixed by the run seed, so a rerun from a checkpoint regenerates exactly the rollouts
+it would have trained on: the data state is the number of batches trained and the stream position of the batch not yet
 trained (invariant 5 for RL: nothing trained twice, nothing lost).
 """
 from __future__ import annotations
@@ -29,14 +30,13 @@ if TYPE_CHECKING:
   from jaxpod.rl.train_tasks import GRPOTask
 
 RL_STREAM = 2  # training stream of RL problems (the warm-up uses stream 1)
-MAX_ROUNDS = 8  # rounds of sample_prompts_per_step problems tried for one batch before giving up
 
 
-def fill_batch(rounds, need: int, version: int, *, max_policy_lag: int, filter_groups: bool):
-  """(the `need` groups admitted, their problems' drop counts by reason) from `rounds`, an iterator of lists of
-  groups (each drawn only when the previous ones did not fill the batch); RuntimeError after MAX_ROUNDS."""
+def fill_batch(rounds, need: int, version: int, *, max_policy_lag: int, filter_groups: bool, max_rounds: int):
+  """(the `need` groups admitted, their drop counts by reason) from `rounds`, an iterator of lists of groups (each
+  drawn only when the previous ones did not fill the batch); RuntimeError after `max_rounds` rounds."""
   chosen, dropped, examined = [], {}, 0
-  for _, groups in zip(range(MAX_ROUNDS), rounds):
+  for _, groups in zip(range(max_rounds), rounds):
     taken, drops = grpo.take(groups, need - len(chosen), version, max_policy_lag=max_policy_lag,
                              filter_groups=filter_groups)
     chosen += [groups[i] for i in taken]
@@ -47,17 +47,18 @@ def fill_batch(rounds, need: int, version: int, *, max_policy_lag: int, filter_g
       return chosen, dropped
   raise RuntimeError(f"rl colocated: only {len(chosen)} of the {examined} groups sampled for a batch have rewards "
                      f"that differ (grpo.filter_groups drops the others; {need} needed): the policy solves or fails "
-                     "almost every problem; set grpo.filter_groups false or use a harder task")
+                     "almost every problem; raise grpo.max_sampling_rounds, set grpo.filter_groups false or "
+                     "change the task")
 
 
 class RolloutBuffer:
   """The trainer's iterator: the next batch, put there by `ColocatedRollouts` with the latest weights."""
 
   def __init__(self, task: GRPOTask, *, num_generations: int, sampled_prompts: int, need: int, max_policy_lag: int,
-               filter_groups: bool):
+               filter_groups: bool, max_rounds: int):
     self.task = task
     self.num_generations, self.sampled_prompts, self.need = num_generations, sampled_prompts, need
-    self.max_policy_lag, self.filter_groups = max_policy_lag, filter_groups
+    self.max_policy_lag, self.filter_groups, self.max_rounds = max_policy_lag, filter_groups, max_rounds
     self.trained = 0  # batches handed to the trainer (= optimizer steps taken on rollouts)
     self.ready: dict | None = None  # the global arrays of batch `trained`
     self.cursor: int | None = None  # stream position of the next round (None: the start of batch `trained`)
@@ -124,7 +125,7 @@ class ColocatedRollouts(Hook):
         yield sampled[-len(batch):]
 
     chosen, dropped = fill_batch(rounds(), buffer.need, version, max_policy_lag=buffer.max_policy_lag,
-                                 filter_groups=buffer.filter_groups)
+                                 filter_groups=buffer.filter_groups, max_rounds=buffer.max_rounds)
     buffer.ready = task.batch_arrays(chosen)
     self.last_end = time.perf_counter()
     dt = self.last_end - t0

@@ -71,7 +71,8 @@ class GRPOConfig:
 
   num_prompts_per_step: int = 32  # prompts (groups) per optimizer step
   filter_groups: bool = True  # DAPO's dynamic sampling: drop groups whose samples all got the same reward, draw others
-  sample_prompts_per_step: int = 128  # colocated: prompts per sampling round (0: num_prompts_per_step); rounds repeat until the batch is full
+  sample_prompts_per_step: int = 128  # colocated: prompts per sampling round (0: num_prompts_per_step), until a batch is full
+  max_sampling_rounds: int = 8  # colocated with filter_groups: rounds per batch at most, then a one-line error
   num_generations: int = 8  # samples per prompt, n (>= 2: the group baseline needs two)
   epsilon: float = 0.2  # lower clip: ratio >= 1 - epsilon
   epsilon_high: float = 0.28  # upper clip: ratio <= 1 + epsilon_high (DAPO's clip-higher; = epsilon is symmetric)
@@ -100,6 +101,8 @@ class GRPOConfig:
     if self.sample_prompts_per_step and self.sample_prompts_per_step < self.num_prompts_per_step:
       raise ValueError(f"rl.grpo.sample_prompts_per_step={self.sample_prompts_per_step} must be 0 or >= "
                        f"num_prompts_per_step={self.num_prompts_per_step}")
+    if self.max_sampling_rounds < 1:
+      raise ValueError(f"rl.grpo.max_sampling_rounds={self.max_sampling_rounds} must be >= 1")
     if self.max_policy_lag < 0:
       raise ValueError(f"rl.grpo.max_policy_lag={self.max_policy_lag} must be >= 0")
 

@@ -173,7 +173,7 @@ class GRPOTask(PolicyTask):
       from jaxpod.rl.colocated import RolloutBuffer
       self.source = RolloutBuffer(self, num_generations=g.num_generations, sampled_prompts=g.sampled_prompts,
                                   need=g.num_prompts_per_step, max_policy_lag=g.max_policy_lag,
-                                  filter_groups=g.filter_groups)
+                                  filter_groups=g.filter_groups, max_rounds=g.max_sampling_rounds)
     else:
       from jaxpod.rl.queue_source import QueueSource
       self.source = QueueSource(self, self.tc.run_dir, self.tc.transfer, need=g.num_prompts_per_step,
