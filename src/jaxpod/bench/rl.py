@@ -48,10 +48,17 @@ class RLBench:
   extra: tuple[str, ...] = ("--task.min_length", "2", "--task.length", "12", "--rollout.max_prompt_len", "24",
                             "--rollout.max_new_tokens", "16")
   json: str | None = None  # write the results here
+  against: str = ""  # trl: jaxpod's colocated loop vs TRL's GRPOTrainer on a prompt file instead (rl_against_trl.py)
+  policy: str = ""  # --against trl: start from this HF checkpoint (tokenizer files included) instead of a warm-up
+  prompts: str = ""  # --against trl with --policy: its word-problem file (`jaxpod data word-problems`' problems.jsonl)
 
   def __post_init__(self):
     if self.steps < 2 or self.warmup_steps < 1 or self.repeats < 1:
       raise ValueError("--steps must be >= 2, --warmup-steps and --repeats >= 1")
+    if self.against not in ("", "trl"):
+      raise ValueError(f"--against {self.against!r}: the one peer is trl")
+    if bool(self.policy) != bool(self.prompts):
+      raise ValueError("--policy and --prompts go together (a checkpoint and the problems.jsonl it is trained on)")
     bad = [a for a in self.arms if a not in ARMS]
     if bad or not self.arms:
       raise ValueError(f"--arms {list(self.arms)}: use some of {ARMS}")
@@ -164,6 +171,10 @@ def _table(opts: RLBench, results: dict, checks: dict) -> None:
 
 def cli(opts: RLBench) -> int:
   """Entry of `jaxpod bench rl`."""
+  if opts.against == "trl":
+    from jaxpod.bench.rl_against_trl import run as against_trl
+    against_trl(opts.steps, opts.warmup_steps, opts.repeats, opts.json, opts.policy, opts.prompts)
+    return 0
   kwargs = {k: v for k, v in dataclasses.asdict(opts).items() if k != "json"}
   kwargs["arms"], kwargs["extra"] = tuple(opts.arms), tuple(opts.extra)
   run(json_path=opts.json, **kwargs)

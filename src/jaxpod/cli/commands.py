@@ -84,10 +84,12 @@ COMMANDS: dict[str, Command | Group] = {
                           "jaxpod checkpoint verify URL", "jaxpod.cli.commands:checkpoint_verify",
                           "jaxpod.cli.commands:VerifyOptions", positional="url"),
     }),
-    "data": Group("build Sudoku datasets", {
+    "data": Group("build datasets (Sudoku; word problems in GSM8K's format)", {
         "sudoku": Command("generate puzzles (any box shape)", "jaxpod.cli.data:sudoku", "jaxpod.cli.data:SudokuArgs"),
         "sudoku-csv": Command("import a Sudoku-Extreme CSV file", "jaxpod.cli.data:sudoku_csv",
                               "jaxpod.cli.data:CsvArgs"),
+        "word-problems": Command("write arithmetic word problems in GSM8K's format (RL prompts + a warm-up set)",
+                                 "jaxpod.cli.data:word_problems", "jaxpod.data.word_problems:WordProblemConfig"),
     }),
 }
 

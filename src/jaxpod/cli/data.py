@@ -1,5 +1,6 @@
 """`jaxpod data sudoku --out DIR [--box 3x3 --train N --test M --aug K --seed S ...]` and
-`jaxpod data sudoku-csv --csv FILE --out DIR [--test_csv FILE --aug K ...]`.
+`jaxpod data sudoku-csv --csv FILE --out DIR [--test_csv FILE --aug K ...]`, and
+`jaxpod data word-problems --out DIR [--problems N --sft M --teacher_carry_slip P]`.
 
 Both write the reference on-disk layout (see `jaxpod.data.sudoku.fmt`) and reuse a folder
 that already holds the same build.
@@ -78,4 +79,13 @@ def sudoku_csv(a: CsvArgs) -> int:
     files = " or ".join(f for f in (a.csv, a.test_csv) if f)
     raise ValueError(f"{files} is not a UTF-8 text CSV (source,question,answer,rating)") from None
   print(_summary(out, time.perf_counter() - start))
+  return 0
+
+
+def word_problems(cfg) -> int:
+  """`jaxpod data word-problems`: write problems.jsonl and sft.jsonl, print their row counts."""
+  from jaxpod.data.word_problems import build
+  counts = build(cfg)
+  print(f"{cfg.out}: problems.jsonl {counts['problems']} rows (RL prompts), sft.jsonl {counts['sft']} rows "
+        f"(warm-up demonstrations, carry slips {cfg.teacher_carry_slip:.0%})")
   return 0

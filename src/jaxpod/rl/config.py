@@ -14,6 +14,7 @@ import dataclasses
 from typing import ClassVar
 
 from jaxpod.models.llama.config import LlamaConfig
+from jaxpod.rl.dataset_task import DatasetTask  # registers task type "dataset"
 from jaxpod.rl.grpo import LOSS_NORMS, SCALE_REWARDS
 from jaxpod.rl.tasks import RLTaskConfig, SortTask
 from jaxpod.runtime.mesh import MeshConfig
@@ -171,6 +172,28 @@ class RolloutConfig(SamplingOptions):
     return SamplingParams() if greedy else super().sampling()
 
 
+@dataclasses.dataclass(frozen=True)
+class RLEvalConfig:
+  """Held-out evaluation beside greedy accuracy: pass@k from `samples` samples per problem at the rollout temperature."""
+
+  k: int = 0  # pass@k on the held-out split, with pass@1 (0: greedy accuracy only)
+  samples: int = 0  # samples per held-out problem, n >= k (0: k); the unbiased estimator uses all n
+
+  def __post_init__(self):
+    if self.k < 0 or self.samples < 0:
+      raise ValueError(f"rl.eval: k={self.k} and samples={self.samples} must be >= 0")
+    if self.samples and self.samples < self.k:
+      raise ValueError(f"rl.eval.samples={self.samples} is below eval.k={self.k}; pass@k needs n >= k samples per "
+                       "problem")
+    if self.samples and not self.k:
+      raise ValueError(f"rl.eval.samples={self.samples} without eval.k; set --eval.k (e.g. 4)")
+
+  @property
+  def n(self) -> int:
+    """Samples drawn per held-out problem."""
+    return self.samples or self.k
+
+
 # Sections with RL's own defaults are subclasses, not default_factory values: draccus rebuilds a
 # section from its class defaults as soon as one of its fields is given on the command line.
 @dataclasses.dataclass(frozen=True)
@@ -199,13 +222,14 @@ class RLTransferConfig(TransferConfig):
 class RLConfig:
   """`jaxpod rl`: warm-up, then GRPO with rollouts from the continuous engine (see the module docstring)."""
 
-  task: RLTaskConfig = dataclasses.field(default_factory=SortTask)  # verifiable problems (type: sort | addition)
+  task: RLTaskConfig = dataclasses.field(default_factory=SortTask)  # verifiable problems (type: sort | addition | dataset)
   rewards: tuple[str, ...] = ("exact_match",)  # reward plugins (registered names or "module:function"), summed
   reward_weights: tuple[float, ...] = ()  # one weight per reward (empty: all 1.0)
   model: RLModelConfig = dataclasses.field(default_factory=RLModelConfig)  # the policy (or model.hf)
   warmup: WarmupConfig = dataclasses.field(default_factory=WarmupConfig)  # supervised steps before RL
   grpo: GRPOConfig = dataclasses.field(default_factory=GRPOConfig)  # the algorithm
   rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)  # engine + workers
+  eval: RLEvalConfig = dataclasses.field(default_factory=RLEvalConfig)  # pass@k next to greedy accuracy
   topology: str = "colocated"  # colocated: one cluster, trainer and engine alternate | disaggregated: two clusters
   role: str = "auto"  # auto: everything here (disaggregated: launches the clusters) | trainer | rollout
   trainer_hosts: int = 1  # disaggregated, role auto: hosts of the trainer cluster it launches
@@ -225,6 +249,9 @@ class RLConfig:
       raise ValueError(f"rl.role={self.role!r} needs --topology disaggregated (colocated runs one job: role auto)")
     if self.trainer_hosts < 1:
       raise ValueError(f"rl.trainer_hosts={self.trainer_hosts} must be >= 1")
+    if isinstance(self.task, DatasetTask) and not self.task.chat_template and self.model.hf:
+      # message prompts are rendered with the policy's own chat template unless another is named
+      object.__setattr__(self, "task", dataclasses.replace(self.task, chat_template=self.model.hf))
     if self.rollout.groups_per_file > self.grpo.num_prompts_per_step:
       raise ValueError(f"rl.rollout.groups_per_file={self.rollout.groups_per_file} exceeds "
                        f"rl.grpo.num_prompts_per_step={self.grpo.num_prompts_per_step}; lower it")

@@ -59,22 +59,32 @@ class HFExportHook(Hook):
 
 
 class Accuracy:
-  """Greedy exact-match accuracy on the held-out problems (the trainer's evaluator)."""
+  """Greedy accuracy on the held-out problems, and pass@k with `eval.k` (the trainer's evaluator)."""
 
   def __init__(self, problems: VerifiedTask, rollout: RolloutConfig, graphdef, mesh, tokenizer, stop_ids):
     self.rollout, self.graphdef, self.mesh, self.tokenizer, self.stop_ids = rollout, graphdef, mesh, tokenizer, stop_ids
     self.problems, self.scorer = problems.eval_set(), problems.scorer()
+    self.evaluation, self.seed = problems.evaluation, problems.seed
     self.sampler = None
+    self.sampling = None  # pass@k: the rollout engine's shapes and temperature (its programs are the rollouts')
 
   def __call__(self, params, buffers) -> dict:
     import time
-    from jaxpod.rl.roller import accuracy, make_sampler
+    from jaxpod.rl.roller import accuracy, make_sampler, pass_at_k
     t0 = time.perf_counter()
     if self.sampler is None:
       self.sampler = make_sampler(self.graphdef, params, self.mesh, self.rollout, self.stop_ids, greedy=True)
     else:
       self.sampler.update_params(params, self.sampler.version + 1)
-    return accuracy(self.sampler, self.tokenizer, self.scorer, self.problems) | {"seconds": time.perf_counter() - t0}
+    out = accuracy(self.sampler, self.tokenizer, self.scorer, self.problems)
+    ev = self.evaluation
+    if ev.k:
+      if self.sampling is None:
+        self.sampling = make_sampler(self.graphdef, params, self.mesh, self.rollout, self.stop_ids)
+      else:
+        self.sampling.update_params(params, self.sampling.version + 1)
+      out |= pass_at_k(self.sampling, self.tokenizer, self.scorer, self.problems, ev.n, ev.k, self.seed)
+    return out | {"seconds": time.perf_counter() - t0}
 
 
 class PolicyTask:

@@ -18,6 +18,7 @@ import importlib
 from typing import Callable, Sequence
 
 from jaxpod.rl import verifiers
+from jaxpod.rl.config import RLEvalConfig
 from jaxpod.rl.tasks import Problem, RLTaskConfig
 
 RewardFn = Callable[[Problem, str, bool], float]
@@ -80,7 +81,7 @@ def resolve(name: str, task: RLTaskConfig) -> RewardFn:
 
 
 class Scorer:
-  """The weighted sum of the configured rewards, plus exact-match correctness for accuracy."""
+  """The weighted sum of the configured rewards, plus correctness for accuracy (the task's `correct_reward`)."""
 
   def __init__(self, names: Sequence[str], weights: Sequence[float], task: RLTaskConfig):
     if not names:
@@ -90,7 +91,7 @@ class Scorer:
                        "reward or none (all 1.0)")
     self.names, self.weights = list(names), list(weights) or [1.0] * len(names)
     self.fns = [resolve(n, task) for n in self.names]
-    self.exact = _exact_match(task)
+    self.exact = resolve(task.correct_reward, task)
 
   def __call__(self, problem: Problem, completion: str, finished: bool) -> float:
     """The reward of one completion; RewardError naming the plugin and the prompt if one raises."""
@@ -104,7 +105,7 @@ class Scorer:
     return total
 
   def correct(self, problem: Problem, completion: str, finished: bool) -> bool:
-    """Exact match (what held-out accuracy counts)."""
+    """Whether the completion is correct by the task's verifier (what held-out accuracy counts)."""
     return bool(self.exact(problem, completion, finished))
 
 
@@ -116,6 +117,7 @@ class VerifiedTask:
   rewards: tuple[str, ...]  # reward plugins, summed
   reward_weights: tuple[float, ...]  # one per reward (empty: all 1.0)
   seed: int  # the run seed: problems and request seeds derive from it
+  evaluation: RLEvalConfig = RLEvalConfig()  # the held-out evaluation beside greedy accuracy (pass@k)
 
   def scorer(self) -> Scorer:
     return Scorer(self.rewards, self.reward_weights, self.task)

@@ -89,3 +89,21 @@ def accuracy(sampler, tokenizer, scorer: Scorer, problems: Sequence[Problem]) ->
   outs = sampler.generate(ids, [0] * len(ids))
   right = [scorer.correct(p, tokenizer.decode(c.tokens), c.finish_reason == "stop") for p, c in zip(problems, outs)]
   return {"accuracy": sum(right) / len(right), "count": len(right)}
+
+
+def pass_at_k(sampler, tokenizer, scorer: Scorer, problems: Sequence[Problem], samples: int, k: int,
+              seed: int) -> dict:
+  """pass@1 and pass@k over `problems` from `samples` samples each (unbiased estimator; every host calls it).
+
+  Request seeds are fixed per problem, so two evaluations differ only by the policy."""
+  from jaxpod.rl.passk import mean_pass_at_k
+  ids = [tokenizer.encode(p.prompt) for p in problems]
+  outs = sampler.generate(ids, [request_seed(seed, p) for p in problems], n=samples)
+  counts = []
+  for i, p in enumerate(problems):
+    group = outs[i * samples:(i + 1) * samples]
+    counts.append((samples, sum(scorer.correct(p, tokenizer.decode(c.tokens), c.finish_reason == "stop")
+                                for c in group)))
+  return {"pass_at_1": mean_pass_at_k(counts, 1), f"pass_at_{k}": mean_pass_at_k(counts, k), "pass_k": k,
+          "pass_samples": samples}
+

@@ -113,7 +113,7 @@ def policy_spec(cfg: RLConfig, start_from: str | None) -> PolicySpec:
 
 def verified_task(cfg: RLConfig) -> VerifiedTask:
   """The problems slice: the task, its rewards, the run seed."""
-  return VerifiedTask(cfg.task, tuple(cfg.rewards), tuple(cfg.reward_weights), cfg.trainer.seed)
+  return VerifiedTask(cfg.task, tuple(cfg.rewards), tuple(cfg.reward_weights), cfg.trainer.seed, cfg.eval)
 
 
 def transfer_config(cfg: RLConfig, folder: str) -> TransferConfig:

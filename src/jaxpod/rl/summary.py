@@ -7,6 +7,8 @@ summarises its whole history, not just the last process's part. Keys of summary.
                                   also nested as accuracy: {start, end, warmup_start})
   reward_curve                    [[policy version that sampled, mean reward], ...] per GRPO step
   accuracy_curve                  [[policy version, held-out accuracy], ...] per evaluation
+  pass_at_k                       with eval.k: {k, samples, "pass@1": {start, end, curve}, "pass@k": {...}}
+                                  (the unbiased estimator over `samples` samples per held-out problem)
   tokens_per_s                    sampled tokens per second of rollout time
   rows_per_step                   sequences per optimizer step (grpo.num_prompts_per_step x num_generations)
   time_s                          wall seconds: warmup, rl, and within RL rollout / train / eval / waiting /
@@ -52,12 +54,25 @@ def collect(folder: str) -> dict:
   sums["eval"] = sum(r.get("eval/seconds", 0.0) for r in rl)
   later = [r for r in rl if r["step"] > 0]  # step 0's rollout compiled the engine: left out of the rate
   tokens, rollout_s = sum(r.get("rl/rollout_tokens", 0) for r in later), sum(r.get("rl/rollout_s", 0) for r in later)
-  start = next((a for s, a in acc if s == 0), float("nan"))
-  end = acc[-1][1] if acc else float("nan")
-  return {"accuracy.start": start, "accuracy.end": end,
-          "accuracy": {"start": start, "end": end, "warmup_end": warm_acc[-1][1] if warm_acc else None},
-          "reward_curve": rewards, "accuracy_curve": acc, "rollout_tokens": tokens,
-          "tokens_per_s": tokens / rollout_s if rollout_s else None, "seconds": sums}
+  start, end = _start_end(acc)
+  out = {"accuracy.start": start, "accuracy.end": end,
+         "accuracy": {"start": start, "end": end, "warmup_end": warm_acc[-1][1] if warm_acc else None},
+         "reward_curve": rewards, "accuracy_curve": acc, "rollout_tokens": tokens,
+         "tokens_per_s": tokens / rollout_s if rollout_s else None, "seconds": sums}
+  k = next((int(r["eval/pass_k"]) for r in rl if "eval/pass_k" in r), 0)
+  if k:
+    samples = next(int(r["eval/pass_samples"]) for r in rl if "eval/pass_samples" in r)
+    out["pass_at_k"] = {"k": k, "samples": samples}
+    for name in dict.fromkeys((1, k)):
+      curve = _series(rl, f"eval/pass_at_{name}")
+      first, last = _start_end(curve)
+      out["pass_at_k"][f"pass@{name}"] = {"start": first, "end": last, "curve": curve}
+  return out
+
+
+def _start_end(curve: list[list[float]]) -> tuple[float, float]:
+  """The value at step 0 (nan if the start was not evaluated) and the last one."""
+  return next((a for s, a in curve if s == 0), float("nan")), curve[-1][1] if curve else float("nan")
 
 
 def write(topology: str, rows_per_step: int, folder: str, warm, rl, warmup_s: float, wall_s: float,
@@ -92,12 +107,21 @@ def _print(out: dict) -> None:
           ("held-out accuracy", f"{out['accuracy.start']:.1%} at the start of RL -> {out['accuracy.end']:.1%} "
                                 f"({out['lift_points']:+.1f} points)"),
           ("reward", f"{rewards[0][1]:.3f} -> {rewards[-1][1]:.3f} over {len(rewards)} steps" if rewards else "-"),
+          *_pass_rows(out),
           ("rollout tokens/s", f"{out['tokens_per_s']:.0f}" if out["tokens_per_s"] else "-"),
           ("time", f"{t['total']:.0f} s: warm-up {t['warmup']:.0f} s, RL {t['rl']:.0f} s (rollout "
                    f"{t['rollout']:.0f}, train {t['train']:.0f}, eval {t['eval']:.0f}, waiting {t['waiting']:.0f}, "
                    f"publish {t['publish']:.0f} s)"),
           ("final policy", storage.join(out["run_dir"], "hf"))]
   print_table("jaxpod rl: summary", ("what", "value"), rows, header=False)
+
+
+def _pass_rows(out: dict) -> list[tuple[str, str]]:
+  if "pass_at_k" not in out:
+    return []
+  p = out["pass_at_k"]
+  text = ", ".join(f"{name} {v['start']:.1%} -> {v['end']:.1%}" for name, v in p.items() if name.startswith("pass@"))
+  return [("held-out pass@k", f"{text} ({p['samples']} samples per problem)")]
 
 
 def plot(folder: str, out: dict | None = None) -> str:
@@ -114,11 +138,16 @@ def plot(folder: str, out: dict | None = None) -> str:
   ax_r.set_xlabel("policy version that sampled")
   ax_r.set_ylabel("mean reward")
   ax_r.set_title("reward per policy version")
-  if out["accuracy_curve"]:
-    x, y = zip(*out["accuracy_curve"])
-    ax_a.plot(x, [100 * v for v in y], "o-")
+  curves = {"greedy": out["accuracy_curve"]}
+  curves.update({name: v["curve"] for name, v in out.get("pass_at_k", {}).items() if name.startswith("pass@")})
+  for label, curve in curves.items():
+    if curve:
+      x, y = zip(*curve)
+      ax_a.plot(x, [100 * v for v in y], "o-", label=label)
+  if len(curves) > 1:
+    ax_a.legend()
   ax_a.set_xlabel("policy version (GRPO step)")
-  ax_a.set_ylabel("held-out exact match (%)")
+  ax_a.set_ylabel("held-out correct (%)")
   ax_a.set_ylim(0, 100)
   ax_a.set_title("held-out accuracy")
   for ax in (ax_r, ax_a):

@@ -54,6 +54,11 @@ class RLTaskConfig(draccus.ChoiceRegistry):
     """(prompt, answer) of one random problem."""
     raise NotImplementedError
 
+  @property
+  def correct_reward(self) -> str:
+    """The registered reward that says a completion is correct (held-out accuracy, pass@k)."""
+    return "exact_match"
+
   def well_formed(self, completion: str) -> bool:
     """Whether a completion has the answer's form (the `format` reward)."""
     return bool(completion)
@@ -136,14 +141,9 @@ class AdditionTask(RLTaskConfig):
     """The sum column by column, each carry dropped with probability teacher_carry_slip."""
     if self.teacher_carry_slip == 0:
       return problem.answer
+    from jaxpod.data.word_problems import sum_with_slips
     a, b = (int(x) for x in problem.prompt.rstrip("=").split("+"))
-    out, carry, place = 0, 0, 1
-    while a or b or carry:
-      column = a % 10 + b % 10 + carry
-      out += column % 10 * place
-      carry = column // 10 if rng.random() >= self.teacher_carry_slip else 0
-      a, b, place = a // 10, b // 10, place * 10
-    return str(out)
+    return str(sum_with_slips(a, b, self.teacher_carry_slip, rng))
 
   def _operand(self, rng) -> int:
     n = int(rng.integers(1, self.digits + 1))

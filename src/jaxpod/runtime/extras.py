@@ -21,6 +21,8 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "wandb": ("wandb", "wandb"),
     "pytest": ("test", "pytest"),
     "math_verify": ("math", "math-verify"),
+    "datasets": ("datasets", "datasets"),
+    "trl": ("bench", "trl"),
 }
 
 

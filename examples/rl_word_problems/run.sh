@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# RL on a prompt file: GSM8K-format word problems, a supervised warm-up exported as a HF checkpoint,
+# then `jaxpod rl --model.hf DIR --task.type dataset --task.path problems.jsonl` (see README.md here).
+#   bash examples/rl_word_problems/run.sh OUT_DIR [SEED]
+set -euo pipefail
+OUT=${1:?usage: run.sh OUT_DIR [SEED]}
+SEED=${2:-0}
+JAXPOD=${JAXPOD:-.venv/bin/jaxpod}
+PY=${PY:-.venv/bin/python}
+# Both runs read the file the same way: the question column, GSM8K's verifier and reward, 128 held-out problems.
+TASK=(--task.type dataset --task.prompt_column question --task.verifier gsm8k --rewards '[gsm8k]'
+      --task.eval_size 128 --rollout.max_prompt_len 56 --rollout.max_new_tokens 20 --trainer.seed "$SEED")
+
+# 1. the data: problems.jsonl (RL prompts, correct answers) and sft.jsonl (other questions, a teacher that drops carries)
+"$JAXPOD" data word-problems --out "$OUT/data" --seed "$SEED"
+
+# 2. the supervised warm-up on sft.jsonl (jaxpod rl's warm-up; one GRPO step after it, then its export is taken)
+"$JAXPOD" rl "${TASK[@]}" --task.path "$OUT/data/sft.jsonl" --model.max_position_embeddings 96 \
+  --warmup.steps 400 --warmup.batch_size 64 --trainer.steps 1 --trainer.eval_every 1 \
+  --grpo.num_prompts_per_step 8 --grpo.sample_prompts_per_step 0 --trainer.runs_dir "$OUT/warm" --trainer.run_name warm
+# ... as a HF checkpoint with tokenizer files equal to the byte-level tokenizer (transformers and TRL load it)
+rm -rf "$OUT/policy" && cp -r "$OUT/warm/warm/warmup/hf" "$OUT/policy"
+"$PY" -c "import sys; from jaxpod.models.llama.tokenizer import save_byte_tokenizer; save_byte_tokenizer(sys.argv[1])" "$OUT/policy"
+
+# 3. RL from that checkpoint on problems.jsonl: held-out greedy accuracy and pass@1 / pass@4 before and after
+"$JAXPOD" rl --model.hf "$OUT/policy" "${TASK[@]}" --task.path "$OUT/data/problems.jsonl" --eval.k 4 \
+  --trainer.steps "${STEPS:-60}" --trainer.eval_every 20 --grpo.num_prompts_per_step 16 \
+  --grpo.sample_prompts_per_step 32 --rollout.temperature 1.0 \
+  --trainer.runs_dir "$OUT/rl" --trainer.run_name rl

@@ -1,0 +1,118 @@
+"""`jaxpod bench rl --against trl`: jaxpod's colocated loop and TRL's GRPOTrainer on one workload, in one run.
+
+The workload is a prompt file: GSM8K-format word problems (`jaxpod data word-problems`), the
+policy a supervised warm-up on their disjoint warm-up set exported as a HF checkpoint with
+byte-level tokenizer files (so transformers and TRL load it with jaxpod's ids). From that one
+checkpoint, per round (`--repeats`, medians reported): `jaxpod rl --model.hf DIR --task.type
+dataset` (colocated) and `python -m jaxpod.bench.rl_trl` (TRL, HF generate, torch CPU), each in its
+own process, with the same prompts in the same order, reward (GSM8K's verifier), n, prompts per
+step, learning rate and schedule, clipping, loss normalisation and temperature (see rl_trl.py).
+DAPO's dynamic sampling is off on jaxpod's side (TRL samples exactly the prompts it trains on).
+Figures (steady state, steps 3..): seconds per step, completion tokens per second of step time (TRL
+generates inside its step), reward per wall-clock second,
+held-out greedy accuracy after the steps; the check is jaxpod's reward/s over TRL's.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from jaxpod.bench.common import machine, print_table, write_json
+
+PROMPTS, GENERATIONS, LR = 16, 8, 3e-4
+WORKLOAD = ["--task.type", "dataset", "--task.prompt_column", "question", "--task.verifier", "gsm8k",
+            "--rewards", "[gsm8k]", "--task.eval_size", "128", "--rollout.max_prompt_len", "56",
+            "--rollout.max_new_tokens", "20", "--rollout.temperature", "1.0", "--trainer.progress", "false"]
+
+
+def _policy(root: str, warmup_steps: int) -> tuple[str, str]:
+  """(HF checkpoint of the warm-up, problems.jsonl) under root."""
+  from jaxpod.bench.rl import _jaxpod_rl
+  from jaxpod.data.word_problems import WordProblemConfig, build
+  from jaxpod.models.llama.tokenizer import save_byte_tokenizer
+  data, runs = os.path.join(root, "data"), os.path.join(root, "runs")
+  build(WordProblemConfig(out=data))
+  _jaxpod_rl([*WORKLOAD, "--task.path", os.path.join(data, "sft.jsonl"), "--model.max_position_embeddings", "96",
+              "--warmup.steps", str(warmup_steps), "--warmup.batch_size", "64", "--trainer.steps", "1",
+              "--grpo.num_prompts_per_step", "8", "--grpo.sample_prompts_per_step", "0", "--trainer.runs_dir", runs,
+              "--trainer.run_name", "warm", "--export_hf", "false"], os.path.join(root, "warm.log"))
+  policy = os.path.join(root, "policy")
+  shutil.copytree(os.path.join(runs, "warm", "warmup", "hf"), policy)
+  save_byte_tokenizer(policy)
+  return policy, os.path.join(data, "problems.jsonl")
+
+
+def _jaxpod(root: str, policy: str, problems: str, steps: int, name: str) -> dict:
+  from jaxpod.bench.rl import _jaxpod_rl, _measure
+  runs = os.path.join(root, "runs")
+  wall = _jaxpod_rl(["--model.hf", policy, *WORKLOAD, "--task.path", problems, "--trainer.steps", str(steps),
+                     "--trainer.eval_every", str(steps), "--trainer.checkpoint_every", "0", "--export_hf", "false",
+                     "--grpo.num_prompts_per_step", str(PROMPTS), "--grpo.num_generations", str(GENERATIONS),
+                     "--grpo.lr", str(LR), "--grpo.sample_prompts_per_step", "0", "--grpo.filter_groups", "false",
+                     "--trainer.runs_dir", runs, "--trainer.run_name", name], os.path.join(root, f"{name}.log"))
+  m = _measure(os.path.join(runs, name))
+  from jaxpod.rl.summary import by_step, read_metrics
+  later = [r for r in by_step(read_metrics(os.path.join(runs, name, "train"))) if r["step"] >= 2 and "reward" in r]
+  tokens = sum(r["completion_tokens"] for r in later) / len(later)  # per step, as TRL's figure (generation in its step)
+  return {"seconds_per_step": m["step_s"], "tokens_per_s": tokens / m["step_s"], "reward_per_s": m["reward_per_s"],
+          "accuracy_start": m["accuracy_start"], "accuracy_end": m["accuracy_end"], "wall_s": wall}
+
+
+def _trl(root: str, policy: str, problems: str, steps: int, name: str) -> dict:
+  out = os.path.join(root, f"{name}.json")
+  args = ["--model", policy, "--prompts", problems, "--prompt_column", "question", "--verifier", "gsm8k",
+          "--eval_size", "128", "--steps", str(steps), "--num_prompts_per_step", str(PROMPTS), "--num_generations",
+          str(GENERATIONS), "--lr", str(LR), "--temperature", "1.0", "--max_new_tokens", "20", "--out", out]
+  with open(os.path.join(root, f"{name}.log"), "w") as log:
+    proc = subprocess.run([sys.executable, "-m", "jaxpod.bench.rl_trl", *args], stdout=log, stderr=subprocess.STDOUT)
+  if proc.returncode:
+    raise RuntimeError(f"bench rl --against trl: TRL's run failed (exit {proc.returncode}); log {root}/{name}.log")
+  return json.loads(open(out).read())
+
+
+def run(steps: int, warmup_steps: int, repeats: int, json_path: str | None, policy: str = "",
+        problems: str = "") -> dict:
+  """Warm-up once (unless `policy` and its `problems` are given), then jaxpod and TRL `repeats` times
+  (interleaved); table + JSON."""
+  from jaxpod.runtime.extras import require
+  for module in ("trl", "torch", "datasets", "math_verify"):  # before the warm-up, not after it
+    require(module, "`jaxpod bench rl --against trl`")
+  root = tempfile.mkdtemp(prefix="jaxpod-bench-rl-trl-")
+  if not policy:
+    print(f"bench rl --against trl: warm-up ({warmup_steps} steps) in {root}", flush=True)
+    policy, problems = _policy(root, warmup_steps)
+  runs: dict[str, list[dict]] = {"jaxpod": [], "trl": []}
+  for r in range(repeats):
+    runs["jaxpod"].append(_jaxpod(root, policy, problems, steps, f"jaxpod-{r}"))
+    runs["trl"].append(_trl(root, policy, problems, steps, f"trl-{r}"))
+    print(f"bench rl --against trl: round {r} done", flush=True)
+  return report(runs, steps, warmup_steps, repeats, root, json_path)
+
+
+def report(runs: dict[str, list[dict]], steps: int, warmup_steps: int, repeats: int, root: str,
+           json_path: str | None) -> dict:
+  """Medians over the rounds, the table and the JSON."""
+  keys = ("seconds_per_step", "tokens_per_s", "reward_per_s", "accuracy_end")
+  results = {arm: {k: statistics.median(x[k] for x in xs) for k in keys} for arm, xs in runs.items()}
+  trl_rate = results["trl"]["reward_per_s"]
+  checks = {"jaxpod_over_trl_reward_per_s": results["jaxpod"]["reward_per_s"] / trl_rate if trl_rate else None,
+            "trl_over_jaxpod_seconds_per_step": results["trl"]["seconds_per_step"] / results["jaxpod"]["seconds_per_step"]}
+  version = runs["trl"][0]["trl_version"]
+  start = runs["jaxpod"][0]["accuracy_start"]
+  rows = [(arm, f"{r['seconds_per_step']:.2f}", f"{r['tokens_per_s']:.0f}", f"{r['reward_per_s']:.2f}",
+           f"{start:.0%}>{r['accuracy_end']:.0%}") for arm, r in results.items()]
+  ratio = checks["jaxpod_over_trl_reward_per_s"]
+  print_table(f"rl vs TRL {version} GRPOTrainer: {steps} steps x {PROMPTS} prompts x {GENERATIONS} samples from one "
+              f"warm-up, medians of {repeats}; jaxpod / TRL reward per second = "
+              + (f"{ratio:.2f}" if ratio is not None else "- (TRL earned no reward)"),
+              ["arm", "s/step", "tok/s of step", "reward/s", "held-out acc"], rows)
+  payload = {"benchmark": "rl-vs-trl", "baseline": "trl", "trl_version": version, "steps": steps,
+             "warmup_steps": warmup_steps, "repeats": repeats, "results": results, "checks": checks, "runs": runs,
+             "folder": root, "machine": machine(), "load_average": os.getloadavg()[0]}
+  write_json(json_path, payload)
+  return payload
