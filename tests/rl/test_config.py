@@ -8,7 +8,7 @@ from jaxpod.cli.main import main
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--rewards", "no_such_reward"], "rl.rewards: 'no_such_reward' is not a registered reward (exact_match, format)"),
+    (["--rewards", "no_such_reward"], "rl.rewards: 'no_such_reward' is not a registered reward (boxed, exact_match, format, gsm8k)"),
     (["--rewards", "no_such_module:fn"], "rl.rewards: cannot import 'no_such_module:fn'"),
     (["--grpo.num_generations", "1"], "rl.grpo.num_generations=1: GRPO needs n >= 2 samples per prompt"),
     (["--task.length", "20"], "rl.task prompts reach 27 tokens (e.g."),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Callable, Sequence
 
+from jaxpod.rl import verifiers
 from jaxpod.rl.tasks import Problem, RLTaskConfig
 
 RewardFn = Callable[[Problem, str, bool], float]
@@ -42,6 +43,18 @@ def _exact_match(task: RLTaskConfig) -> RewardFn:
 def _format(task: RLTaskConfig) -> RewardFn:
   """1 if the sample stopped and the completion has the answer's form (the task's `well_formed`), else 0."""
   return lambda problem, completion, finished: float(finished and task.well_formed(completion.strip()))
+
+
+@register_reward("gsm8k")
+def _gsm8k(task: RLTaskConfig) -> RewardFn:
+  """1 if the sample stopped and the number after its last `####` equals the answer (math-verify), else 0."""
+  return lambda problem, completion, finished: float(finished and verifiers.gsm8k_correct(completion, problem.answer))
+
+
+@register_reward("boxed")
+def _boxed(task: RLTaskConfig) -> RewardFn:
+  """1 if the sample stopped and its last `\\boxed{}` equals the answer (by value, or as normalised text), else 0."""
+  return lambda problem, completion, finished: float(finished and verifiers.boxed_correct(completion, problem.answer))
 
 
 def resolve(name: str, task: RLTaskConfig) -> RewardFn:

@@ -20,6 +20,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "gcsfs": ("gcs", "gcsfs"),
     "wandb": ("wandb", "wandb"),
     "pytest": ("test", "pytest"),
+    "math_verify": ("math", "math-verify"),
 }
 
 

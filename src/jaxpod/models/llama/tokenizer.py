@@ -123,3 +123,42 @@ def load_tokenizer(url: str) -> Tokenizer:
     tok = AutoTokenizer.from_pretrained(tmp, local_files_only=True)
   return _TransformersTokenizer(tok, tok.bos_token_id, tuple([tok.eos_token_id] if tok.eos_token_id is not None
                                                              else []), tok.pad_token_id)
+
+
+def _byte_chars() -> list[str]:
+  """Byte b -> the printable character byte-level BPE files spell it with (GPT-2's table)."""
+  printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+  chars, extra = {}, 0
+  for b in range(256):
+    if b in printable:
+      chars[b] = chr(b)
+    else:
+      chars[b] = chr(256 + extra)
+      extra += 1
+  return [chars[b] for b in range(256)]
+
+
+def save_byte_tokenizer(url: str, tokenizer: ByteTokenizer | None = None) -> None:
+  """Write HF tokenizer files (`tokenizer.json`, `tokenizer_config.json`) that encode as `ByteTokenizer` does.
+
+  A checkpoint trained with jaxpod's byte-level tokenizer then loads in any HF tool
+  (`AutoTokenizer`, TRL) with the same ids: byte b is id b, then BOS, EOS, PAD, BOS prepended.
+  """
+  from tokenizers import Tokenizer as RawTokenizer, decoders, models, pre_tokenizers, processors
+
+  from jaxpod.runtime import storage
+
+  byte_tok = tokenizer or ByteTokenizer()
+  tok = RawTokenizer(models.BPE(vocab={c: i for i, c in enumerate(_byte_chars())}, merges=[]))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+  tok.decoder = decoders.ByteLevel()
+  # Like every HF tokenizer, these strings inside a text become the special ids; hence unusual names.
+  bos, eos, pad = "<|bos|>", "<|eos|>", "<|pad|>"
+  tok.add_special_tokens([bos, eos, pad])  # ids 256, 257, 258 (ByteTokenizer's): after the 256 bytes
+  if byte_tok.add_bos:
+    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, byte_tok.bos_id)])
+  config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos, "pad_token": pad,
+            "model_max_length": 1 << 30, "clean_up_tokenization_spaces": False}
+  storage.makedirs(url)
+  storage.write_text(storage.join(url, "tokenizer.json"), tok.to_str())
+  storage.write_text(storage.join(url, "tokenizer_config.json"), json.dumps(config, indent=2))
