@@ -49,7 +49,7 @@ class PairData(DataConfig):
   global_batch_size: int = 64  # pairs per training step over all hosts
   eval_batch_size: int = 64  # held-out pairs per evaluation step over all hosts (last batch padded)
   path: str | None = None  # pair file HF datasets reads (.jsonl/.json, .parquet, .arrow; local or gs://); None: built-in sort pairs
-  tokenizer: str = "byte"  # "byte" or a folder with tokenizer.json (default with task.hf: the checkpoint's own)
+  tokenizer: str = ""  # "byte" or a folder with tokenizer.json (+ chat template); "": task.hf's own, else byte
   max_prompt_length: int = 16  # prompt tokens kept (a longer prompt keeps its end, as TRL does)
   max_length: int = 24  # prompt + answer tokens per side (a longer answer loses its end)
   eval_pairs: int = 128  # pairs held out for the eval/ metrics (never trained on)
@@ -174,12 +174,13 @@ class PreferenceTask:
 
   def __init__(self, cfg: TrainConfig):
     self.cfg, self.pc = cfg, cfg.task
+    self.tokenizer_dir = self.pc.data.tokenizer or self.pc.hf or "byte"
+    self.tokenizer = tokenizer_from(self.tokenizer_dir)
     if self.pc.hf:
       from jaxpod.models.llama import hf_io
       self.llama = hf_io.load_config(self.pc.hf)
-      self.tokenizer = tokenizer_from(self.pc.data.tokenizer if self.pc.data.tokenizer != "byte" else self.pc.hf)
     else:
-      self.llama, self.tokenizer = self.pc.model, tokenizer_from(self.pc.data.tokenizer)
+      self.llama = self.pc.model
     self.batch_ndims = {"tokens": 3, "answer": 3}
     if self.pc.loss.needs_reference and self.pc.reference == "precomputed":
       self.batch_ndims["ref"] = 2  # [P, 2] reference log-probs stored beside the pairs
@@ -199,12 +200,19 @@ class PreferenceTask:
       return {"sort_key": _sha([dataclasses.asdict(self.pc.sort), dataclasses.asdict(self.pc.model), d.max_length,
                                 self.cfg.trainer.seed])}
     from jaxpod.data.preference_files import read_pair_file
-    key = _sha([d.path, storage.read_bytes(d.path) if storage.exists(d.path) else None, d.max_prompt_length,
-                d.max_length, d.max_bad_fraction, self.pc.hf, d.tokenizer])
+    if not storage.exists(d.path):
+      raise FileNotFoundError(f"task.data.path={d.path}: no such file; give a .jsonl, .parquet or .arrow pair file")
+    key = _sha([d.path, hashlib.sha256(storage.read_bytes(d.path)).hexdigest(), d.max_prompt_length, d.max_length,
+                d.max_bad_fraction, self.tokenizer_dir])
     url = storage.join(self._cache(), f"pref-pairs-{key}.npz")
     report_url = url + ".report.json"
     if not storage.exists(url):
-      arrays, report = read_pair_file(d.path, self.tokenizer, d.max_prompt_length, d.max_length, d.max_bad_fraction)
+      template = tokens = None
+      if self.tokenizer_dir != "byte":
+        from jaxpod.data.chat import load_chat_template, load_special_tokens
+        template, tokens = load_chat_template(self.tokenizer_dir), load_special_tokens(self.tokenizer_dir)
+      arrays, report = read_pair_file(d.path, self.tokenizer, d.max_prompt_length, d.max_length, d.max_bad_fraction,
+                                      chat_template=template, special_tokens=tokens)
       storage.write_text(report_url, json.dumps(report))
       _write_npz(url, arrays)
     blob = storage.read_bytes(url)
