@@ -41,7 +41,16 @@ def load_rows(path: str):
   suffix = next((s for s in BUILDERS if path.endswith(s)), None)
   if suffix is None:
     raise ValueError(f"task.data.path={path}: unknown file type; use one of {', '.join(BUILDERS)}")
-  return datasets.load_dataset(BUILDERS[suffix], data_files=path, split="train")
+  if "://" not in path or path.startswith("file://"):
+    return datasets.load_dataset(BUILDERS[suffix], data_files=path, split="train")
+  import tempfile
+  from jaxpod.runtime import storage
+  with tempfile.TemporaryDirectory() as tmp:  # a bucket file: one copy through the storage layer, read locally
+    local = f"{tmp}/pairs{suffix}"
+    with open(local, "wb") as f:
+      f.write(storage.read_bytes(path))
+    return datasets.load_dataset(BUILDERS[suffix], data_files=local, split="train", cache_dir=f"{tmp}/cache",
+                                 keep_in_memory=True)
 
 
 def _is_messages(value: Any) -> bool:

@@ -132,7 +132,7 @@ def tokenizer_from(spec: str):
   from jaxpod.models.llama.tokenizer import ByteTokenizer, load_tokenizer
   if spec == "byte":
     return ByteTokenizer()
-  if not Path(spec).exists():
+  if not storage.exists(spec):
     raise FileNotFoundError(f"task.data.tokenizer={spec!r}: no such folder; use 'byte' or a folder with "
                             "tokenizer.json")
   return load_tokenizer(spec)
