@@ -48,18 +48,16 @@ def _metrics(run_dir) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def dpo_runs(tmp_path_factory, tiny_ckpt, pair_file):
-  """DPO from the tiny checkpoint with the reference in the step, and with it precomputed."""
+def dpo_run(tmp_path_factory, tiny_ckpt, pair_file):
+  """DPO from the tiny checkpoint with the reference in the step (start and final state kept)."""
   runs = tmp_path_factory.mktemp("pref_runs")
   keep = KeepState()
-  in_step = _train(runs, tiny_ckpt, pair_file, "in_step", [keep], task__loss__kind="dpo", task__loss__beta=0.5)
-  pre = _train(runs, tiny_ckpt, pair_file, "pre", task__loss__kind="dpo", task__loss__beta=0.5,
-               task__reference="precomputed")
-  return keep, in_step, pre
+  summary = _train(runs, tiny_ckpt, pair_file, "in_step", [keep], task__loss__kind="dpo", task__loss__beta=0.5)
+  return keep, summary
 
 
-def test_the_dpo_reference_is_frozen_sharded_like_the_policy_and_never_optimised(dpo_runs, tiny_ckpt):
-  keep, _, _ = dpo_runs
+def test_the_dpo_reference_is_frozen_sharded_like_the_policy_and_never_optimised(dpo_run):
+  keep, _ = dpo_run
   changed = jax.tree.leaves(jax.tree.map(lambda a, b: not np.array_equal(a, b), keep.start["params"],
                                          keep.end["params"]))
   assert all(changed), "every policy tensor trains"
@@ -70,18 +68,36 @@ def test_the_dpo_reference_is_frozen_sharded_like_the_policy_and_never_optimised
   assert keep.shardings["opt_leaves"] <= 2 * keep.shardings["param_leaves"] + 4
 
 
-def test_precomputed_reference_log_probs_train_exactly_like_the_in_step_reference(dpo_runs):
-  _, in_step, pre = dpo_runs
-  a, b = _metrics(in_step.run_dir), _metrics(pre.run_dir)
-  assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 4]
-  for x, y in zip(a, b):
-    for name in ("loss", "rewards/chosen", "rewards/margins", "logps/rejected"):
-      assert x[name] == pytest.approx(y[name], rel=1e-5, abs=1e-5), (x["step"], name)
-  assert a[0]["rewards/chosen"] == pytest.approx(0.0, abs=1e-5)  # step 1: the policy is the reference
+def test_precomputed_reference_log_probs_give_the_in_step_loss_and_gradient(dpo_run, tiny_ckpt, pair_file, tmp_path):
+  """The same batch, the policy moved away from the reference: loss and gradient agree between the two modes."""
+  from jaxpod import runtime
+  from jaxpod.cli.train import load_config
+  from jaxpod.data.preference_files import read_pair_file
+  from jaxpod.tasks.preference_start import reference_logps
+  from jaxpod.train.task import make_task
+  keep, _ = dpo_run
+  tasks = {mode: make_task(load_config(pref_args(tmp_path, tiny_ckpt, pair_file, task__loss__kind="dpo",
+                                                 task__loss__beta=0.5, task__reference=mode)))
+           for mode in ("in_step", "precomputed")}
+  arrays, _ = read_pair_file(pair_file, tasks["in_step"].tokenizer, 12, 20, 0.05)
+  batch = {k: v[:8].astype(np.int32) for k, v in arrays.items()}
+  mesh = runtime.mesh_from_config(load_config(pref_args(tmp_path, tiny_ckpt, pair_file)).mesh)
+  graphdef, start = tasks["in_step"]._load(tiny_ckpt, mesh)
+  trained = jax.tree.map(jax.numpy.asarray, keep.end["params"])
+  ref = reference_logps(graphdef, start, batch, mesh, 8)
+  results = {}
+  for mode, buffers, extra in (("in_step", {"ref": start}, {}), ("precomputed", {}, {"ref": ref})):
+    loss = tasks[mode].loss_fn(graphdef)
+    fn = jax.jit(jax.value_and_grad(lambda p, bufs, b: loss(p, bufs, b, None, ())[0]))
+    results[mode] = fn(trained, buffers, {**batch, **extra})
+  (a, ga), (b, gb) = results["in_step"], results["precomputed"]
+  assert float(a) == pytest.approx(float(b), rel=1e-5) and float(a) != pytest.approx(np.log(2.0), abs=1e-3)
+  for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-6)
 
 
-def test_trl_metric_names_are_logged(dpo_runs):
-  _, in_step, _ = dpo_runs
+def test_trl_metric_names_are_logged(dpo_run):
+  _, in_step = dpo_run
   record = _metrics(in_step.run_dir)[-1]
   for name in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
                "logps/rejected"):

@@ -115,7 +115,8 @@ def run(json_path: str | None = None, **overrides) -> dict:
         results.setdefault(loss, {})[side] = {"median_step_s": step, "pairs_per_s": o.batch / step,
                                               "tokens_per_s": o.batch * tokens_per_pair / step,
                                               "peak_rss_mib": max(g["peak_rss_mib"]), "timed_steps": len(g["step_s"])}
-      results[loss]["ratio_tokens_per_s"] = results[loss]["jaxpod"]["tokens_per_s"] / results[loss]["trl"]["tokens_per_s"]
+      r = results[loss]
+      r["ratio_tokens_per_s"] = r["jaxpod"]["tokens_per_s"] / r["trl"]["tokens_per_s"]
   rows = [[loss, side, f"{r[side]['tokens_per_s']:,.0f}", f"{r[side]['median_step_s'] * 1e3:.1f}",
            f"{r[side]['peak_rss_mib']:,.0f}", f"{r['ratio_tokens_per_s']:.2f}x" if side == "jaxpod" else "1.00x"]
           for loss, r in results.items() for side in ("jaxpod", "trl")]
@@ -123,7 +124,8 @@ def run(json_path: str | None = None, **overrides) -> dict:
               f"{tokens_per_pair:.0f} real tokens per pair",
               ["loss", "trainer", "training tokens/s", "median step ms", "peak RSS MiB", "vs TRL"], rows)
   payload = {"options": dataclasses.asdict(o), "tokens_per_pair": tokens_per_pair, "results": results,
-             "machine": machine(), "baseline": "TRL 1.16 DPOTrainer / CPOTrainer(simpo), torch CPU, same process layout"}
+             "machine": machine(),
+             "baseline": "TRL 1.16 DPOTrainer / CPOTrainer(simpo), torch CPU, same process layout"}
   write_json(json_path, payload)
   return payload
 

@@ -21,9 +21,12 @@ def _peak_rss_mib() -> float:
 
 def run_jaxpod(o: dict) -> list[float]:
   """Step end times (perf_counter) of the preference task on the one trainer."""
-  from jaxpod.cli.train import load_config
   from jaxpod.runtime.hooks import Listener
+  from jaxpod.tasks.causal_lm import AdamWConfig
+  from jaxpod.tasks.preference import PairData, PreferenceConfig
+  from jaxpod.tasks.preference_loss import LossConfig
   from jaxpod.train import train
+  from jaxpod.train.config import TrackerConfig, TrainConfig, TrainerConfig
 
   class Stamps(Listener):
     def __init__(self):
@@ -33,16 +36,14 @@ def run_jaxpod(o: dict) -> list[float]:
       self.times.append(time.perf_counter())
 
   stamps = Stamps()
-  args = {"task.type": "preference", "task.hf": o["ckpt"], "task.data.path": o["pairs"],
-          "task.loss.kind": o["loss"], "task.loss.beta": o["beta"], "task.data.global_batch_size": o["batch"],
-          "task.data.eval_batch_size": o["batch"], "task.data.eval_pairs": o["batch"],
-          "task.data.max_prompt_length": o["max_prompt_length"], "task.data.max_length": o["max_length"],
-          "task.optim.lr": o["lr"], "task.optim.warmup_steps": 0, "task.optim.grad_clip": 0.0,
-          "trainer.steps": o["warmup"] + o["steps"], "trainer.eval_every": 0, "trainer.checkpoint_every": 0,
-          "trainer.log_every": 1000, "trainer.ema": 0.0, "trainer.runs_dir": o["runs"],
-          "trainer.run_name": f"{o['loss']}-{time.time_ns()}", "trainer.progress": "false", "trainer.plot": "false",
-          "tracker.tensorboard": "false", "task.data.cache_dir": o["runs"] + "/cache"}
-  train(load_config([f"--{k}={v}" for k, v in args.items()]), extra_hooks=[stamps])
+  data = PairData(path=o["pairs"], global_batch_size=o["batch"], eval_batch_size=o["batch"], eval_pairs=o["batch"],
+                  max_prompt_length=o["max_prompt_length"], max_length=o["max_length"], cache_dir=o["runs"] + "/cache")
+  loss = LossConfig(kind=o["loss"], beta=o["beta"], gamma_beta_ratio=o["gamma_beta_ratio"])
+  task = PreferenceConfig(hf=o["ckpt"], data=data, loss=loss,
+                          optim=AdamWConfig(lr=o["lr"], warmup_steps=0, weight_decay=0.0, grad_clip=0.0))
+  trainer = TrainerConfig(steps=o["warmup"] + o["steps"], log_every=1000, ema=0.0, runs_dir=o["runs"],
+                          run_name=f"{o['loss']}-{time.time_ns()}", progress=False, plot=False)
+  train(TrainConfig(task=task, trainer=trainer, tracker=TrackerConfig(tensorboard=False)), extra_hooks=[stamps])
   return stamps.times
 
 

@@ -18,6 +18,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from jaxpod.data.text import StepIterator
+
 
 def encode_pair(prompt: Sequence[int], chosen: Sequence[int], rejected: Sequence[int], max_length: int,
                 pad_id: int) -> dict[str, np.ndarray]:
@@ -36,27 +38,6 @@ def encode_pair(prompt: Sequence[int], chosen: Sequence[int], rejected: Sequence
 def stack_pairs(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
   """[{name: [2, L]}] -> {name: [N, 2, L]}."""
   return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
-
-
-class _TrainIterator:
-  """Checkpointable train iterator: its state is the number of batches drawn."""
-
-  def __init__(self, loader: "PairLoader"):
-    self.loader, self.step = loader, 0
-
-  def __iter__(self) -> Iterator[dict]:
-    return self
-
-  def __next__(self) -> dict:
-    batch = self.loader.train_batch(self.step)
-    self.step += 1
-    return batch
-
-  def get_state(self) -> dict:
-    return {"step": self.step}
-
-  def set_state(self, state: dict) -> None:
-    self.step = int(state["step"])
 
 
 class PairLoader:
@@ -86,8 +67,8 @@ class PairLoader:
     ids = np.sort(self._mine({"i": self._perm[1][j * self.gb:(j + 1) * self.gb]}, self.gb)["i"])
     return {k: v[ids] for k, v in self.train.items()}
 
-  def train_iter(self) -> _TrainIterator:
-    return _TrainIterator(self)
+  def train_iter(self) -> StepIterator:
+    return StepIterator(self)
 
   def eval_iter(self, batch: int) -> Iterator[dict[str, np.ndarray]]:
     """The held-out pairs in order, `batch` per step, the last batch padded with rows whose `valid` is 0."""

@@ -81,7 +81,8 @@ class AdamWConfig:
     return (optax.chain(optax.clip_by_global_norm(self.grad_clip), adamw) if self.grad_clip else adamw), sched
 
 
-def _default_model() -> LlamaConfig:
+def byte_llama() -> LlamaConfig:
+  """The default causal-LM Llama: byte-level vocabulary (259), hidden 128, 4 layers, 512 positions."""
   return LlamaConfig(vocab_size=259, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
                      tie_word_embeddings=True, bos_token_id=256, eos_token_id=(257,), pad_token_id=258)
@@ -95,7 +96,7 @@ class CausalLMConfig(TaskConfig):
   bar_metrics: tuple[str, ...] = ("loss", "perplexity")
   plot_metrics: tuple[str, ...] = ("loss", "perplexity")
   data: TextData = dataclasses.field(default_factory=TextData)
-  model: LlamaConfig = dataclasses.field(default_factory=_default_model)
+  model: LlamaConfig = dataclasses.field(default_factory=byte_llama)
   optim: AdamWConfig = dataclasses.field(default_factory=AdamWConfig)
   sample: SamplingOptions = dataclasses.field(default_factory=SamplingOptions)  # SampleHook's options
   sample_every: int = 0  # SampleHook cadence in steps (0: only at the end; no prompts: no sampling)

@@ -36,6 +36,7 @@ from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.runtime import storage
 from jaxpod.sample.config import SamplingOptions
 from jaxpod.tasks.causal_lm import AdamWConfig, sample_hooks, tokenizer_from
+from jaxpod.tasks.causal_lm import byte_llama
 from jaxpod.tasks.preference_loss import METRICS, LossConfig
 from jaxpod.train.config import DataConfig, TaskConfig, TrainConfig
 
@@ -48,7 +49,7 @@ class PairData(DataConfig):
 
   global_batch_size: int = 64  # pairs per training step over all hosts
   eval_batch_size: int = 64  # held-out pairs per evaluation step over all hosts (last batch padded)
-  path: str | None = None  # pair file HF datasets reads (.jsonl/.json, .parquet, .arrow; local or gs://); None: built-in sort pairs
+  path: str | None = None  # pair file (.jsonl/.json, .parquet, .arrow; local or gs://); None: the built-in sort pairs
   tokenizer: str = ""  # "byte" or a folder with tokenizer.json (+ chat template); "": task.hf's own, else byte
   max_prompt_length: int = 16  # prompt tokens kept (a longer prompt keeps its end, as TRL does)
   max_length: int = 24  # prompt + answer tokens per side (a longer answer loses its end)
@@ -75,7 +76,7 @@ class SortPairs:
   warmup_steps: int = 150  # supervised imitation of the teacher before preference training (the start and reference)
   warmup_batch: int = 128  # problems per warm-up step
   warmup_lr: float = 1e-3  # warm-up AdamW learning rate (linear warm-up over its first 10%)
-  prompts: int = 2048  # training prompts sampled once from the warm-up policy; each with a habit to correct gives a pair
+  prompts: int = 2048  # training prompts sampled once from the warm-up policy (a pair each with a habit to correct)
   temperature: float = 1.0  # temperature of those samples
   extra_repeat_pairs: bool = True  # also one pair per prompt whose rejected answer repeats a digit once too often
   # (a verifier-made negative: on-policy pairs alone only ever say "more repeats", and the policy overshoots)
@@ -90,9 +91,8 @@ class SortPairs:
 
 
 def _default_model() -> LlamaConfig:
-  return LlamaConfig(vocab_size=259, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
-                     tie_word_embeddings=True, bos_token_id=256, eos_token_id=(257,), pad_token_id=258)
+  """causal_lm's byte-level Llama with 2 layers and a 64-token context (the sort pairs need 21)."""
+  return dataclasses.replace(byte_llama(), num_hidden_layers=2, max_position_embeddings=64)
 
 
 @TaskConfig.register_subclass("preference")
@@ -106,7 +106,7 @@ class PreferenceConfig(TaskConfig):
   model: LlamaConfig = dataclasses.field(default_factory=_default_model)  # ignored with hf (its config.json wins)
   hf: str = ""  # HF Llama checkpoint (folder or URL) the policy (and the reference) start from; "": sort warm-up / init
   loss: LossConfig = dataclasses.field(default_factory=LossConfig)
-  reference: str = "in_step"  # DPO/IPO reference log-probs: in_step (frozen copy in the state) | precomputed (once, stored)
+  reference: str = "in_step"  # DPO/IPO reference: in_step (frozen copy in the state) | precomputed (once, stored)
   optim: AdamWConfig = dataclasses.field(default_factory=lambda: AdamWConfig(lr=3e-4, warmup_steps=10,
                                                                              weight_decay=0.0))
   sort: SortPairs = dataclasses.field(default_factory=SortPairs)
@@ -300,9 +300,12 @@ class PreferenceTask:
     return graphdef, params, self._buffers(params)
 
   def init_model(self, seed: int):
+    """Random weights (traced in the state's jitted init); in-step, the reference is a copy of them."""
     from flax import nnx
     from jaxpod.models.llama import Llama
-    params = nnx.split(Llama(self.llama, rngs=nnx.Rngs(params=seed)))[1]
+    return self._with_buffers(nnx.split(Llama(self.llama, rngs=nnx.Rngs(params=seed)))[1])
+
+  def _with_buffers(self, params):
     return params, self._buffers(params)
 
   def initial_params(self, mesh, shardings):
@@ -310,8 +313,7 @@ class PreferenceTask:
     if not self.start_url:
       return None
     import jax
-    params = jax.device_put(self._load(self.start_url, mesh)[1], shardings.params)
-    return params, self._buffers(params)
+    return self._with_buffers(jax.device_put(self._load(self.start_url, mesh)[1], shardings.params))
 
   def init_carry(self, global_batch: int):
     return ()

@@ -2,7 +2,7 @@
 warm-up and on-policy pairs, precomputed reference log-probs, and the default's exact-match evaluator.
 
     params = warm_up(llama_cfg, sort, mesh, seed)                 # supervised imitation of the flawed teacher
-    arrays = sort_pairs(graphdef, params, mesh, sort, tokenizer, seed, max_length)   # chosen = correct, rejected = habit
+    arrays, counts = sort_pairs(graphdef, params, mesh, sort, tokenizer, seed, max_length)  # chosen: correct
     ref_NxP = reference_logps(graphdef, params, arrays, mesh, batch)                 # [N, 2] summed answer log-probs
     accuracy = ExactMatch(graphdef, mesh, sort, tokenizer, seed)(params)             # held-out greedy exact match
 
@@ -79,10 +79,13 @@ def warm_up(llama_cfg, sort, mesh, seed: int, tokenizer, max_length: int):
   return graphdef, params
 
 
-def _sampler(graphdef, params, mesh, tokenizer, rows: int, temperature: float, max_prompt_len: int,
+def _sampler(graphdef, params, mesh, tokenizer, prompts: int, temperature: float, max_prompt_len: int,
              max_new_tokens: int):
+  """A global-mode Sampler on the training mesh with up to 128 decode slots (a multiple of data x fsdp)."""
   from flax import nnx
   from jaxpod.sample import EngineConfig, Sampler, SamplingParams
+  dp = mesh.shape["data"] * mesh.shape["fsdp"]
+  rows = -(-min(128, prompts) // dp) * dp
   ec = EngineConfig(batch_size=rows, max_prompt_len=max_prompt_len, max_new_tokens=max_new_tokens,
                     min_prefill_len=max_prompt_len)
   return Sampler(nnx.merge(graphdef, params), mesh, ec, SamplingParams(temperature=temperature), tokenizer.eos_ids,
@@ -94,8 +97,8 @@ def sort_pairs(graphdef, params, mesh, sort, tokenizer, seed: int, max_length: i
   sample when it is wrong (on-policy), else the teacher's habit when that differs. Returns (arrays, counts)."""
   problems = sort_digits.training_problems(seed, 10_000, sort.prompts, sort.eval_size, sort.length)
   prompt_ids = [tokenizer.encode(p) for _, p, _ in problems]
-  sampler = _sampler(graphdef, params, mesh, tokenizer, 128, sort.temperature, max(len(i) for i in prompt_ids),
-                     sort.length + 2)
+  longest = max(len(i) for i in prompt_ids)
+  sampler = _sampler(graphdef, params, mesh, tokenizer, len(prompt_ids), sort.temperature, longest, sort.length + 2)
   outs = sampler.generate(prompt_ids, [seed * 100_003 + i for i, _, _ in problems])
   rows, counts = [], {"on_policy": 0, "teacher": 0, "skipped": 0}
   for (index, _, answer), ids, c in zip(problems, prompt_ids, outs):
@@ -156,8 +159,8 @@ class ExactMatch:
   def __call__(self, params) -> dict:
     ids = [self.tokenizer.encode(p) for p, _ in self.problems]
     if self.sampler is None:
-      self.sampler = _sampler(self.graphdef, params, self.mesh, self.tokenizer, 128, 0.0, max(len(i) for i in ids),
-                              self.sort.length + 2)
+      self.sampler = _sampler(self.graphdef, params, self.mesh, self.tokenizer, len(ids), 0.0,
+                              max(len(i) for i in ids), self.sort.length + 2)
     else:
       self.sampler.update_params(params, self.sampler.version + 1)
     outs = self.sampler.generate(ids, [0] * len(ids))
