@@ -56,16 +56,32 @@ def dpo_run(tmp_path_factory, tiny_ckpt, pair_file):
   return keep, summary
 
 
-def test_the_dpo_reference_is_frozen_sharded_like_the_policy_and_never_optimised(dpo_run):
+def test_the_dpo_reference_stays_frozen_and_is_never_optimised(dpo_run):
   keep, _ = dpo_run
   changed = jax.tree.leaves(jax.tree.map(lambda a, b: not np.array_equal(a, b), keep.start["params"],
                                          keep.end["params"]))
   assert all(changed), "every policy tensor trains"
   same = jax.tree.map(np.array_equal, keep.start["params"], keep.end["buffers"]["ref"])
   assert all(jax.tree.leaves(same)), "the reference is bit-identical to the starting weights after training"
-  assert keep.shardings["ref"] == keep.shardings["params"]  # same logical axes -> same mesh placement
   # AdamW keeps mu and nu per trained tensor (+ counters): a reference inside the optimizer would add leaves
   assert keep.shardings["opt_leaves"] <= 2 * keep.shardings["param_leaves"] + 4
+
+
+def test_the_dpo_reference_is_sharded_like_the_policy_over_fsdp(tmp_path):
+  """The trainer's state shardings on a 4-way FSDP mesh (abstract: no devices needed) give every reference
+  tensor the PartitionSpec of the policy tensor it copies, and none of them is replicated."""
+  from jax.sharding import AbstractMesh
+  from jaxpod.cli.train import load_config
+  from jaxpod.train import state as st
+  from jaxpod.train.task import make_task
+  task = make_task(load_config(["--task.type", "preference", "--task.loss.kind", "dpo",
+                                "--trainer.runs_dir", str(tmp_path)]))
+  abstract = st.abstract_state(st.make_init_fn(task, task.optimizer()[0], 0, 64))
+  sh = st.state_shardings(abstract, AbstractMesh((1, 4, 1), ("data", "fsdp", "model")))
+  policy = [s.spec for s in jax.tree.leaves(sh.params)]
+  reference = [s.spec for s in jax.tree.leaves(sh.buffers["ref"])]
+  assert reference == policy
+  assert sum("fsdp" in spec for spec in reference) >= len(reference) // 2  # the matrices are split over fsdp
 
 
 def test_precomputed_reference_log_probs_give_the_in_step_loss_and_gradient(dpo_run, tiny_ckpt, pair_file, tmp_path):
