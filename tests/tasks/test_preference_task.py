@@ -135,3 +135,14 @@ def test_the_builtin_default_reports_held_out_exact_match_at_start_and_end(tmp_p
   assert 0.0 <= saved["accuracy.start"] <= 1.0 and 0.0 <= saved["accuracy.end"] <= 1.0
   assert saved["pairs"]["extra_repeat"] == 64 and saved["pairs"]["on_policy"] + saved["pairs"]["teacher"] > 0
   assert storage.exists(storage.join(summary.run_dir, "metrics.png"))
+
+
+def test_a_local_checkpoint_with_several_hosts_is_refused_before_jax_starts(bucket, tiny_ckpt, pair_file):
+  """Invariant 8: every host reads task.hf, so with 2 hosts it must be a bucket URL; one line names the field."""
+  from jaxpod.cli.train import load_config
+  from jaxpod.runtime import HostInfo
+  from jaxpod.runtime.storage import StorageError
+  from jaxpod.train.config import validate_storage
+  cfg = load_config(pref_args(storage.join(bucket, "runs"), tiny_ckpt, pair_file))
+  with pytest.raises(StorageError, match="task.hf=.* is a local path, but this job has 2 hosts"):
+    validate_storage(cfg, HostInfo(process_index=0, process_count=2))

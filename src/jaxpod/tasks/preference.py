@@ -137,6 +137,10 @@ class PreferenceConfig(TaskConfig):
       raise ValueError(f"task.optim.warmup_steps={self.optim.warmup_steps} must be below trainer.steps="
                        f"{cfg.trainer.steps}")
 
+  def shared_urls(self) -> dict[str, str]:
+    """The data cache and the starting checkpoint: every host reads them (invariant 8: a bucket with several hosts)."""
+    return {**super().shared_urls(), **({"task.hf": self.hf} if self.hf else {})}
+
   @property
   def in_step_reference(self) -> bool:
     """Whether the state carries the frozen reference weights (DPO/IPO with reference: in_step)."""
