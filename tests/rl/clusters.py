@@ -15,7 +15,7 @@ SCRIPT = Path(__file__).parent / "workers" / "jaxpod_rl.py"
 # (measured: warm-up 200 steps -> ~40% held-out; 8 prompts x 8 samples at lr 3e-4 lift the reward within 12 steps).
 TINY = ["--task.type", "addition", "--task.digits", "1", "--task.eval_size", "32",
         "--model.hidden_size", "64", "--model.intermediate_size", "128", "--model.num_hidden_layers", "2",
-        "--rollout.max_prompt_len", "8", "--rollout.max_new_tokens", "4", "--rollout.slots", "64",
+        "--rollout.max_prompt_len", "8", "--rollout.max_new_tokens", "4", "--rollout.batch_size", "64",
         "--rollout.eval_slots", "32", "--grpo.num_prompts_per_step", "8", "--grpo.num_generations", "8",
         "--grpo.lr", "3e-4", "--grpo.sample_prompts_per_step", "0", "--grpo.filter_groups", "false",
         "--rollout.temperature", "1.0", "--rollout.groups_per_file", "4", "--trainer.progress", "false"]

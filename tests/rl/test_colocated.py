@@ -23,8 +23,9 @@ def test_summary_has_the_accuracy_before_and_after_rl_and_the_curves(colocated_r
 
 @pytest.mark.slow
 def test_behaviour_logprobs_are_the_trainers_own(colocated_run):
-  """Colocated GRPO is on-policy: the engine's recorded log-probs equal the trainer's recomputation (fp32),
-  so every ratio is 1 and nothing is clipped; a misaligned or recomputed-wrong behaviour log-prob shows here."""
+  """Colocated GRPO is on-policy: the engine's recorded log-probs equal the trainer's recomputation (fp32) under
+  the same top-k / top-p filtered distribution, so every ratio is 1 and nothing is clipped; a misaligned
+  behaviour log-prob, or one recomputed over the unfiltered softmax (issue 25), shows here."""
   _, _, folder = colocated_run
   steps = [r for r in read_metrics(f"{folder}/train") if "logprob_gap" in r]
   assert len(steps) == 3
@@ -51,3 +52,23 @@ def test_rerun_with_more_steps_continues_the_run(colocated_run):
   summary = run(more)
   assert summary["resumed"] and summary["run_dir"] == folder
   assert [v for v, _ in summary["reward_curve"]] == [0, 1, 2, 3, 4]
+
+
+def raising_reward(problem, completion, finished):
+  """A reward plugin with a bug (named by the test below as "tests.rl.test_colocated:raising_reward")."""
+  raise KeyError("no such field")
+
+
+@pytest.mark.slow
+def test_a_raising_reward_plugin_ends_the_run_in_one_line(colocated_run, tmp_path, capsys):
+  """Exit 1 and one line naming the plugin and the prompt, no traceback (they were two chained ones)."""
+  from jaxpod.cli.main import main
+  from tests.rl.clusters import TINY
+  code = main(["rl", *TINY, "--warmup.steps", "0", "--trainer.eval_at_start", "false", "--trainer.steps", "1",
+               "--trainer.runs_dir", str(tmp_path), "--rewards", "tests.rl.test_colocated:raising_reward"])
+  err = capsys.readouterr().err
+  assert code == 1, err
+  assert "Traceback" not in err, err
+  last = err.strip().splitlines()[-1]
+  assert last.startswith("jaxpod rl: reward 'tests.rl.test_colocated:raising_reward' raised on prompt '"), err
+  assert "KeyError" in last and "no such field" in last, last

@@ -16,6 +16,15 @@ from jaxpod.cli.main import main
     (["--topology", "sideways"], "rl.topology='sideways'; use one of ('colocated', 'disaggregated')"),
     (["--role", "trainer"], "rl.role='trainer' needs --topology disaggregated"),
     (["--model.hf", "/no/such/checkpoint"], "model.hf=/no/such/checkpoint: no config.json there"),
+    (["--rollout.top_p", "1.5"], "rl.rollout.top_p=1.5 must be in (0, 1]"),
+    (["--rollout.top_k", "-3"], "rl.rollout.top_k=-3 must be >= 0"),
+    (["--rollout.slots", "64"], "--rollout.slots was renamed: use --rollout.batch_size"),
+    (["--rollout.n", "4"], "rl.rollout.n=4: RL samples grpo.num_generations completions per prompt"),
+    (["--warmup.batch_size", "96", "--grpo.num_prompts_per_step", "16", "--runtime.devices_per_host", "3"],
+     "rl.grpo.num_prompts_per_step=16: 16 prompts x 8 samples = 128 rows per step do not split over 1 host(s) in "
+     "whole groups and the data-parallel size 3"),
+    (["--warmup.batch_size", "100", "--runtime.devices_per_host", "8"], "rl.warmup.batch_size=100 does not split"),
+    (["--rollout.batch_size", "100", "--runtime.devices_per_host", "8"], "rl.rollout.batch_size=100 (decode slots)"),
 ])
 def test_bad_config_is_one_line_before_jax(argv, message, capsys, tmp_path):
   code = main(["rl", "--trainer.runs_dir", str(tmp_path / "runs"), *argv])
@@ -52,3 +61,11 @@ def test_another_task_type_keeps_the_default_sections_but_not_its_task_fields():
   default, addition = load_config([]), load_config(["--task.type", "addition", "--task.digits", "2"])
   assert isinstance(addition.task, AdditionTask) and addition.task.digits == 2
   assert addition.grpo == default.grpo and addition.warmup == default.warmup and addition.rollout == default.rollout
+
+
+def test_a_renamed_key_in_a_config_file_names_its_new_name(tmp_path, capsys):
+  path = tmp_path / "rl.yaml"
+  path.write_text("rollout:\n  slots: 64\n")
+  assert main(["rl", "--config_path", str(path)]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err == f"jaxpod rl: error: {path}: `rollout.slots` was renamed: write `rollout.batch_size`", err

@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 
 from jaxpod.rl import grpo
+from jaxpod.sample import SamplingParams
+from jaxpod.sample.tokens import LOGPROB_FLOOR
 
 
 def np_advantages(rewards, scale, eps=1e-4):
@@ -68,7 +70,7 @@ def test_loss_matches_numpy(norm, beta):
 def test_token_logprobs_is_log_softmax_at_temperature():
   logits = np.random.default_rng(2).normal(0, 3, (2, 3, 11)).astype(np.float32)
   targets = np.array([[1, 5, 10], [0, 0, 7]])
-  got = np.asarray(grpo.token_logprobs(jnp.asarray(logits), jnp.asarray(targets), 0.7))
+  got = np.asarray(grpo.token_logprobs(jnp.asarray(logits), jnp.asarray(targets), SamplingParams(temperature=0.7)))
   z = logits / 0.7
   want = np.take_along_axis(z, targets[..., None], -1)[..., 0] - np.log(np.exp(z).sum(-1))
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -77,3 +79,80 @@ def test_token_logprobs_is_log_softmax_at_temperature():
 def test_one_sample_per_prompt_is_refused():
   with pytest.raises(ValueError, match="n >= 2"):
     grpo.advantages(np.zeros((3, 1)), "group")
+
+
+@pytest.mark.parametrize("sp", [SamplingParams(temperature=0.7, top_k=3), SamplingParams(temperature=0.7, top_p=0.6)],
+                         ids=["top_k", "top_p"])
+def test_token_logprobs_renormalise_over_the_tokens_the_filter_keeps(sp):
+  """Written from the definition: keep the k most likely (top-k) or the smallest most-likely-first set reaching
+  top_p (top-p), renormalise; a token left out gets the floor."""
+  logits = np.random.default_rng(3).normal(0, 3, (1, 4, 9)).astype(np.float32)
+  z = logits[0] / sp.temperature
+  p = np.exp(z - z.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  targets = np.array([[np.argsort(-p[t])[t % 3] for t in range(3)] + [np.argmin(p[3])]])
+  want = []
+  for t, tok in enumerate(targets[0]):
+    order = np.argsort(-p[t])
+    if sp.top_k:
+      keep = order[:sp.top_k]
+    else:
+      mass = np.cumsum(p[t][order]) - p[t][order]
+      keep = order[mass < sp.top_p]
+    want.append(np.log(p[t][tok] / p[t][keep].sum()) if tok in keep else LOGPROB_FLOOR)
+  got = np.asarray(grpo.token_logprobs(jnp.asarray(logits), jnp.asarray(targets), sp))[0]
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  assert got[-1] == LOGPROB_FLOOR  # the least likely token is never kept by these filters
+
+
+def _group(versions, rewards):
+  from jaxpod.rl.rollouts import Group
+  from jaxpod.rl.tasks import Problem
+  n, k = len(rewards), len(versions)  # every sample: one token per version
+  return Group(Problem("1+1=", "2"), [256], [[50] * k] * n, [[-0.5] * k] * n, [list(versions)] * n, [True] * n,
+               [float(r) for r in rewards], [r > 0 for r in rewards])
+
+
+@pytest.mark.parametrize("versions, rewards, filter_groups, want", [
+    ((4, 5), (1.0, 0.0), True, "take"),
+    ((5, 6), (1.0, 0.0), True, "future"),  # a token from weights this trainer (version 5) never made
+    ((2, 5), (1.0, 0.0), True, "stale"),  # older than 5 - max_policy_lag 2
+    ((3, 5), (1.0, 1.0), True, "uniform"),  # equal rewards: zero advantage
+    ((3, 5), (1.0, 1.0), False, "take"),  # ... trained on without filter_groups
+    ((1, 6), (1.0, 1.0), True, "future"),  # reasons in order: future, stale, uniform
+], ids=["mixed", "future", "stale", "uniform", "uniform_unfiltered", "first_reason"])
+def test_admit_takes_or_names_one_reason(versions, rewards, filter_groups, want):
+  assert grpo.admit(_group(versions, rewards), trainer_version=5, max_policy_lag=2, filter_groups=filter_groups) == want
+
+
+def test_both_topologies_take_and_drop_the_same_groups(tmp_path):
+  """One admission rule: the colocated batch filler and the disaggregated trainer's pick over the queue take the
+  same groups and drop the others for the same reasons, in the same order."""
+  import dataclasses
+  from jaxpod.rl.colocated import fill_batch
+  from jaxpod.rl.queue import file_name, to_bytes
+  from jaxpod.rl.queue_source import QueueSource
+  groups = [_group(v, r) for v, r in [((5, 5), (1, 1)), ((4, 5), (0, 1)), ((1, 5), (0, 1)), ((5, 6), (1, 0)),
+                                      ((3, 3), (0, 1)), ((5, 5), (0, 0)), ((5, 5), (1, 0)), ((5, 5), (0, 1))]]
+  for i, g in enumerate(groups):
+    g.problem = dataclasses.replace(g.problem, index=i)
+  colocated, dropped = fill_batch(iter([groups[:4], groups[4:]]), 3, 5, max_policy_lag=2, filter_groups=True,
+                                  max_rounds=2)
+  source = QueueSource(None, str(tmp_path / "run"), None, need=3, max_policy_lag=2, filter_groups=True,
+                       worker_timeout_s=15.0, rollout_timeout_s=900.0)
+  for seq in range(3):
+    source.queue.put(0, seq, to_bytes(groups[3 * seq:3 * seq + 3], {}))
+  pick = source._pick(version=5)
+  queued = [int(name.split("/")[1].split(".")[0]) * 3 + i for name, idxs in pick["take"] for i in idxs]
+  assert [g.problem.index for g in colocated] == queued == [1, 4, 6]
+  assert [(file_name(0, i // 3), i % 3, why) for i, why in [(0, "uniform"), (2, "stale"), (3, "future"),
+                                                            (5, "uniform")]] == [tuple(d) for d in pick["drop"]]
+  assert dropped == {"uniform": 2, "stale": 1, "future": 1}
+
+
+def test_colocated_gives_up_after_max_rounds_without_enough_mixed_groups():
+  """filter_groups on a policy that gets every problem equally right or wrong: one line naming the knobs."""
+  from jaxpod.rl.colocated import fill_batch
+  uniform = [_group((5, 5), (0, 0))] * 4
+  with pytest.raises(RuntimeError, match=r"only 0 of the 12 groups .* raise grpo.max_sampling_rounds"):
+    fill_batch(iter([uniform] * 10), 2, 5, max_policy_lag=2, filter_groups=True, max_rounds=3)

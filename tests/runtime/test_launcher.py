@@ -57,7 +57,8 @@ def test_timeout_stops_everything():
 
 
 @pytest.mark.parametrize("kwargs, field", [({"hosts": 0}, "--hosts"), ({"devices_per_host": 0}, "--devices-per-host"),
-                                           ({"port": 70000}, "--port")])
+                                           ({"port": 70000}, "--port"), ({"log_dir": "gs://b/l"}, "--log-dir gs://b/l: "),
+                                           ({"hosts_root": "s3://b/h"}, "--hosts-root")])
 def test_bad_config_names_the_option(kwargs, field):
   with pytest.raises(ValueError, match=field):
     LaunchConfig(**kwargs)

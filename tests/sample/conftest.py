@@ -2,6 +2,7 @@
 import pytest
 
 from jaxpod.models.llama import hf_io, init
+from jaxpod.runtime import make_mesh
 
 from sample_fixtures import tiny_sample_cfg
 
@@ -12,3 +13,10 @@ def tiny_ckpt(tmp_path_factory):
   folder = tmp_path_factory.mktemp("tiny_llama")
   hf_io.save(init(tiny_sample_cfg(), seed=7), str(folder))
   return str(folder)
+
+
+@pytest.fixture(scope="session")
+def model(tiny_ckpt):
+  """The tiny checkpoint loaded on one device (shared by the engine tests)."""
+  import jax
+  return hf_io.load(tiny_ckpt, make_mesh(devices=jax.devices()[:1]))

@@ -1,27 +1,12 @@
 """The continuous engine (both KV layouts) against the lock-step one and HF: same tokens, n samples sharing a
 prefill, KV capacity buckets, pages freed, preemption, bad input."""
-import jax
 import pytest
 
-from jaxpod.models.llama import hf_io
-from jaxpod.runtime import make_mesh
-from jaxpod.sample import EngineConfig, Sampler, SamplingParams
+from jaxpod.sample import EngineConfig, SamplingParams
 
-from sample_fixtures import EOS, IDS, SEEDS, STOP, lockstep, same
+from sample_fixtures import EOS, IDS, SEEDS, STOP, SMALL, lockstep, same, small_sampler as _sampler
 
 SAMPLED = SamplingParams(temperature=0.8, top_k=20, top_p=0.9)
-# 2 slots, 2-row prefill, 4-token pages, 3 steps per round: requests join and leave mid-stream
-SMALL = dict(batch_size=2, max_prompt_len=32, max_new_tokens=10, page_size=4, steps_per_round=3, prefill_batch=2,
-             min_prefill_len=16)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_ckpt):
-  return hf_io.load(tiny_ckpt, make_mesh(devices=jax.devices()[:1]))
-
-
-def _sampler(model, sp=SamplingParams(), **kw):
-  return Sampler(model, make_mesh(devices=jax.devices()[:1]), EngineConfig(**(SMALL | kw)), sp, [EOS, STOP])
 
 
 def _check_layout_books(s, layout):

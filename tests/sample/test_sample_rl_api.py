@@ -5,41 +5,33 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxpod.models.llama import hf_io, init
+from jaxpod.models.llama import init
 from jaxpod.runtime import make_mesh
-from jaxpod.sample import EngineConfig, Sampler, SamplingParams
+from jaxpod.sample import SamplingParams, token_logprobs
 
-from sample_fixtures import EOS, IDS, SEEDS, STOP, lockstep, same, tiny_sample_cfg
-
-SMALL = dict(batch_size=2, max_prompt_len=32, max_new_tokens=10, page_size=4, steps_per_round=3, prefill_batch=2,
-             min_prefill_len=16)
+from sample_fixtures import EOS, IDS, SEEDS, STOP, lockstep, same, small_sampler as _sampler, tiny_sample_cfg
 
 
-@pytest.fixture(scope="module")
-def model(tiny_ckpt):
-  return hf_io.load(tiny_ckpt, make_mesh(devices=jax.devices()[:1]))
-
-
-def _sampler(model, sp=SamplingParams(), **kw):
-  return Sampler(model, make_mesh(devices=jax.devices()[:1]), EngineConfig(**(SMALL | kw)), sp, [EOS, STOP])
-
-
-def _teacher_forced(model, completions, temperature):
-  """log softmax(logits / T) of each sampled token from one plain forward of prompt + sampled tokens."""
+def _teacher_forced(model, completions, sp):
+  """What a trainer recomputes (`token_logprobs`) for each sampled token from one plain forward of prompt + sampled."""
   rows = [IDS[c.request] + list(c.sampled) for c in completions]
   tokens = np.zeros((len(rows), 48), np.int32)  # causal: padding after a row does not change its logits
   for i, r in enumerate(rows):
     tokens[i, :len(r)] = r
-  logp = np.asarray(jax.nn.log_softmax(jax.jit(lambda t: model(t).logits)(tokens) / temperature, axis=-1))
-  return [[logp[i, len(IDS[c.request]) - 1 + t, tok] for t, tok in enumerate(c.sampled)]
-          for i, c in enumerate(completions)]
+  logits = jax.jit(lambda t: model(t).logits)(tokens)
+  logp = np.asarray(token_logprobs(logits[:, :-1], jnp.asarray(tokens[:, 1:]), sp))
+  return [[logp[i, len(IDS[c.request]) - 1 + t] for t in range(len(c.sampled))] for i, c in enumerate(completions)]
 
 
-@pytest.mark.parametrize("sp", [SamplingParams(), SamplingParams(temperature=1.0)], ids=["greedy", "t1"])
+@pytest.mark.parametrize("sp", [SamplingParams(), SamplingParams(temperature=1.0),
+                                SamplingParams(temperature=1.0, top_k=5, top_p=0.7)], ids=["greedy", "t1", "filtered"])
 def test_logprobs_equal_a_teacher_forced_forward(model, sp):
-  """Both engines' log-probs (fp32) are those of the sampled tokens under the model (greedy: temperature 1)."""
-  for completions in (_sampler(model, sp).generate(IDS, SEEDS), lockstep(model, sp)):
-    want = _teacher_forced(model, completions, sp.temperature or 1.0)
+  """Both engines' log-probs (fp32) are what a trainer recomputes from a plain forward (`token_logprobs`, the
+  distribution the token was drawn from: greedy at temperature 1; top-k then top-p, renormalised over the kept
+  tokens: each filter alone would keep other tokens here), so an on-policy RL ratio is 1 with filters too."""
+  filtered = sp.top_k > 0 or sp.top_p < 1  # the lock-step engine draws with the same sample_tokens: once is enough
+  for completions in [_sampler(model, sp).generate(IDS, SEEDS)] + ([] if filtered else [lockstep(model, sp)]):
+    want = _teacher_forced(model, completions, sp)
     diff = max(abs(a - b) for c, w in zip(completions, want) for a, b in zip(c.logprobs, w))
     assert diff <= 1e-5, diff
     assert all(len(c.logprobs) == len(c.sampled) == len(c.versions) for c in completions)

@@ -81,7 +81,7 @@ def _arm_args(arm: str, opts: RLBench, warm: str, runs: str, name: str) -> list[
   return args
 
 
-def _measure(folder: str, rows: int) -> dict:
+def _measure(folder: str) -> dict:
   """Steady-state per-step figures of one finished arm (steps >= 2: the first steps compile)."""
   from jaxpod.rl.summary import by_step, read_metrics
   s = json.loads(open(os.path.join(folder, "summary.json")).read())
@@ -100,7 +100,8 @@ def _measure(folder: str, rows: int) -> dict:
          "rollout_s": statistics.mean(parts["rollout"]) if colocated else None,
          "publish_s": statistics.mean(parts["publish"]), "fetch_s": fetch_total / (s["steps"] or 1),
          "fetch_per_version_s": fetch_total / fetches if fetches else 0.0, "waiting_s": statistics.mean(parts["waiting"]),
-         "tokens_per_s": s["tokens_per_s"], "reward_per_s": sum(r["reward"] for r in records) * rows / sum(step),
+         "tokens_per_s": s["tokens_per_s"],
+         "reward_per_s": sum(r["reward"] for r in records) * s["rows_per_step"] / sum(step),
          "reward_last5": statistics.mean(r["reward"] for r in records[-5:]),
          "accuracy_start": s["accuracy.start"], "accuracy_end": s["accuracy.end"], "steps_measured": n,
          "dropped_stale": records[-1].get("rl/dropped_stale", 0.0),
@@ -111,10 +112,7 @@ def _measure(folder: str, rows: int) -> dict:
 
 def run(json_path: str | None = None, **overrides) -> dict:
   """Warm-up once, then every arm `repeats` times (interleaved); table + JSON."""
-  import draccus
-  from jaxpod.rl.config import RLConfig
   opts = dataclasses.replace(RLBench(json=json_path), **overrides)
-  rows = draccus.parse(RLConfig, args=list(opts.extra)).grpo.rows
   root = tempfile.mkdtemp(prefix="jaxpod-bench-rl-")
   runs = os.path.join(root, "runs")
   print(f"bench rl: warm-up ({opts.warmup_steps} steps) in {root}", flush=True)
@@ -127,7 +125,7 @@ def run(json_path: str | None = None, **overrides) -> dict:
     for arm in opts.arms:
       name = f"{arm}-{r}"
       wall = _jaxpod_rl(_arm_args(arm, opts, warm, runs, name), os.path.join(root, f"{name}.log"))
-      by_arm[arm].append(_measure(os.path.join(runs, name), rows) | {"wall_s": wall})
+      by_arm[arm].append(_measure(os.path.join(runs, name)) | {"wall_s": wall})
       print(f"bench rl: {name} done in {wall:.0f} s", flush=True)
   results = {a: {k: (statistics.median(v[k] for v in runs_) if all(v[k] is not None for v in runs_) else None)
                  for k in runs_[0]} for a, runs_ in by_arm.items()}  # medians over the repeats

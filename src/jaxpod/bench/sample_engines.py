@@ -47,14 +47,14 @@ def _jax_decode_engines(model, mesh, opts) -> dict[str, dict[str, Any]]:
   import dataclasses
   import jax
   from flax import nnx
-  from jaxpod.sample import EngineConfig, Sampler, SamplingParams, engine
+  from jaxpod.sample import EngineConfig, Sampler, SamplingParams, lockstep
   tokens = decode_tokens(opts)
   graphdef, params = nnx.split(model)
   b, p = tokens.shape
   ec = EngineConfig(batch_size=b, max_prompt_len=p, max_new_tokens=opts.max_new_tokens,
                     min_prefill_len=opts.min_prefill_len)
-  gen = engine.compiled_generate(ec, SamplingParams(), ())
-  pre = jax.jit(lambda params, t, l: engine.prefill_only(graphdef, params, t, l, ec=ec))
+  gen = lockstep.compiled_generate(ec, SamplingParams(), ())
+  pre = jax.jit(lambda params, t, l: lockstep.prefill_only(graphdef, params, t, l, ec=ec))
   lengths, seeds = np.full((b,), p, np.int32), np.zeros((b,), np.uint32)
   engines = {"lockstep": {"full": lambda: np.asarray(gen(graphdef, params, tokens, lengths, seeds)[0]),
                           "first": lambda: np.asarray(pre(params, tokens, lengths).argmax(-1))}}

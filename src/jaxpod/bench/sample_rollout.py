@@ -81,10 +81,10 @@ def continuous(model, mesh, opts, layout: str) -> dict[str, Any]:
 def lockstep(model, opts) -> dict[str, Any]:
   """Run / stats of the lock-step engine: chunks of rollout_slots rows, each prompt n times."""
   from flax import nnx
-  from jaxpod.sample import SamplingParams, engine
+  from jaxpod.sample import SamplingParams, lockstep
   prompts, seeds, stops = workload(opts)
   ec = engine_config(opts)
-  fn = engine.compiled_generate(ec, SamplingParams(1.0), tuple(sorted(stops)))
+  fn = lockstep.compiled_generate(ec, SamplingParams(1.0), tuple(sorted(stops)))
   graphdef, params = nnx.split(model)
   rows = [(p, s * opts.rollout_n + j) for p, s in zip(prompts, seeds) for j in range(opts.rollout_n)]
 
@@ -97,7 +97,7 @@ def lockstep(model, opts) -> dict[str, Any]:
       for r, (p, seed) in enumerate(chunk):
         tokens[r, :len(p)], lengths[r], sd[r] = p, len(p), seed
       out = np.asarray(fn(graphdef, params, tokens, lengths, sd)[0])
-      counts += [int((out[r] != engine.NO_TOKEN).sum()) for r in range(len(chunk))]
+      counts += [int((out[r] != lockstep.NO_TOKEN).sum()) for r in range(len(chunk))]
     return counts
 
   chunks = -(-len(rows) // ec.batch_size)

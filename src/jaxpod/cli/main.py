@@ -4,7 +4,8 @@ Handled here once for every command and benchmark:
   - `--help` (exit 0), unknown commands (exit 2, with the list);
   - bad input (a bad option value, a missing or malformed file: ValueError, FileNotFoundError, ...):
     one line `jaxpod CMD: error: ...` and exit 2 (set JAXPOD_TRACEBACK=1 to see the traceback);
-  - another host's failure (`PeerFailed`) or a missing peer job (`Unavailable`): one line, exit 1;
+  - another host's failure (`PeerFailed`), a missing peer job (`Unavailable`), or a failure whose message
+    says all (an exception class with `one_line = True`, e.g. a raising RL reward plugin): one line, exit 1;
   - an optional package that is not installed: one line naming the pip extra, exit 2;
   - `--hosts N` (N > 1) outside `jaxpod launch`: rerun the same command as N simulated hosts.
 """
@@ -116,7 +117,7 @@ def _first_line(e: BaseException) -> str:
 
 
 def _failed(prog: str, e: BaseException) -> int:
-  """Tell the other hosts (if any), print one line; exit 2 for bad input, 1 for a peer's failure."""
+  """Tell the other hosts (if any), print one line; exit 2 for bad input, 1 for a failure of the run (peer, plugin)."""
   from jaxpod.runtime.extras import explain
   control = sys.modules.get("jaxpod.runtime.control")  # loaded iff this process may have joined a job
   hint = explain(e)  # an optional package that is not installed: name the extra
@@ -125,8 +126,9 @@ def _failed(prog: str, e: BaseException) -> int:
       control.abort(e)
     print(f"{prog}: error: {hint}", file=sys.stderr)
     return 2
-  peer_failed = control is not None and isinstance(e, (control.PeerFailed, control.Unavailable))
-  if not peer_failed and not _is_input_error(e):
+  run_failed = getattr(e, "one_line", False) or (control is not None and isinstance(
+      e, (control.PeerFailed, control.Unavailable)))
+  if not run_failed and not _is_input_error(e):
     if control is not None:
       control.abort(e)
     raise e
@@ -135,8 +137,8 @@ def _failed(prog: str, e: BaseException) -> int:
   if os.environ.get("JAXPOD_TRACEBACK"):
     traceback.print_exception(e)
   first = _first_line(e)
-  print(f"{prog}: {first}" if peer_failed else f"{prog}: error: {first}", file=sys.stderr)
-  return 1 if peer_failed else 2
+  print(f"{prog}: {first}" if run_failed else f"{prog}: error: {first}", file=sys.stderr)
+  return 1 if run_failed else 2
 
 
 if __name__ == "__main__":

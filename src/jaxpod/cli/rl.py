@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import tempfile
 
-from jaxpod.cli.args import check_config_file, config_path_of, embedded_config, normalise, option_value, parse
+from jaxpod.cli.args import check_config_file, config_path_of, embedded_config, fail, normalise, option_value, parse
 
 DEFAULT_CONFIG = "rl_default.yaml"
+RENAMED = {"rollout.slots": "rollout.batch_size"}  # issue 25: rollout embeds jaxpod.sample's SamplingOptions
 
 
 def load_config(argv: list[str]):
@@ -23,12 +24,31 @@ def load_config(argv: list[str]):
   if any(a in ("-h", "--help") for a in argv):
     return parse(RLConfig, ["--help"], "jaxpod rl")
   path = config_path_of(normalise(argv))
+  _refuse_renamed(argv, path)
   if path is not None:
     check_config_file(path, "jaxpod rl")
     return parse(RLConfig, argv, "jaxpod rl")
   with tempfile.TemporaryDirectory() as tmp:
     return parse(RLConfig, ["--config_path", _default_for(option_value(normalise(argv), "--task.type"), tmp),
                             *argv], "jaxpod rl")
+
+
+def _refuse_renamed(argv: list[str], path: str | None) -> None:
+  """A renamed option on the command line or in the config file: one line naming its new name, exit 2."""
+  import os
+  import yaml
+  for a in normalise(argv):
+    name = a[2:].partition("=")[0] if a.startswith("--") else ""
+    if name in RENAMED:
+      raise fail("jaxpod rl", f"--{name} was renamed: use --{RENAMED[name]}")
+  if path is None or not os.path.isfile(path):
+    return
+  with open(path) as f:
+    raw = yaml.safe_load(f)
+  for old, new in RENAMED.items():
+    section, key = old.split(".")
+    if isinstance(raw, dict) and isinstance(raw.get(section), dict) and key in raw[section]:
+      raise fail("jaxpod rl", f"{path}: `{old}` was renamed: write `{new}`")
 
 
 def _default_for(task_type: str | None, tmp: str) -> str:

@@ -1,11 +1,19 @@
 """Invariant 7 for `jaxpod rl`: every config error that can be found before JAX starts, in one line.
 
-Checked here, in this order: the rewards resolve (a plugin not found), the hosts split the batch
-into whole groups, storage is reachable (and shared when several jobs or hosts use it), the
-starting checkpoint exists, and the task's prompts and answers fit the engine's context
-(prompts are never truncated). `GRPOConfig` itself refuses n < 2.
+A field's own range is checked by its dataclass when the config is parsed (`RLConfig` and its sections;
+the rollout section's sampling options by `jaxpod.sample.SamplingOptions`, naming `rl.rollout.<field>`).
+Everything that depends on several fields, the hosts, the devices, files or the task is checked here,
+in this order: the rewards resolve (a plugin not found); per job (the trainer, the rollout workers):
+rows per step split over its hosts in whole groups and over its data-parallel devices (the warm-up's
+batch and GRPO's prompts x samples), the engine's decode slots over its data-parallel devices; storage is
+reachable (and shared when several jobs or hosts use it); the starting checkpoint exists; the task's
+prompts and answers fit the engine's context (prompts are never truncated). Each error names the
+field the user typed and the fix. The trainer and the engine check again at run time (a library's own
+guard); with these checks passed they never fire.
 """
 from __future__ import annotations
+
+import math
 
 from jaxpod.rl.config import RLConfig
 from jaxpod.runtime import storage
@@ -18,9 +26,8 @@ def before_jax(cfg: RLConfig) -> None:
   from jaxpod.rl.rewards import Scorer
   Scorer(cfg.rewards, cfg.reward_weights, cfg.task)
   hosts = cfg.runtime.hosts()
-  if cfg.role != "rollout":
-    from jaxpod.rl.policy import check_rows
-    check_rows(cfg, hosts.process_count)
+  for job, count in jobs(cfg, hosts.process_count):
+    check_rows(cfg, job, count, hosts.devices_per_host)
   storage.check_url(cfg.trainer.runs_dir, "trainer.runs_dir")
   several = hosts.process_count > 1 or cfg.topology == "disaggregated"
   if several and cfg.role != "auto":
@@ -30,12 +37,54 @@ def before_jax(cfg: RLConfig) -> None:
   check_lengths(cfg)
 
 
+def jobs(cfg: RLConfig, process_count: int) -> list[tuple[str, int]]:
+  """(job, hosts) of the JAX jobs this command starts or joins: trainer and/or rollout."""
+  if cfg.topology == "colocated":
+    return [("trainer", process_count)]
+  if cfg.role == "auto":
+    return [("trainer", cfg.trainer_hosts), ("rollout", cfg.rollout.hosts)]
+  return [(cfg.role, process_count)]
+
+
+def check_rows(cfg: RLConfig, job: str, hosts: int, devices_per_host: int | None) -> None:
+  """The job's rows over its hosts (whole groups each) and its data-parallel devices (when the device count is
+  known before JAX starts: simulated hosts, or runtime.devices_per_host); the engine's slots over the latter."""
+  g, w, r = cfg.grpo, cfg.warmup, cfg.rollout
+  dp, where = None, ""
+  if devices_per_host is not None:
+    try:
+      dp = cfg.mesh.data_parallel_size(hosts * devices_per_host)
+    except ValueError as e:
+      raise ValueError(f"rl.mesh: {e} (the {job} job: {hosts} host(s) x {devices_per_host} devices)") from None
+    where = f"the data-parallel size {dp} of the {job} job (mesh data*fsdp over {hosts} x {devices_per_host} devices)"
+  if job == "trainer":
+    if g.num_prompts_per_step % hosts or (dp and g.rows % dp):
+      step = math.lcm(hosts, dp // math.gcd(g.num_generations, dp)) if dp else hosts
+      over = f"{hosts} host(s) in whole groups" + (f" and {where}" if dp else "")
+      raise ValueError(f"rl.grpo.num_prompts_per_step={g.num_prompts_per_step}: {g.num_prompts_per_step} prompts x "
+                       f"{g.num_generations} samples = {g.rows} rows per step do not split over {over}; use a "
+                       f"multiple of {step}")
+    if not (cfg.model.hf or w.steps == 0) and (w.batch_size % hosts or (dp and w.batch_size % dp)):
+      step = math.lcm(hosts, dp or 1)
+      raise ValueError(f"rl.warmup.batch_size={w.batch_size} does not split over {hosts} host(s)"
+                       + (f" and {where}" if dp else "") + f"; use a multiple of {step}")
+  if not dp:
+    return
+  slots = [("eval_slots", r.eval_slots)] if job == "trainer" else []
+  if job == "rollout" or cfg.topology == "colocated":
+    slots.append(("batch_size", r.batch_size))
+  for name, value in slots:
+    if value % dp:
+      raise ValueError(f"rl.rollout.{name}={value} (decode slots) does not split over {where}; use a multiple of {dp}")
+
+
 def check_lengths(cfg: RLConfig) -> None:
   """Prompts within rollout.max_prompt_len, answers + EOS within max_new_tokens, both within the model's positions."""
-  from jaxpod.rl.policy import model_config, tokenizer_for
-  from jaxpod.rl.sampling import answer_ids
+  from jaxpod.rl.policy import PolicySpec
+  from jaxpod.rl.roller import answer_ids
   r = cfg.rollout
-  tok = tokenizer_for(cfg)
+  policy = PolicySpec(cfg.model, cfg.model.hf or None)
+  tok = policy.tokenizer()
   problems = cfg.task.eval_set(cfg.trainer.seed)
   for stream in (1, 2):
     problems += cfg.task.train_problems(cfg.trainer.seed, stream, 0, SAMPLE_PROBLEMS)
@@ -48,7 +97,7 @@ def check_lengths(cfg: RLConfig) -> None:
   if answer > r.max_new_tokens:
     raise ValueError(f"rl.task answers need {answer} tokens with EOS but rl.rollout.max_new_tokens="
                      f"{r.max_new_tokens}; raise it to >= {answer}")
-  llama = model_config(cfg, cfg.model.hf or None)
+  llama = policy.llama()
   if r.max_prompt_len + r.max_new_tokens > llama.max_position_embeddings:
     raise ValueError(f"rl.rollout.max_prompt_len + max_new_tokens = {r.max_prompt_len + r.max_new_tokens} exceeds "
                      f"the model's max_position_embeddings={llama.max_position_embeddings}; lower them or raise "

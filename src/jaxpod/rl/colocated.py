@@ -7,30 +7,62 @@ Step k of the trainer trains on the rollouts of policy version k-1 (the weights 
 
 The engine reads the trainer's parameter arrays in place (`Sampler.update_params`: same shapes
 and shardings, no copy, no recompilation). Every host runs the same engine calls (global mode)
-and takes its own contiguous share of the batch rows. The problems of step k are problems
-(k-1)*P..k*P-1 of training stream 2 and their request seeds are fixed by the run seed, so a
-rerun from a checkpoint regenerates exactly the rollouts it would have trained on: the data
-state is just the number of batches trained (invariant 5 for RL: nothing trained twice, nothing lost).
-With `grpo.filter_groups`, `sample_prompts_per_step` prompts are sampled and the groups whose rewards
-differ are trained on first (DAPO's dynamic sampling: equal rewards give zero advantage).
+and takes its own contiguous share of the batch rows.
+
+A batch is filled in rounds: a round samples the next `sample_prompts_per_step` problems of
+training stream 2 and `grpo.take` admits groups in order (`grpo.admit`, the rule the disaggregated
+trainer applies to the queue: with filter_groups, groups whose rewards are all equal are dropped)
+until `num_prompts_per_step` are taken; at most `max_sampling_rounds` rounds per batch (DAPO's
+max_num_gen_batches; a policy that solves or fails almost every problem ends the run in one line).
+Request seeds are fixed by the run seed, so a rerun from a checkpoint regenerates exactly the rollouts
+it would have trained on: the data state is the number of batches trained and the stream position of the batch not yet
+trained (invariant 5 for RL: nothing trained twice, nothing lost).
 """
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-from jaxpod.rl.rollouts import select
+from jaxpod.rl import grpo
 from jaxpod.runtime.hooks import Hook, StepInfo
 
+if TYPE_CHECKING:
+  from jaxpod.rl.train_tasks import GRPOTask
+
 RL_STREAM = 2  # training stream of RL problems (the warm-up uses stream 1)
+
+
+def fill_batch(rounds, need: int, version: int, *, max_policy_lag: int, filter_groups: bool, max_rounds: int):
+  """(the `need` groups admitted, their drop counts by reason) from `rounds`, an iterator of lists of groups (each
+  drawn only when the previous ones did not fill the batch); RuntimeError after `max_rounds` rounds."""
+  chosen, dropped, examined = [], {}, 0
+  for _, groups in zip(range(max_rounds), rounds):
+    taken, drops = grpo.take(groups, need - len(chosen), version, max_policy_lag=max_policy_lag,
+                             filter_groups=filter_groups)
+    chosen += [groups[i] for i in taken]
+    for _, why in drops:
+      dropped[why] = dropped.get(why, 0) + 1
+    examined += len(groups)
+    if len(chosen) == need:
+      return chosen, dropped
+  raise RuntimeError(f"rl colocated: only {len(chosen)} of the {examined} groups sampled for a batch have rewards "
+                     f"that differ (grpo.filter_groups drops the others; {need} needed): the policy solves or fails "
+                     "almost every problem; raise grpo.max_sampling_rounds, set grpo.filter_groups false or "
+                     "change the task")
 
 
 class RolloutBuffer:
   """The trainer's iterator: the next batch, put there by `ColocatedRollouts` with the latest weights."""
 
-  def __init__(self, task):
+  def __init__(self, task: GRPOTask, *, num_generations: int, sampled_prompts: int, need: int, max_policy_lag: int,
+               filter_groups: bool, max_rounds: int):
     self.task = task
+    self.num_generations, self.sampled_prompts, self.need = num_generations, sampled_prompts, need
+    self.max_policy_lag, self.filter_groups, self.max_rounds = max_policy_lag, filter_groups, max_rounds
     self.trained = 0  # batches handed to the trainer (= optimizer steps taken on rollouts)
     self.ready: dict | None = None  # the global arrays of batch `trained`
+    self.cursor: int | None = None  # stream position of the next round (None: the start of batch `trained`)
+    self.ready_from = 0  # stream position the ready batch's first round sampled
 
   def __iter__(self):
     return self
@@ -40,13 +72,15 @@ class RolloutBuffer:
       raise RuntimeError("colocated rollouts: no batch was generated for the next step (ColocatedRollouts missing?)")
     batch, self.ready = self.ready, None
     self.trained += 1
-    return self.task._local(batch)
+    return self.task.local(batch)
 
   def get_state(self) -> dict:
-    return {"trained": self.trained}
+    """Batches trained and where the batch not yet trained starts (regenerated on resume)."""
+    return {"trained": self.trained, "cursor": self.ready_from if self.ready is not None else self.cursor}
 
   def set_state(self, state: dict) -> None:
     self.trained = int(state["trained"])
+    self.cursor = state.get("cursor")  # absent in checkpoints written before rounds: derived from `trained`
 
   def hooks(self, graphdef, mesh) -> list:
     return [ColocatedRollouts(self, graphdef, mesh)]
@@ -69,27 +103,35 @@ class ColocatedRollouts(Hook):
   def __call__(self, info: StepInfo) -> dict:
     t0 = time.perf_counter()
     interval = t0 - self.last_end if self.last_end is not None else 0.0
-    task, rl = self.buffer.task, self.buffer.task.rl
+    buffer = self.buffer
+    task, problems = buffer.task, buffer.task.problems
     params, version = info.state.params, int(info.step)
     if self.roller is None:
-      from jaxpod.rl.rewards import Scorer
-      from jaxpod.rl.sampling import Roller, make_sampler
-      sampler = make_sampler(self.graphdef, params, self.mesh, rl.rollout, task.stop_ids, version=version)
-      self.roller = Roller(sampler, task.tokenizer, Scorer(rl.rewards, rl.reward_weights, rl.task),
-                           rl.grpo.num_generations, rl.trainer.seed)
+      from jaxpod.rl.roller import Roller, make_sampler
+      sampler = make_sampler(self.graphdef, params, self.mesh, task.rollout, task.stop_ids, version=version)
+      self.roller = Roller(sampler, task.tokenizer, problems.scorer(), buffer.num_generations, problems.seed)
     else:
       self.roller.sampler.update_params(params, version)  # in memory, no copy
-    g = rl.grpo
-    problems = rl.task.train_problems(rl.trainer.seed, RL_STREAM, self.buffer.trained * g.sampled_prompts,
-                                      g.sampled_prompts)
-    before = self.roller.tokens
-    groups = self.roller.run(problems)
-    chosen = select(groups, g.num_prompts_per_step, g.filter_groups)
-    self.buffer.ready = task.batch_arrays(chosen)
+    if buffer.cursor is None:
+      buffer.cursor = buffer.trained * buffer.sampled_prompts
+    buffer.ready_from = buffer.cursor
+    before, sampled = self.roller.tokens, []
+
+    def rounds():
+      while True:
+        batch = problems.train_problems(RL_STREAM, buffer.cursor, buffer.sampled_prompts)
+        buffer.cursor += buffer.sampled_prompts
+        sampled.extend(self.roller.run(batch))
+        yield sampled[-len(batch):]
+
+    chosen, dropped = fill_batch(rounds(), buffer.need, version, max_policy_lag=buffer.max_policy_lag,
+                                 filter_groups=buffer.filter_groups, max_rounds=buffer.max_rounds)
+    buffer.ready = task.batch_arrays(chosen)
     self.last_end = time.perf_counter()
     dt = self.last_end - t0
     tokens = self.roller.tokens - before
-    rewards = [r for grp in groups for r in grp.rewards]
+    rewards = [r for grp in sampled for r in grp.rewards]
     return {"rl/rollout_s": dt, "rl/rollout_tok_s": tokens / max(dt, 1e-9), "rl/rollout_tokens": tokens,
             "rl/interval_s": interval, "rl/sampled_version": version, "rl/sampled_reward": sum(rewards) / len(rewards),
-            "rl/mixed_groups": sum(grp.mixed for grp in groups) / len(groups)}
+            "rl/mixed_groups": sum(grp.mixed for grp in sampled) / len(sampled),
+            **{f"rl/dropped_{why}": float(dropped.get(why, 0)) for why in grpo.DROP_REASONS}}

@@ -11,19 +11,20 @@ trainer / tracker / runtime / mesh (as in `jaxpod train`).
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.rl.grpo import LOSS_NORMS, SCALE_REWARDS
 from jaxpod.rl.tasks import RLTaskConfig, SortTask
 from jaxpod.runtime.mesh import MeshConfig
 from jaxpod.runtime.state import RuntimeConfig
+from jaxpod.sample.config import EngineConfig, SamplingOptions, SamplingParams
 from jaxpod.train.config import TrackerConfig, TrainerConfig
 from jaxpod.transfer.config import TransferConfig
 
 TOPOLOGIES = ("colocated", "disaggregated")
 ROLES = ("auto", "trainer", "rollout")
 UPDATES = ("inflight", "drain")
-KV_LAYOUTS = ("slots", "paged")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +69,9 @@ class GRPOConfig:
   """The algorithm: n samples per prompt, group-relative advantages, clipped ratio vs the engine's log-probs."""
 
   num_prompts_per_step: int = 32  # prompts (groups) per optimizer step
-  filter_groups: bool = True  # DAPO's dynamic sampling: train first on groups whose samples' rewards differ
-  sample_prompts_per_step: int = 128  # colocated: prompts sampled per step (0: num_prompts_per_step); extras feed the filter
+  filter_groups: bool = True  # DAPO's dynamic sampling: drop groups whose samples all got the same reward, draw others
+  sample_prompts_per_step: int = 128  # colocated: prompts per sampling round (0: num_prompts_per_step), until a batch is full
+  max_sampling_rounds: int = 8  # colocated with filter_groups: rounds per batch at most, then a one-line error
   num_generations: int = 8  # samples per prompt, n (>= 2: the group baseline needs two)
   epsilon: float = 0.2  # lower clip: ratio >= 1 - epsilon
   epsilon_high: float = 0.28  # upper clip: ratio <= 1 + epsilon_high (DAPO's clip-higher; = epsilon is symmetric)
@@ -98,6 +100,8 @@ class GRPOConfig:
     if self.sample_prompts_per_step and self.sample_prompts_per_step < self.num_prompts_per_step:
       raise ValueError(f"rl.grpo.sample_prompts_per_step={self.sample_prompts_per_step} must be 0 or >= "
                        f"num_prompts_per_step={self.num_prompts_per_step}")
+    if self.max_sampling_rounds < 1:
+      raise ValueError(f"rl.grpo.max_sampling_rounds={self.max_sampling_rounds} must be >= 1")
     if self.max_policy_lag < 0:
       raise ValueError(f"rl.grpo.max_policy_lag={self.max_policy_lag} must be >= 0")
 
@@ -113,16 +117,17 @@ class GRPOConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-  """Sampling and the rollout workers (the engine's shapes are fixed here, the same on every host)."""
+class RolloutConfig(SamplingOptions):
+  """The engine's sampling options (`jaxpod.sample.SamplingOptions`, with RL's defaults) and the rollout workers.
 
-  temperature: float = 0.5  # sampling temperature (the loss uses the same: pi = softmax(logits / T))
-  top_k: int = 0  # 0: no top-k filter
-  top_p: float = 1.0  # 1: no nucleus filter
+  n and seed are not RL's to set here: samples per prompt are grpo.num_generations, request seeds come
+  from trainer.seed."""
+
+  section: ClassVar[str] = "rl.rollout"
+  temperature: float = 0.5  # sampling temperature > 0 (the trainer recomputes log-probs under the same distribution)
   max_prompt_len: int = 16  # prompt tokens (BOS included); longer task prompts are refused before compiling
   max_new_tokens: int = 8  # tokens sampled per completion at most
-  slots: int = 128  # decode slots of the engine (rows decoded together)
-  kv_layout: str = "slots"  # KV cache layout of the engine: slots (a row per slot, read in place) | paged
+  batch_size: int = 128  # decode slots of the engine (rows decoded together)
   steps_per_round: int = 4  # decode steps per device call between scheduling rounds
   eval_slots: int = 128  # decode slots of the greedy held-out evaluation
   update: str = "inflight"  # disaggregated workers: inflight (swap weights between decode steps) | drain (finish, then swap)
@@ -137,22 +142,33 @@ class RolloutConfig:
   rollout_timeout_s: float = 900.0  # the trainer fails if no usable rollout arrives for this long
 
   def __post_init__(self):
+    super().__post_init__()
     if self.temperature <= 0:
       raise ValueError(f"rl.rollout.temperature={self.temperature}: RL samples at a temperature > 0 (its "
                        "log-probs define pi_behaviour); use e.g. 1.0")
-    for name in ("max_prompt_len", "max_new_tokens", "slots", "steps_per_round", "eval_slots", "workers", "hosts",
-                 "groups_per_file", "max_queued_files"):
+    if self.n != 1:
+      raise ValueError(f"rl.rollout.n={self.n}: RL samples grpo.num_generations completions per prompt; set that")
+    if self.seed != 0:
+      raise ValueError(f"rl.rollout.seed={self.seed}: rollout seeds derive from trainer.seed; set that")
+    for name in ("eval_slots", "workers", "hosts", "groups_per_file", "max_queued_files"):
       if getattr(self, name) < 1:
         raise ValueError(f"rl.rollout.{name}={getattr(self, name)} must be >= 1")
     if self.worker_id < 0:
       raise ValueError(f"rl.rollout.worker_id={self.worker_id} must be >= 0")
     if self.update not in UPDATES:
       raise ValueError(f"rl.rollout.update={self.update!r}; use one of {UPDATES}")
-    if self.kv_layout not in KV_LAYOUTS:
-      raise ValueError(f"rl.rollout.kv_layout={self.kv_layout!r}; use one of {KV_LAYOUTS}")
     for name in ("wait_for_weights_s", "heartbeat_s", "worker_timeout_s", "rollout_timeout_s"):
       if getattr(self, name) <= 0:
         raise ValueError(f"rl.rollout.{name}={getattr(self, name)} must be > 0 seconds")
+
+  def engine(self, greedy: bool = False) -> EngineConfig:
+    """The engine's static shapes for rollouts (greedy: for the held-out evaluation, eval_slots rows)."""
+    return dataclasses.replace(super().engine(), batch_size=self.eval_slots if greedy else self.batch_size,
+                               min_prefill_len=min(16, self.max_prompt_len))  # RL prompts are short
+
+  def sampling(self, greedy: bool = False) -> SamplingParams:
+    """How rollout tokens are drawn (greedy: argmax, for the held-out evaluation)."""
+    return SamplingParams() if greedy else super().sampling()
 
 
 # Sections with RL's own defaults are subclasses, not default_factory values: draccus rebuilds a

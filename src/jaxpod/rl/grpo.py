@@ -1,4 +1,15 @@
-"""GRPO: group-relative advantages (host side, numpy) and the clipped-ratio policy loss (pure, jitted).
+"""GRPO: which groups the trainer admits, group-relative advantages (host side) and the clipped-ratio loss (jitted).
+
+Admission (`admit`, one rule for both topologies): the trainer at version v (the weights after v
+steps) takes a group, or drops it for one reason, checked in this order:
+  future   a token from a version above v: weights this trainer never made (a restored trainer after
+           a crash that had already published them)
+  stale    a token from a version below v - max_policy_lag (invariant 9)
+  uniform  with filter_groups: every sample has the same reward, so every advantage is 0 and the group
+           teaches nothing (DAPO's dynamic sampling); the trainer draws another group instead (colocated:
+           another round of sample_prompts_per_step prompts; disaggregated: the next one in the queue)
+A dropped group is consumed (never offered again) and counted as rl/dropped_<reason>. `take` scans
+groups in order until it has the groups it needs.
 
 Advantages, for the n samples of one prompt with rewards r_1..r_n (`scale_rewards`):
   group  (r_i - mean(r)) / (std(r) + eps)      the original GRPO; std over the group (ddof=1, as TRL)
@@ -6,7 +17,13 @@ Advantages, for the n samples of one prompt with rewards r_1..r_n (`scale_reward
   none   r_i - mean(r)                         Dr. GRPO: no std division (no difficulty bias)
 
 Per completion token t of sample i, with rho = pi_theta(t) / pi_behaviour(t), pi_behaviour the
-probability the rollout engine recorded when it sampled t (not recomputed):
+probability the rollout engine recorded when it sampled t (not recomputed), and pi_theta the trainer's
+probability of t under the same distribution the engine draws from: softmax(logits / temperature) after
+the rollout's top-k / top-p filter, renormalised over the tokens it keeps (a token it leaves out gets
+log-prob `jaxpod.sample.tokens.LOGPROB_FLOOR`, ratio ~0). So an on-policy ratio is exactly 1 with any
+filter; recomputing over the unfiltered softmax instead made every filtered step off-policy from the
+first one (issue 25). The kept set is a constant of each forward pass (no gradient flows through which
+tokens are kept):
   l_t = -min(rho * A_i, clip(rho, 1 - epsilon, 1 + epsilon_high) * A_i)  [+ beta * KL_t]
 KL_t = exp(ref - logp) - (ref - logp) - 1 (the k3 estimator against the frozen reference policy).
 The loss over the batch (`loss_norm`):
@@ -20,8 +37,44 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpod.sample.config import SamplingParams
+from jaxpod.sample.tokens import token_logprobs as sample_token_logprobs
+
 SCALE_REWARDS = ("group", "batch", "none")
 LOSS_NORMS = ("token", "sequence", "constant")
+
+
+TAKE = "take"
+DROP_REASONS = ("future", "stale", "uniform")
+
+
+def admit(group, trainer_version: int, *, max_policy_lag: int, filter_groups: bool) -> str:
+  """TAKE, or the reason (one of DROP_REASONS) the trainer at `trainer_version` must not train on `group` (a
+  `rollouts.Group`: its tokens' versions and its samples' rewards); see the module docstring."""
+  if group.newest_version() > trainer_version:
+    return "future"
+  if group.oldest_version() < trainer_version - max_policy_lag:
+    return "stale"
+  if filter_groups and not group.mixed:
+    return "uniform"
+  return TAKE
+
+
+def take(groups, need: int, trainer_version: int, *, max_policy_lag: int,
+         filter_groups: bool) -> tuple[list[int], list[tuple[int, str]]]:
+  """Scan `groups` in order until `need` are admitted: (indices taken, [(index, reason)] dropped); the groups
+  after the last one taken are not examined."""
+  taken: list[int] = []
+  dropped: list[tuple[int, str]] = []
+  for i, group in enumerate(groups):
+    if len(taken) >= need:
+      break
+    why = admit(group, trainer_version, max_policy_lag=max_policy_lag, filter_groups=filter_groups)
+    if why == TAKE:
+      taken.append(i)
+    else:
+      dropped.append((i, why))
+  return taken, dropped
 
 
 def advantages(rewards_GxN: np.ndarray, scale: str, eps: float = 1e-4) -> np.ndarray:
@@ -39,12 +92,10 @@ def advantages(rewards_GxN: np.ndarray, scale: str, eps: float = 1e-4) -> np.nda
   return centered.astype(np.float32)
 
 
-def token_logprobs(logits_BxTxV, targets_BxT, temperature: float):
-  """log pi(target) under softmax(logits / temperature), float32 [B, T] (the engine's distribution at T > 0)."""
-  logits = logits_BxTxV.astype(jnp.float32) / (temperature if temperature > 0 else 1.0)
-  logz = jax.nn.logsumexp(logits, axis=-1)
-  picked = jnp.take_along_axis(logits, targets_BxT[..., None], axis=-1)[..., 0]
-  return picked - logz
+def token_logprobs(logits_BxTxV, targets_BxT, sampling: SamplingParams):
+  """log pi_theta(target), float32 [B, T], under the distribution the engine sampled from: softmax(logits / T)
+  after the same top-k / top-p filter, renormalised (`jaxpod.sample.token_logprobs`; see the module docstring)."""
+  return sample_token_logprobs(logits_BxTxV, targets_BxT, sampling)
 
 
 def policy_loss(logp_BxT, behaviour_BxT, adv_B, mask_BxT, ref_BxT=None, *, epsilon: float, epsilon_high: float,

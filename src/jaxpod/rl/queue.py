@@ -3,7 +3,7 @@
 It survives either side's restart because it is nothing but objects in storage, each written whole
 (`runtime.storage`: temporary name, then moved into place; a bucket object appears complete):
 
-    queue/rollouts/w<worker>/<seq:08d>.st   a worker's rollout file (safetensors: `rollouts.to_bytes`)
+    queue/rollouts/w<worker>/<seq:08d>.st   a worker's rollout file (safetensors: `to_bytes`, below)
     queue/workers/w<worker>.json            its heartbeat (incarnation, version, counters), every heartbeat_s
     queue/progress.json                     the trainer's record: step, files taken per worker, done
 
@@ -17,12 +17,19 @@ trainer has consumed.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
+from typing import Sequence
 
+import numpy as np
+
+from jaxpod.rl.rollouts import Group
+from jaxpod.rl.tasks import Problem
 from jaxpod.runtime import storage
 
 ROLLOUTS, WORKERS, PROGRESS = "rollouts", "workers", "progress.json"
+NO_TOKEN = -1  # padding in a rollout file's arrays
 
 
 def file_name(worker: int, seq: int) -> str:
@@ -57,16 +64,8 @@ class Queue:
 
   def files(self, worker: int | None = None) -> list[str]:
     """Queue-relative names of the complete rollout files (of one worker, or all), in (worker, seq) order."""
-    import fsspec
-    base = self._url(ROLLOUTS) if worker is None else self._url(ROLLOUTS, f"w{worker}")
-    fs, root = fsspec.core.url_to_fs(base)
-    fs.invalidate_cache()
-    if not fs.exists(root):
-      return []
-    found = fs.find(root)
-    names = [p[len(root.rstrip("/")) + 1:] for p in found if p.endswith(".st")]
-    if worker is not None:
-      names = [f"w{worker}/{n}" for n in names]
+    folders = [f"w{worker}"] if worker is not None else storage.listdir(self._url(ROLLOUTS))
+    names = [f"{d}/{n}" for d in folders for n in storage.listdir(self._url(ROLLOUTS, d)) if n.endswith(".st")]
     return sorted(names, key=parse_name)
 
   def next_seq(self, worker: int) -> int:
@@ -80,16 +79,11 @@ class Queue:
 
   def heartbeats(self) -> dict[int, dict]:
     """worker -> its latest heartbeat record."""
-    import fsspec
-    fs, root = fsspec.core.url_to_fs(self._url(WORKERS))
-    fs.invalidate_cache()
-    if not fs.exists(root):
-      return {}
     out = {}
-    for path in fs.ls(root, detail=False):
-      if path.endswith(".json"):
+    for name in storage.listdir(self._url(WORKERS)):
+      if name.endswith(".json"):
         try:
-          record = json.loads(fs.cat_file(path))
+          record = json.loads(storage.read_text(self._url(WORKERS, name)))
         except (FileNotFoundError, ValueError):
           continue
         out[int(record["worker"])] = record
@@ -107,6 +101,57 @@ class Queue:
       return None
 
 
+# ----------------------------------------------------------------------------- rollout files
+def to_bytes(groups: Sequence[Group], meta: dict) -> bytes:
+  """A rollout file: safetensors holding padded arrays, the problems and `meta` (worker, file number, ...) as JSON
+  metadata; no pickle."""
+  from safetensors.numpy import save
+  g, n = len(groups), groups[0].n
+  width = max(1, max(len(s) for grp in groups for s in grp.sampled))
+  plen = max(len(grp.prompt_ids) for grp in groups)
+  prompt = np.full((g, plen), NO_TOKEN, np.int32)
+  sampled = np.full((g, n, width), NO_TOKEN, np.int32)
+  logprobs = np.zeros((g, n, width), np.float32)
+  versions = np.full((g, n, width), NO_TOKEN, np.int32)
+  for i, grp in enumerate(groups):
+    prompt[i, :len(grp.prompt_ids)] = grp.prompt_ids
+    for j in range(n):
+      k = len(grp.sampled[j])
+      sampled[i, j, :k], logprobs[i, j, :k], versions[i, j, :k] = grp.sampled[j], grp.logprobs[j], grp.versions[j]
+  arrays = {"prompt": prompt, "sampled": sampled, "logprobs": logprobs, "versions": versions,
+            "rewards": np.asarray([grp.rewards for grp in groups], np.float32),
+            "correct": np.asarray([grp.correct for grp in groups], np.int32),
+            "finished": np.asarray([grp.finished for grp in groups], np.int32)}
+  problems = [dataclasses.asdict(grp.problem) for grp in groups]
+  return save(arrays, metadata={"meta": json.dumps(meta), "problems": json.dumps(problems)})
+
+
+def _metadata(blob: bytes) -> dict:
+  """The `__metadata__` of a safetensors blob (its header: 8-byte little-endian length, then JSON)."""
+  size = int.from_bytes(blob[:8], "little")
+  return json.loads(blob[8:8 + size]).get("__metadata__", {})
+
+
+def from_bytes(blob: bytes) -> tuple[list[Group], dict]:
+  """Groups and metadata of a rollout file written by `to_bytes`."""
+  from safetensors.numpy import load
+  arrays, meta = load(blob), _metadata(blob)
+  groups = []
+  for i, problem in enumerate(Problem(**p) for p in json.loads(meta["problems"])):
+    sampled, logprobs, versions = [], [], []
+    for j in range(arrays["sampled"].shape[1]):
+      keep = arrays["sampled"][i, j] != NO_TOKEN
+      sampled.append(arrays["sampled"][i, j][keep].tolist())
+      logprobs.append(arrays["logprobs"][i, j][keep].tolist())
+      versions.append(arrays["versions"][i, j][keep].tolist())
+    prompt = arrays["prompt"][i]
+    groups.append(Group(problem, prompt[prompt != NO_TOKEN].tolist(), sampled, logprobs, versions,
+                        [bool(x) for x in arrays["finished"][i]], arrays["rewards"][i].tolist(),
+                        [bool(x) for x in arrays["correct"][i]]))
+  return groups, json.loads(meta["meta"])
+
+
+# ----------------------------------------------------------------------------- what the trainer took
 class Consumed:
   """The (file, group) pairs the trainer has taken; JSON state for the checkpoint.
 

@@ -6,11 +6,14 @@
 A reward is `fn(problem: Problem, completion: str, finished: bool) -> float`, where `completion`
 is the decoded text without the stop token and `finished` says the sample ended with a stop
 token (not the length limit). Register one with `@register_reward("name")`. Every name is
-resolved when the config is checked, before anything compiles; a reward that raises while
-scoring names the plugin and the prompt.
+resolved when the config is checked, before anything compiles. A reward that raises while
+scoring ends `jaxpod rl` with one line naming the plugin and the prompt, exit code 1 (the
+config was valid: 2 is for input refused before the run; JAXPOD_TRACEBACK=1 shows the plugin's
+traceback).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from typing import Callable, Sequence
 
@@ -23,6 +26,8 @@ REWARDS: dict[str, Callable[[RLTaskConfig], RewardFn]] = {}  # name -> factory(t
 
 class RewardError(RuntimeError):
   """A reward plugin raised; the message names the plugin and the prompt."""
+
+  one_line = True  # the command line prints the message alone, exit 1 (jaxpod.cli.main)
 
 
 def register_reward(name: str):
@@ -101,3 +106,24 @@ class Scorer:
   def correct(self, problem: Problem, completion: str, finished: bool) -> bool:
     """Exact match (what held-out accuracy counts)."""
     return bool(self.exact(problem, completion, finished))
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifiedTask:
+  """The problems and how answers are scored: what the warm-up, the evaluation and the rollouts share."""
+
+  task: RLTaskConfig  # the problem streams and the held-out set
+  rewards: tuple[str, ...]  # reward plugins, summed
+  reward_weights: tuple[float, ...]  # one per reward (empty: all 1.0)
+  seed: int  # the run seed: problems and request seeds derive from it
+
+  def scorer(self) -> Scorer:
+    return Scorer(self.rewards, self.reward_weights, self.task)
+
+  def eval_set(self) -> list[Problem]:
+    """The held-out problems."""
+    return self.task.eval_set(self.seed)
+
+  def train_problems(self, stream: int, start: int, count: int) -> list[Problem]:
+    """`count` training problems of `stream` from index `start`."""
+    return self.task.train_problems(self.seed, stream, start, count)

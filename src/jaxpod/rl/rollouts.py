@@ -11,15 +11,11 @@ The trainer's batch (`to_batch`), G groups -> B = G*n rows of T = max_prompt_len
   advantages  [B]    float32  group-relative (`grpo.advantages`)
   reward      [B]    float32  the sample's reward;  correct [B] float32: exact match
 Rows are group-major (sample j of group g is row g*n + j), so a host's contiguous slice of rows
-holds whole groups whenever its share is a multiple of n.
-
-Files (the rollout queue): safetensors holding padded arrays, the problems and facts as JSON
-metadata; no pickle.
+holds whole groups whenever its share is a multiple of n. (Their file format is the queue's: `queue.py`.)
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Sequence
 
 import numpy as np
@@ -27,7 +23,6 @@ import numpy as np
 from jaxpod.rl import grpo
 from jaxpod.rl.tasks import Problem
 
-NO_TOKEN = -1
 
 
 @dataclasses.dataclass
@@ -61,15 +56,6 @@ class Group:
   def mixed(self) -> bool:
     """Whether the samples' rewards differ (a group whose rewards are all equal has zero advantage)."""
     return len(set(self.rewards)) > 1
-
-
-def select(groups: Sequence[Group], count: int, filter_groups: bool) -> list[Group]:
-  """`count` groups to train on: with filter_groups the mixed-reward ones first (DAPO's dynamic sampling),
-  then the others in order to keep the batch's shape; else the first `count`."""
-  if not filter_groups:
-    return list(groups[:count])
-  mixed = [g for g in groups if g.mixed]
-  return (mixed + [g for g in groups if not g.mixed])[:count]
 
 
 def make_group(problem: Problem, prompt_ids: Sequence[int], completions, texts: Sequence[str], scorer) -> Group:
@@ -107,52 +93,3 @@ def to_batch(groups: Sequence[Group], length: int, pad_id: int, scale_rewards: s
   return {"tokens": tokens, "loss_mask": mask, "behaviour": behaviour, "advantages": adv,
           "reward": np.asarray([r for g in groups for r in g.rewards], np.float32),
           "correct": np.asarray([c for g in groups for c in g.correct], np.float32)}
-
-
-# ----------------------------------------------------------------------------- files
-def to_bytes(groups: Sequence[Group], meta: dict) -> bytes:
-  """A rollout file: padded arrays + problems and `meta` (worker, file number, ...) as JSON metadata."""
-  from safetensors.numpy import save
-  g, n = len(groups), groups[0].n
-  width = max(1, max(len(s) for grp in groups for s in grp.sampled))
-  plen = max(len(grp.prompt_ids) for grp in groups)
-  prompt = np.full((g, plen), NO_TOKEN, np.int32)
-  sampled = np.full((g, n, width), NO_TOKEN, np.int32)
-  logprobs = np.zeros((g, n, width), np.float32)
-  versions = np.full((g, n, width), NO_TOKEN, np.int32)
-  for i, grp in enumerate(groups):
-    prompt[i, :len(grp.prompt_ids)] = grp.prompt_ids
-    for j in range(n):
-      k = len(grp.sampled[j])
-      sampled[i, j, :k], logprobs[i, j, :k], versions[i, j, :k] = grp.sampled[j], grp.logprobs[j], grp.versions[j]
-  arrays = {"prompt": prompt, "sampled": sampled, "logprobs": logprobs, "versions": versions,
-            "rewards": np.asarray([grp.rewards for grp in groups], np.float32),
-            "correct": np.asarray([grp.correct for grp in groups], np.int32),
-            "finished": np.asarray([grp.finished for grp in groups], np.int32)}
-  problems = [dataclasses.asdict(grp.problem) for grp in groups]
-  return save(arrays, metadata={"meta": json.dumps(meta), "problems": json.dumps(problems)})
-
-
-def _metadata(blob: bytes) -> dict:
-  """The `__metadata__` of a safetensors blob (its header: 8-byte little-endian length, then JSON)."""
-  size = int.from_bytes(blob[:8], "little")
-  return json.loads(blob[8:8 + size]).get("__metadata__", {})
-
-
-def from_bytes(blob: bytes) -> tuple[list[Group], dict]:
-  """Groups and metadata of a rollout file written by `to_bytes`."""
-  from safetensors.numpy import load
-  arrays, meta = load(blob), _metadata(blob)
-  groups = []
-  for i, problem in enumerate(Problem(**p) for p in json.loads(meta["problems"])):
-    sampled, logprobs, versions = [], [], []
-    for j in range(arrays["sampled"].shape[1]):
-      keep = arrays["sampled"][i, j] != NO_TOKEN
-      sampled.append(arrays["sampled"][i, j][keep].tolist())
-      logprobs.append(arrays["logprobs"][i, j][keep].tolist())
-      versions.append(arrays["versions"][i, j][keep].tolist())
-    prompt = arrays["prompt"][i]
-    groups.append(Group(problem, prompt[prompt != NO_TOKEN].tolist(), sampled, logprobs, versions,
-                        [bool(x) for x in arrays["finished"][i]], arrays["rewards"][i].tolist(),
-                        [bool(x) for x in arrays["correct"][i]]))
-  return groups, json.loads(meta["meta"])

@@ -17,6 +17,11 @@ same command resumes it. Inside:
   disaggregated    role trainer: warm-up, then GRPO on rollouts from the queue, publishing weights
                    every step; role rollout: a worker job sampling with the newest weights;
                    role auto: both, as `jaxpod launch` clusters on this machine.
+
+`RLConfig` is checked once (`checks.before_jax`) and resolved here into typed slices; each part gets
+only its own: the policy (`PolicySpec`), the problems and rewards (`VerifiedTask`), `GRPOConfig`, the
+engine's sampling options (`RolloutConfig`, a `jaxpod.sample.SamplingOptions`), the queue (the run
+folder) and the transport (`TransferConfig`, its folder resolved in the run folder).
 """
 from __future__ import annotations
 
@@ -24,7 +29,10 @@ import dataclasses
 import json
 
 from jaxpod.rl.config import RLConfig
+from jaxpod.rl.policy import PolicySpec
+from jaxpod.rl.rewards import VerifiedTask
 from jaxpod.runtime import storage
+from jaxpod.transfer.config import TransferConfig
 from jaxpod.runtime.log import get_logger
 
 log = get_logger("rl")
@@ -62,7 +70,9 @@ def run(cfg: RLConfig) -> dict | None:
   if cfg.role == "rollout":
     from jaxpod.rl.worker import run_worker
     with runtime.guard():
-      run_worker(cfg, folder)
+      run_worker(policy_spec(cfg, cfg.model.hf or None), verified_task(cfg), cfg.rollout,
+                 num_generations=cfg.grpo.num_generations, mesh=cfg.mesh, transfer=transfer_config(cfg, folder),
+                 run_dir=folder)
     return None
   with runtime.guard():
     return train_policy(cfg, folder)
@@ -90,10 +100,26 @@ def train_policy(cfg: RLConfig, folder: str) -> dict | None:
     if source == "queue":
       from jaxpod.rl.queue import Queue
       workers = {str(w): rec for w, rec in Queue(folder).heartbeats().items()}
-    out = summary_lib.write(cfg, folder, warm, rl_summary, warmup_s=t_warm, wall_s=time.monotonic() - t0,
-                            workers=workers)
+    out = summary_lib.write(cfg.topology, cfg.grpo.rows, folder, warm, rl_summary, warmup_s=t_warm,
+                            wall_s=time.monotonic() - t0, workers=workers)
   runtime.barrier("rl.done", timeout_s=600)
   return out
+
+
+def policy_spec(cfg: RLConfig, start_from: str | None) -> PolicySpec:
+  """The policy slice: the model section, starting from `start_from` (None: random init)."""
+  return PolicySpec(cfg.model, start_from)
+
+
+def verified_task(cfg: RLConfig) -> VerifiedTask:
+  """The problems slice: the task, its rewards, the run seed."""
+  return VerifiedTask(cfg.task, tuple(cfg.rewards), tuple(cfg.reward_weights), cfg.trainer.seed)
+
+
+def transfer_config(cfg: RLConfig, folder: str) -> TransferConfig:
+  """The transport slice: `transfer` with a relative folder placed in the run folder."""
+  from jaxpod.rl.publish import transfer_config as resolve
+  return resolve(cfg.transfer, folder)
 
 
 def _trainer_cfg(cfg: RLConfig, folder: str, name: str, **changes):
@@ -104,23 +130,26 @@ def _trainer_cfg(cfg: RLConfig, folder: str, name: str, **changes):
 
 def warmup_config(cfg: RLConfig, folder: str):
   """The TrainConfig of the supervised warm-up (`<run>/warmup`, exported to `<run>/warmup/hf`)."""
-  from jaxpod.rl.policy import WarmupTaskConfig
+  from jaxpod.rl.train_tasks import WarmupTaskConfig
   from jaxpod.train.config import DataConfig
   w = cfg.warmup
   trainer, common, TrainConfig = _trainer_cfg(cfg, folder, "warmup", steps=w.steps, eval_every=0, eval_at_start=False,
                                               checkpoint_every=0)
   data = DataConfig(global_batch_size=w.batch_size, eval_batch_size=w.batch_size, seed=cfg.trainer.seed)
-  task = WarmupTaskConfig(data=data, rl=cfg, export_to=storage.join(folder, "warmup", "hf"))
+  task = WarmupTaskConfig(data=data, policy=policy_spec(cfg, None), problems=verified_task(cfg), warmup=w,
+                          rollout=cfg.rollout, export_to=storage.join(folder, "warmup", "hf"))
   return TrainConfig(task=task, trainer=trainer, **common)
 
 
 def grpo_config(cfg: RLConfig, folder: str, start_from: str | None, source: str):
   """The TrainConfig of the GRPO run (`<run>/train`, exported to `<run>/hf`)."""
-  from jaxpod.rl.policy import GRPOTaskConfig
+  from jaxpod.rl.train_tasks import GRPOTaskConfig
   from jaxpod.train.config import DataConfig
   trainer, common, TrainConfig = _trainer_cfg(cfg, folder, "train")
   rows = cfg.grpo.rows
   data = DataConfig(global_batch_size=rows, eval_batch_size=rows, seed=cfg.trainer.seed)
-  task = GRPOTaskConfig(data=data, rl=cfg, start_from=start_from, source=source, run_dir=folder,
+  task = GRPOTaskConfig(data=data, policy=policy_spec(cfg, start_from), problems=verified_task(cfg), grpo=cfg.grpo,
+                        rollout=cfg.rollout, source=source, run_dir=folder,
+                        transfer=transfer_config(cfg, folder) if source == "queue" else None,
                         export_to=storage.join(folder, "hf") if cfg.export_hf else None)
   return TrainConfig(task=task, trainer=trainer, **common)

@@ -8,6 +8,7 @@ summarises its whole history, not just the last process's part. Keys of summary.
   reward_curve                    [[policy version that sampled, mean reward], ...] per GRPO step
   accuracy_curve                  [[policy version, held-out accuracy], ...] per evaluation
   tokens_per_s                    sampled tokens per second of rollout time
+  rows_per_step                   sequences per optimizer step (grpo.num_prompts_per_step x num_generations)
   time_s                          wall seconds: warmup, rl, and within RL rollout / train / eval / waiting /
                                   publish / fetch (the last three in disaggregated runs)
 """
@@ -59,12 +60,14 @@ def collect(folder: str) -> dict:
           "tokens_per_s": tokens / rollout_s if rollout_s else None, "seconds": sums}
 
 
-def write(cfg, folder: str, warm, rl, warmup_s: float, wall_s: float, workers: dict | None = None) -> dict:
+def write(topology: str, rows_per_step: int, folder: str, warm, rl, warmup_s: float, wall_s: float,
+          workers: dict | None = None) -> dict:
   """Leader: summary.json, the console table and rl.png; returns the summary."""
   out = collect(folder)
   s = out.pop("seconds")
   train_s = max(0.0, s["interval"] - s["eval"] - s["waiting"] - s["publish"])
-  out.update({"run_dir": folder, "topology": cfg.topology, "steps": rl.final_step, "resumed": rl.resumed,
+  out.update({"run_dir": folder, "topology": topology, "rows_per_step": rows_per_step, "steps": rl.final_step,
+              "resumed": rl.resumed,
               "lift_points": 100 * (out["accuracy.end"] - out["accuracy.start"]),
               "time_s": {"total": wall_s, "warmup": warmup_s, "rl": rl.wall_s, "rl_startup": rl.time_to_first_step_s,
                          "rollout": s["rollout"], "train": train_s, "eval": s["eval"], "waiting": s["waiting"],

@@ -22,9 +22,13 @@ import time
 import uuid
 
 from jaxpod import runtime
-from jaxpod.rl.queue import Queue
-from jaxpod.rl.rollouts import to_bytes
+from jaxpod.rl.config import RolloutConfig
+from jaxpod.rl.policy import PolicySpec
+from jaxpod.rl.queue import Queue, to_bytes
+from jaxpod.rl.rewards import VerifiedTask
 from jaxpod.runtime.log import get_logger
+from jaxpod.runtime.mesh import MeshConfig
+from jaxpod.transfer.config import TransferConfig
 
 log = get_logger("rl.worker")
 POLL_S = 0.2  # how often the leader looks for a newer version
@@ -69,33 +73,29 @@ def _like(llama, mesh):
                                                 for a, s in zip(leaves, shardings)])
 
 
-def _first_weights(client, like, rl, w: int, run_dir: str):
-  """The newest version, polling up to rollout.wait_for_weights_s; a one-line error naming the trainer."""
-  from jaxpod.rl.transport import describe
-  wait = rl.rollout.wait_for_weights_s
+def _first_weights(client, like, transfer: TransferConfig, w: int, wait: float, run_dir: str):
+  """The newest version, polling up to `wait` (rollout.wait_for_weights_s); a one-line error naming the trainer."""
+  from jaxpod.rl.publish import describe
   update = client.receive(like, wait=wait)
   if update is None:
-    raise runtime.Unavailable(f"rollout worker {w}: no policy weights published within {wait:.0f} s ({describe(rl, run_dir)});"
+    raise runtime.Unavailable(f"rollout worker {w}: no policy weights published within {wait:.0f} s ({describe(transfer)});"
                        f" the trainer of run {run_dir} (jaxpod rl --topology disaggregated --role trainer, same "
                        "config) is not running or still in its warm-up; start it, or raise rollout.wait_for_weights_s")
   return update
 
 
-def run_worker(rl, run_dir: str) -> None:
-  """The worker loop (see the module docstring); every host of the worker job calls it."""
-  from jaxpod.rl.policy import model_config, tokenizer_for
-  from jaxpod.rl.rewards import Scorer
-  from jaxpod.rl.sampling import Roller, make_sampler
-  from jaxpod.rl.transport import transfer_config
+def run_worker(policy: PolicySpec, problems: VerifiedTask, rollout: RolloutConfig, *, num_generations: int,
+               mesh: MeshConfig, transfer: TransferConfig, run_dir: str) -> None:
+  """The worker loop (see the module docstring); every host of the worker job calls it. `transfer`: resolved."""
+  from jaxpod.rl.roller import Roller, make_sampler
   from jaxpod.runtime import mesh_from_config
   from jaxpod.transfer.api import create_client
-  r, w = rl.rollout, rl.rollout.worker_id
-  mesh = mesh_from_config(rl.mesh)
-  tokenizer = tokenizer_for(rl)
-  llama = model_config(rl, rl.model.hf or None)
-  stop_ids = tuple(sorted(set(tokenizer.eos_ids) | set(llama.eos_token_id)))
-  graphdef, like = _like(llama, mesh)
-  client = create_client(transfer_config(rl, run_dir))
+  r, w = rollout, rollout.worker_id
+  device_mesh = mesh_from_config(mesh)
+  tokenizer, llama = policy.tokenizer(), policy.llama()
+  stop_ids = policy.stop_ids(tokenizer, llama)
+  graphdef, like = _like(llama, device_mesh)
+  client = create_client(transfer)
   queue = Queue(run_dir)
   stats = {"worker": w, "incarnation": runtime.broadcast_call(lambda: uuid.uuid4().hex[:8], "rl.worker.id"),
            "hosts": runtime.host_info().process_count, "pid": os.getpid(), "update": r.update, "version": None,
@@ -103,27 +103,27 @@ def run_worker(rl, run_dir: str) -> None:
   beat = Heartbeat(queue, w, r.heartbeat_s, stats) if runtime.is_leader() else None
   try:
     t0 = time.perf_counter()
-    update = _first_weights(client, like, rl, w, run_dir)
+    update = _first_weights(client, like, transfer, w, r.wait_for_weights_s, run_dir)
     stats.update(version=update.weight_id, waited_first_s=time.perf_counter() - t0)  # not a fetch: waiting
     log.info("rollout worker %d: received policy version %d", w, update.weight_id)
-    sampler = make_sampler(graphdef, update.params, mesh, r, stop_ids, version=update.weight_id)
-    roller = Roller(sampler, tokenizer, Scorer(rl.rewards, rl.reward_weights, rl.task), rl.grpo.num_generations,
-                    rl.trainer.seed)
-    _loop(rl, w, queue, client, like, sampler, roller, stats)
+    sampler = make_sampler(graphdef, update.params, device_mesh, r, stop_ids, version=update.weight_id)
+    roller = Roller(sampler, tokenizer, problems.scorer(), num_generations, problems.seed)
+    _loop(problems, r, num_generations, queue, client, like, sampler, roller, stats)
   finally:
     if beat is not None:
       beat.close()
     client.close()
 
 
-def _loop(rl, w: int, queue: Queue, client, like, sampler, roller, stats: dict) -> None:
-  r = rl.rollout
+def _loop(problems: VerifiedTask, r: RolloutConfig, num_generations: int, queue: Queue, client, like, sampler, roller,
+          stats: dict) -> None:
+  w = r.worker_id
   seq = int(runtime.broadcast_call(lambda: queue.next_seq(w), "rl.worker.seq"))
   next_problem = seq * r.groups_per_file
   finished: list = []
   pending = None  # drain mode: the update waiting for the engine to empty
   state = {"last_poll": 0.0, "progress": None, "progress_t": 0.0}
-  room = max(1, r.slots // rl.grpo.num_generations)  # groups the engine can decode at once
+  room = max(1, r.batch_size // num_generations)  # groups the engine can decode at once
 
   def plan() -> dict:  # leader only: what every host does this round
     now = time.monotonic()
@@ -161,9 +161,8 @@ def _loop(rl, w: int, queue: Queue, client, like, sampler, roller, stats: dict) 
       sampler.update_params(pending.params, pending.weight_id)
       stats["version"], pending = pending.weight_id, None
     if p["admit"]:
-      problems = rl.task.train_problems(rl.trainer.seed, STREAM_BASE + w, next_problem, p["admit"])
+      roller.submit(problems.train_problems(STREAM_BASE + w, next_problem, p["admit"]))
       next_problem += p["admit"]
-      roller.submit(problems)
     if sampler.idle:
       t = time.perf_counter()
       time.sleep(0.02)

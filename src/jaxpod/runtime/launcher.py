@@ -56,6 +56,11 @@ class LaunchConfig:
       raise ValueError(f"--port must be in 1..65535, got {self.port}")
     if self.grace_s < 0:
       raise ValueError(f"--grace-s must be >= 0, got {self.grace_s}")
+    for name in ("log_dir", "hosts_root"):
+      value = getattr(self, name)
+      if value and "://" in value:  # pathlib would make a local folder named "gs:"
+        raise ValueError(f"--{name.replace('_', '-')} {value}: the hosts' logs and private disks are local to this "
+                         "machine; give a local folder (copy the logs to a bucket afterwards if needed)")
 
 
 @dataclasses.dataclass

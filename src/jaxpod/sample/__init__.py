@@ -1,5 +1,9 @@
 """jaxpod.sample: multi-host text generation from a (sharded) Llama.
 
+Modules: config (SamplingOptions, EngineConfig, SamplingParams), tokens (Completion, token sampling:
+what both engines share), lockstep (the lock-step reference engine), the continuous engine: scheduler
++ runner + steps, one module per KV layout (slots, paged), sampler (Sampler), run (`jaxpod sample`), hook.
+
     from jaxpod.sample import SampleConfig, run
     run(SampleConfig(model=ckpt, prompts="p.txt", out="out.jsonl", mode="replicated"))
 
@@ -20,6 +24,7 @@ during training (a `jaxpod.runtime.hooks.Hook`):
                                        options=SamplingOptions(max_new_tokens=32))])
 """
 from jaxpod.sample.config import MODES, EngineConfig, SampleConfig, SamplingOptions, SamplingParams
-from jaxpod.sample.engine import Completion, generate, sample_tokens
+from jaxpod.sample.lockstep import generate
 from jaxpod.sample.run import read_prompts, run
 from jaxpod.sample.sampler import Sampler, check_batch, check_memory, check_prompts, make_sample_mesh, memory_plan
+from jaxpod.sample.tokens import Completion, sample_tokens, token_logprobs

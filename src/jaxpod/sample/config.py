@@ -2,12 +2,43 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from jaxpod.runtime.state import RuntimeConfig
 from jaxpod.runtime.mesh import MeshConfig
 
 MODES = ("global", "replicated")
 KV_LAYOUTS = ("slots", "paged")
+
+
+def check_sampling(o, where: str) -> None:
+  """One-line ValueError naming `<where>.<field>` if o's temperature / top_k / top_p are out of range."""
+  if o.temperature < 0:
+    raise ValueError(f"{where}.temperature={o.temperature} must be >= 0 (0 = greedy)")
+  if o.top_k < 0:
+    raise ValueError(f"{where}.top_k={o.top_k} must be >= 0 (0 = no top-k filter)")
+  if not 0 < o.top_p <= 1:
+    raise ValueError(f"{where}.top_p={o.top_p} must be in (0, 1] (1 = no nucleus filter)")
+
+
+def check_engine(o, where: str) -> None:
+  """One-line ValueError naming `<where>.<field>` if o's engine shapes (EngineConfig's fields) are invalid."""
+  for name in ("batch_size", "max_prompt_len", "max_new_tokens", "page_size", "steps_per_round", "min_prefill_len"):
+    if getattr(o, name, 1) < 1:
+      raise ValueError(f"{where}.{name}={getattr(o, name)} must be >= 1")
+  if o.kv_layout not in KV_LAYOUTS:
+    raise ValueError(f"{where}.kv_layout={o.kv_layout!r}; use one of {KV_LAYOUTS}")
+  if not 0 < o.memory_fraction <= 1:
+    raise ValueError(f"{where}.memory_fraction={o.memory_fraction} must be in (0, 1]")
+  prefill_batch = getattr(o, "prefill_batch", None)
+  if prefill_batch is not None and prefill_batch < 1:
+    raise ValueError(f"{where}.prefill_batch={prefill_batch} must be >= 1 (or unset: batch_size)")
+  cache_len = o.max_prompt_len + o.max_new_tokens
+  pages = -(-cache_len // o.page_size)
+  if o.num_pages is not None and o.num_pages - 1 < pages:
+    raise ValueError(f"{where}.num_pages={o.num_pages} is too small for one sequence: max_prompt_len + "
+                     f"max_new_tokens = {cache_len} tokens need {pages} pages of page_size={o.page_size} plus the "
+                     f"scratch page; set num_pages >= {pages + 1}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,12 +50,7 @@ class SamplingParams:
   top_p: float = 1.0  # keep the smallest set whose probability reaches top_p (1: all)
 
   def __post_init__(self):
-    if self.temperature < 0:
-      raise ValueError(f"sample.temperature={self.temperature} must be >= 0 (0 = greedy)")
-    if self.top_k < 0:
-      raise ValueError(f"sample.top_k={self.top_k} must be >= 0 (0 = no top-k filter)")
-    if not 0 < self.top_p <= 1:
-      raise ValueError(f"sample.top_p={self.top_p} must be in (0, 1]")
+    check_sampling(self, "sample")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,20 +71,7 @@ class EngineConfig:
   min_prefill_len: int = 16  # smallest prefill bucket (and slot KV capacity); buckets double up to the maximum
 
   def __post_init__(self):
-    for name in ("batch_size", "max_prompt_len", "max_new_tokens", "page_size", "steps_per_round",
-                 "min_prefill_len"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"sample.{name}={getattr(self, name)} must be >= 1")
-    if self.kv_layout not in KV_LAYOUTS:
-      raise ValueError(f"sample.kv_layout={self.kv_layout!r}; use one of {KV_LAYOUTS}")
-    if not 0 < self.memory_fraction <= 1:
-      raise ValueError(f"sample.memory_fraction={self.memory_fraction} must be in (0, 1]")
-    if self.prefill_batch is not None and self.prefill_batch < 1:
-      raise ValueError(f"sample.prefill_batch={self.prefill_batch} must be >= 1 (or unset: batch_size)")
-    if self.num_pages is not None and self.num_pages - 1 < self.pages_per_seq:
-      raise ValueError(f"sample.num_pages={self.num_pages} is too small for one sequence: max_prompt_len + "
-                       f"max_new_tokens = {self.cache_len} tokens need {self.pages_per_seq} pages of "
-                       f"page_size={self.page_size} plus the scratch page; set num_pages >= {self.pages_per_seq + 1}")
+    check_engine(self, "sample")
 
   @property
   def cache_len(self) -> int:
@@ -104,7 +117,10 @@ def _doubling(start: int, end: int) -> tuple[int, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class SamplingOptions:
-  """Every sampling knob a user sets, declared once: `jaxpod sample`, `SampleHook` and the LM task use it."""
+  """Every sampling knob a user sets, declared once: `jaxpod sample`, `SampleHook`, the LM task and `jaxpod rl`'s
+  rollout section (a subclass) use it. Errors name `<section>.<field>`, the option the user typed."""
+
+  section: ClassVar[str] = "sample"  # the config section these fields sit in (error messages)
 
   max_new_tokens: int = 64  # tokens generated per prompt at most
   max_prompt_len: int = 128  # longest prompt in tokens (static shape)
@@ -113,6 +129,7 @@ class SamplingOptions:
   n: int = 1  # completions per prompt (they share the prompt's prefill); sample j of a prompt is its own request
   page_size: int = 16  # paged: tokens per KV page
   num_pages: int | None = None  # paged: KV pool size in pages; None: every slot at full length
+  steps_per_round: int = 8  # decode steps per device call between two scheduling rounds
   temperature: float = 0.0  # 0: greedy
   top_k: int = 0  # keep the k most likely tokens (0: all)
   top_p: float = 1.0  # keep the smallest set whose probability reaches top_p (1: all)
@@ -123,15 +140,16 @@ class SamplingOptions:
 
   def __post_init__(self):
     if self.n < 1:
-      raise ValueError(f"sample.n={self.n} must be >= 1 (completions per prompt)")
-    self.engine(), self.sampling()  # validates those fields with their own messages
+      raise ValueError(f"{self.section}.n={self.n} must be >= 1 (completions per prompt)")
+    check_engine(self, self.section)
+    check_sampling(self, self.section)
 
   def engine(self) -> EngineConfig:
     """The engine's static shapes."""
     return EngineConfig(batch_size=self.batch_size, kv_layout=self.kv_layout, max_prompt_len=self.max_prompt_len,
                         max_new_tokens=self.max_new_tokens, stop_token_ids=tuple(self.stop_token_ids),
                         memory_fraction=self.memory_fraction, device_memory_bytes=self.device_memory_bytes,
-                        page_size=self.page_size, num_pages=self.num_pages)
+                        page_size=self.page_size, num_pages=self.num_pages, steps_per_round=self.steps_per_round)
 
   def sampling(self) -> SamplingParams:
     """How the next token is chosen."""

@@ -1,8 +1,8 @@
 """`Sampler`: token-id prompts in, completions out, on every host at once; plus the memory check.
 
 Every host calls `Sampler.generate` (or `submit` / `step` / `update_params`) with the same
-prompt ids (decided on the leader and broadcast). The continuous engine (`scheduler.py` over
-`runner.py`) decodes them in a fixed number of slots, with the KV layout `ec.kv_layout`
+prompt ids (decided on the leader and broadcast). The continuous engine (`scheduler.py`, one
+module per KV layout: `slots.py`, `paged.py`) decodes them in a fixed number of slots, with the KV layout `ec.kv_layout`
 (slots: a row per slot read in place; paged: a shared page pool); shapes are static (slots,
 prefill buckets, power-of-two KV lengths), so every host compiles the same few programs.
 
@@ -29,12 +29,11 @@ from jaxpod.models.llama.model import PAGE_AXES, SLOT_AXES, Llama, PagedKVCache,
 from jaxpod.runtime import mesh as mesh_lib
 from jaxpod.runtime.mesh import device_memory_bytes
 from jaxpod.runtime.sharding import DEFAULT as DEFAULT_RULES, state_shardings
-from jaxpod.sample import engine
 from jaxpod.sample.config import MODES, EngineConfig, SamplingParams
-from jaxpod.sample.engine import Completion
-from jaxpod.sample.pages import PagedScheduler
-from jaxpod.sample.runner import PagedRunner, SlotRunner
-from jaxpod.sample.scheduler import Scheduler, SlotScheduler
+from jaxpod.sample.paged import PagedRunner, PagedScheduler
+from jaxpod.sample.scheduler import Scheduler
+from jaxpod.sample.slots import SlotRunner, SlotScheduler
+from jaxpod.sample.tokens import NO_TOKEN, Completion
 
 LAYOUTS = {"slots": (SlotRunner, SlotScheduler), "paged": (PagedRunner, PagedScheduler)}
 
@@ -239,7 +238,7 @@ class Sampler:
     got = self._run([ids[i] for i in mine], [seeds[i] for i in mine], n, on_chunk)
     per_host, width = -(-len(ids) // hosts) * n, self.ec.max_new_tokens
     head = np.zeros((per_host, 2), np.int32)  # [finish (1 = stop), sampled length]
-    tokens = np.full((per_host, width), engine.NO_TOKEN, np.int32)
+    tokens = np.full((per_host, width), NO_TOKEN, np.int32)
     logprobs, versions = np.zeros((per_host, width), np.float32), np.zeros((per_host, width), np.int32)
     for r, c in enumerate(got):
       k = len(c.sampled)

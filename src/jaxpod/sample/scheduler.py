@@ -1,4 +1,4 @@
-"""`Scheduler`: continuous batching over a fixed number of decode slots (host side), and `SlotScheduler`.
+"""`Scheduler`: continuous batching over a fixed number of decode slots (host side), for either KV layout.
 
 A request (prompt, seed) asks for samples 0..n-1; `submit` queues requests, `step` runs one
 scheduling round and returns the completions it finished:
@@ -12,13 +12,13 @@ scheduling round and returns the completions it finished:
      round ends after the first step that frees one (so it is refilled at once).
 
 Layouts (`EngineConfig.kv_layout`):
-  slots  (`SlotScheduler`, here) slot b owns row b of per-layer [B, K, S, E] buffers. A group
+  slots  (`slots.SlotScheduler`) slot b owns row b of per-layer [B, K, S, E] buffers. A group
          (the remaining samples of a request) is admitted when a slot is free: its prompt is
          prefilled once and copied into a free slot per sample; samples without one wait
          "parked" with the prefill's output (no second prefill) and take the next free slots
          before any new prompt. S follows the longest live row: the smallest bucket
          (`EngineConfig.kv_buckets`) above every position the round may write.
-  paged  (`pages.PagedScheduler`) pages from a shared pool, prompt pages shared by a prompt's
+  paged  (`paged.PagedScheduler`) pages from a shared pool, prompt pages shared by a prompt's
          samples, preemption when the pool runs short.
 
 Every sampled token is kept with its log-prob and the weights version of the device call
@@ -39,7 +39,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxpod.sample.config import EngineConfig
-from jaxpod.sample.engine import NO_TOKEN, Completion
+from jaxpod.sample.tokens import NO_TOKEN, Completion
 
 
 @dataclasses.dataclass
@@ -201,77 +201,3 @@ class Scheduler:
     if not self._left[seq.req]:
       del self._ids[seq.req], self._seeds[seq.req], self._left[seq.req]
     return True
-
-
-class SlotScheduler(Scheduler):
-  """The slots layout (see module doc): a prompt prefilled once, copied into a free slot per sample; samples that
-  find no free slot yet wait parked with the prefill's output and take the next free slots first."""
-
-  def __init__(self, ec: EngineConfig, stop_ids: Sequence[int], device):
-    super().__init__(ec, stop_ids, device)
-    self.capacities: list[int] = []  # KV capacity per round
-    self.parked: list[tuple[Seq, object, int]] = []  # (sequence, its prefill's output, its prompt row there)
-    self.parked_most = 0  # most sequences parked at once
-
-  @property
-  def idle(self) -> bool:
-    return super().idle and not self.parked
-
-  def _free(self) -> list[int]:
-    return [i for i, s in enumerate(self.slots) if s is None]
-
-  def _admit(self) -> None:
-    ec = self.ec
-    self._unpark()
-    while self.waiting and self._free():
-      free, batch, taken = len(self._free()), [], 0
-      while self.waiting and len(batch) < ec.prefill_rows and taken < free:  # each group starts now
-        req, samples = self.waiting[0]
-        if taken and len(samples) > ec.batch_size - taken:  # a prefill starts at most batch_size sequences:
-          break                                              # this group goes whole into the next one
-        self.waiting.popleft()
-        take = min(len(samples), ec.batch_size)  # only a group larger than the slot count is split
-        if take < len(samples):
-          self.waiting.appendleft((req, samples[take:]))
-        batch.append((req, samples[:take]))
-        taken += take
-      self._prefill(batch)
-
-  def _prefill(self, batch) -> None:
-    tokens, lengths, seeds, row_D, sample_D = self._prompt_rows(batch)
-    first_D, logp_D, staged = self.device.prefill(tokens, lengths, seeds, row_D, sample_D)
-    self.parked += [(seq, staged, int(row_D[d])) for d, seq in enumerate(self._started(batch, first_D, logp_D))
-                    if seq is not None]
-    self._unpark()
-    self.parked_most = max(self.parked_most, len(self.parked))
-
-  def _unpark(self) -> None:
-    """Parked sequences take free slots, oldest first: one insert per prefill output."""
-    free = self._free()
-    place, self.parked = self.parked[:len(free)], self.parked[len(free):]
-    b, k = self.ec.batch_size, 0
-    while k < len(place):
-      staged = place[k][1]
-      group = [x for x in place[k:] if x[1] is staged]
-      row_D, slot_D = np.zeros((b,), np.int32), np.zeros((b,), np.int32)
-      for d, (seq, _, row) in enumerate(group):
-        row_D[d], slot_D[d] = row, free[k + d]
-        self.slots[free[k + d]] = seq
-      self._resize(max(self.device.capacity, self.device.prompt_len(staged)), grow_only=True)
-      self.device.insert(staged, row_D, slot_D, len(group))
-      k += len(group)
-
-  def _prepare(self) -> None:
-    last = max(self._last_pos(s) for s in self.slots if s is not None)
-    self._resize(next(c for c in self.ec.kv_buckets() if c > last))
-    self.capacities.append(self.device.capacity)
-
-  def _resize(self, capacity: int, grow_only: bool = False) -> None:
-    capacity = next(c for c in self.ec.kv_buckets() if c >= capacity)
-    if capacity > self.device.capacity or (capacity < self.device.capacity and not grow_only):
-      self.device.resize(capacity)
-
-  def _device_decode(self, rows, last):
-    del last  # the capacity set in _prepare covers it
-    return self.device.decode(rows["tok"], rows["pos"], rows["gen"], rows["limit"], rows["seeds"], rows["samples"],
-                              rows["live"], bool(self.waiting or self.parked))

@@ -1,18 +1,10 @@
-"""The programs of the continuous-batching engine, pure and jitted, for both KV layouts.
+"""The continuous engine's device programs that both KV layouts share, and how every program is compiled.
 
 The scheduler (`scheduler.py`) owns every index: page tables or slot numbers, positions,
-which rows are live; these functions only compute. Caches are donated.
+which rows are live; the programs only compute. Caches are donated. Each layout module
+(`slots.py`, `paged.py`) declares its own prefill (and, for slots, insert / resize) as a
+`Program`; both decode with `decode_round` here:
 
-  prefill_paged  R prompts right-padded to a bucket length, written into their pages; the
-                 first token of each of up to D = batch_size sequences it starts (samples of
-                 those prompts); then the copies of each prompt's partial last page into the
-                 own page of each extra sample (copy-on-write of the one page they cannot share).
-  prefill_slots  the same forward and first tokens; returns the prompts' keys/values
-                 [L, R, K, P, E] for `insert_slots`.
-  insert_slots   copies prompt row r's keys/values into each slot that starts one of its samples
-                 (n samples of a prompt: n copies of the one prefilled row; possibly later, from
-                 the same prefill output, for samples that waited for a slot).
-  resize_slots   the slot buffers at another capacity (the scheduler's KV bucket).
   decode_round   up to `steps` decode steps for all B rows in one `lax.while_loop` (either
                  layout: `PagedKVCache` or `SlotKVCache`); a row stops at a stop id or its
                  token limit; each step's keys/values are written at the start of the next;
@@ -25,14 +17,24 @@ the lock-step engine draws, whatever the slot, round, layout or host.
 from __future__ import annotations
 
 import functools
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxpod.models.llama.model import Llama, PagedKVCache, SlotKVCache
+from jaxpod.models.llama.model import Llama
 from jaxpod.sample.config import SamplingParams
-from jaxpod.sample.engine import NO_TOKEN, sample_tokens
+from jaxpod.sample.tokens import NO_TOKEN, sample_tokens
+
+
+class Program(NamedTuple):
+  """A pure engine function and how it is jitted."""
+
+  name: str  # shown in the program check and profiles as sample.<name>
+  fn: Callable
+  donate: tuple[int, ...]  # argument positions donated (the caches)
+  with_graph: bool  # the first argument is the (static) graphdef
 
 
 def row_keys(seeds_B, samples_B, steps_B):
@@ -43,8 +45,7 @@ def row_keys(seeds_B, samples_B, steps_B):
     return jax.random.wrap_key_data(data)
   return jax.vmap(one)(seeds_B, samples_B, steps_B)
 
-
-def _prompts(model: Llama, tokens_RxP, lengths_R, seeds_R, row_D, sample_D, cache, sp: SamplingParams):
+def prompts_forward(model: Llama, tokens_RxP, lengths_R, seeds_R, row_D, sample_D, cache, sp: SamplingParams):
   """Forward of R prompts from position 0 (keys/values staged in the returned cache) and the first token and
   log-prob of each of the D sequences: sample sample_D[d] of prompt row row_D[d]."""
   r, p = tokens_RxP.shape
@@ -54,50 +55,6 @@ def _prompts(model: Llama, tokens_RxP, lengths_R, seeds_R, row_D, sample_D, cach
     keys = row_keys(seeds_R[row_D], sample_D, jnp.zeros_like(sample_D))
     first_D, logp_D = sample_tokens(out.logits[:, 0][row_D], keys, sp)
   return out.cache, positions_RxP, first_D, logp_D
-
-
-def prefill_paged(graphdef, params, k_pool, v_pool, tokens_RxP, lengths_R, table_RxM, seeds_R, row_D, sample_D,
-                  copy_src_D, copy_dst_D, *, sp: SamplingParams):
-  """Pure: (k_pool, v_pool, first tokens [D], their log-probs [D]) after writing R prompts into their pages."""
-  model: Llama = nnx.merge(graphdef, params)
-  cache, positions_RxP, first_D, logp_D = _prompts(model, tokens_RxP, lengths_R, seeds_R, row_D, sample_D,
-                                                   PagedKVCache(k_pool, v_pool, table_RxM), sp)
-  committed = cache.write(cache.pending(positions_RxP))
-  k, v = committed.k, committed.v
-  k = k.at[:, copy_dst_D].set(k[:, copy_src_D])  # pad entries copy scratch onto scratch
-  v = v.at[:, copy_dst_D].set(v[:, copy_src_D])
-  return k, v, first_D, logp_D
-
-
-def prefill_slots(graphdef, params, tokens_RxP, lengths_R, seeds_R, row_D, sample_D, *, sp: SamplingParams):
-  """Pure: (keys [L, R, K, P, E], values [L, R, K, P, E], first tokens [D], their log-probs [D])."""
-  model: Llama = nnx.merge(graphdef, params)
-  cache, _, first_D, logp_D = _prompts(model, tokens_RxP, lengths_R, seeds_R, row_D, sample_D,
-                                       SlotKVCache((), ()), sp)
-  slot_layout = lambda staged: jnp.stack(staged).transpose(0, 1, 3, 2, 4)  # noqa: E731 - rows as the slots hold them
-  return slot_layout(cache.staged_k), slot_layout(cache.staged_v), first_D, logp_D
-
-
-def insert_slots(cache: SlotKVCache, k_LxRxKxPxE, v_LxRxKxPxE, row_D, slot_D, count) -> SlotKVCache:
-  """Slot slot_D[d] gets prompt row row_D[d]'s keys/values at positions 0..P-1, for d < count: one in-place
-  update of each layer's buffer per started sequence (n samples of a prompt: n copies of its one row)."""
-  def body(d, bufs):
-    put = lambda buf_BxKxSxE, x_RxKxPxE: jax.lax.dynamic_update_slice(  # noqa: E731
-        buf_BxKxSxE, x_RxKxPxE[row_D[d]][None], (slot_D[d], 0, 0, 0))
-    return tuple(map(put, bufs[0], k_LxRxKxPxE)), tuple(map(put, bufs[1], v_LxRxKxPxE))
-  k, v = jax.lax.fori_loop(0, count, body, (cache.k, cache.v))
-  return SlotKVCache(k, v)
-
-
-def resize_slots(cache: SlotKVCache, *, capacity: int) -> SlotKVCache:
-  """The buffers cut or zero-padded to `capacity` positions (the scheduler keeps every live position below it)."""
-  def fit(buf_BxKxSxE):
-    s = buf_BxKxSxE.shape[2]
-    if capacity <= s:
-      return buf_BxKxSxE[:, :, :capacity]
-    return jnp.pad(buf_BxKxSxE, ((0, 0), (0, 0), (0, capacity - s), (0, 0)))
-  return SlotKVCache(tuple(map(fit, cache.k)), tuple(map(fit, cache.v)))
-
 
 def decode_round(graphdef, params, cache, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, eager, *,
                  sp: SamplingParams, stop_ids: tuple[int, ...], steps: int, kv_len: int | None):
@@ -135,20 +92,15 @@ def decode_round(graphdef, params, cache, tok_B, pos_B, gen_B, limit_B, seeds_B,
     carry = jax.lax.while_loop(cond, body, init)
   return carry[5].write(carry[6]), carry[7], carry[8]
 
-
-WITH_GRAPH = ("prefill_paged", "prefill_slots", "decode")  # programs whose first argument is the (static) graphdef
-_PROGRAMS = {"prefill_paged": (prefill_paged, (2, 3)), "prefill_slots": (prefill_slots, ()),
-             "insert_slots": (insert_slots, (0,)), "resize_slots": (resize_slots, ()),  # a new shape: nothing to reuse
-             "decode": (decode_round, (2,))}
+DECODE = Program("decode", decode_round, (2,), True)
 
 
 @functools.lru_cache(maxsize=None)
-def compiled(kind: str, checked: bool, **static):
-  """One jitted program per kind and static setting; caches donated, params stay arguments."""
+def compiled(program: Program, checked: bool, **static):
+  """One jitted program per (program, static setting); caches donated, params stay arguments."""
   from jaxpod import runtime
-  fn, donate = _PROGRAMS[kind]
-  fn = functools.partial(fn, **static)
-  kw = {"donate_argnums": donate, **({"static_argnums": (0,)} if kind in WITH_GRAPH else {})}
+  fn = functools.partial(program.fn, **static)
+  kw = {"donate_argnums": program.donate, **({"static_argnums": (0,)} if program.with_graph else {})}
   if checked:  # every host runs the same sequence of calls (global mode): the program check may compare them
-    return runtime.jit(fn, name=f"sample.{kind}", **kw)
+    return runtime.jit(fn, name=f"sample.{program.name}", **kw)
   return jax.jit(fn, **kw)

@@ -9,9 +9,9 @@ samples do not depend on batching, slots, hosts or restarts.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Sequence
 
+from jaxpod.rl.config import RolloutConfig
 from jaxpod.rl.rewards import Scorer
 from jaxpod.rl.rollouts import Group, make_group
 from jaxpod.rl.tasks import Problem
@@ -28,28 +28,13 @@ def answer_ids(tokenizer, text: str) -> list[int]:
   return ids[1:] if ids and tokenizer.bos_id is not None and ids[0] == tokenizer.bos_id else ids
 
 
-def engine_config(rollout, greedy: bool = False):
-  """The engine's static shapes for rollouts (or for the greedy held-out evaluation)."""
-  from jaxpod.sample import EngineConfig
-  slots = rollout.eval_slots if greedy else rollout.slots
-  return EngineConfig(batch_size=slots, max_prompt_len=rollout.max_prompt_len, max_new_tokens=rollout.max_new_tokens,
-                      steps_per_round=rollout.steps_per_round, kv_layout=rollout.kv_layout,
-                      min_prefill_len=min(16, rollout.max_prompt_len), page_size=min(16, rollout.max_prompt_len))
-
-
-def sampling_params(rollout, greedy: bool = False):
-  from jaxpod.sample import SamplingParams
-  if greedy:
-    return SamplingParams()
-  return SamplingParams(temperature=rollout.temperature, top_k=rollout.top_k, top_p=rollout.top_p)
-
-
-def make_sampler(graphdef, params, mesh, rollout, stop_ids, greedy: bool = False, version: int = 0):
+def make_sampler(graphdef, params, mesh, rollout: RolloutConfig, stop_ids, greedy: bool = False, version: int = 0):
   """A global-mode Sampler over `mesh` reading `params` in place (no copy; `update_params` swaps them)."""
   from flax import nnx
   from jaxpod.sample import Sampler
-  return Sampler(nnx.merge(graphdef, params), mesh, engine_config(rollout, greedy), sampling_params(rollout, greedy),
-                 stop_ids, mode="global", version=version)
+  stop_ids = tuple(stop_ids) + tuple(rollout.stop_token_ids)  # the policy's EOS ids and the user's extra ones
+  return Sampler(nnx.merge(graphdef, params), mesh, rollout.engine(greedy), rollout.sampling(greedy), stop_ids,
+                 mode="global", version=version)
 
 
 class Roller:
@@ -104,13 +89,3 @@ def accuracy(sampler, tokenizer, scorer: Scorer, problems: Sequence[Problem]) ->
   outs = sampler.generate(ids, [0] * len(ids))
   right = [scorer.correct(p, tokenizer.decode(c.tokens), c.finish_reason == "stop") for p, c in zip(problems, outs)]
   return {"accuracy": sum(right) / len(right), "count": len(right)}
-
-
-@dataclasses.dataclass
-class Timer:
-  """Seconds spent per phase (rollout, train_step, publish, fetch, waiting, eval), summed."""
-
-  seconds: dict = dataclasses.field(default_factory=dict)
-
-  def add(self, phase: str, s: float) -> None:
-    self.seconds[phase] = self.seconds.get(phase, 0.0) + s

@@ -1,8 +1,8 @@
 """The lock-step engine: right-padded batched prefill, then decode in one `lax.while_loop`.
 
-`Sampler` now runs the continuous engine (`scheduler.py`, `steps.py`); this one stays as
-the reference the continuous engine is tested against (same tokens) and benchmarked
-against, and `Completion`, `sample_tokens` and `NO_TOKEN` are shared by both.
+`Sampler` runs the continuous engine (`scheduler.py` over `slots.py` or `paged.py`); this one
+stays as the reference the continuous engine is tested against (same tokens) and benchmarked
+against. What both share (`Completion`, `sample_tokens`, `NO_TOKEN`) is in `tokens.py`.
 
 Slots of the static KV cache [L, B, K, S, E], S = max_prompt_len + max_new_tokens:
 prompts sit right-padded at slots 0..P-1 (row b valid below `lengths[b]`), decode step s
@@ -16,7 +16,6 @@ completion does not depend on its chunk, its row, the mode or the host count.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -26,77 +25,7 @@ from flax import nnx
 from jaxpod.models.llama.model import KVCache, Llama
 from jaxpod.runtime.sharding import constrain
 from jaxpod.sample.config import EngineConfig, SamplingParams
-
-NO_TOKEN = -1  # out-buffer value after a row has stopped
-
-
-class Completion(NamedTuple):
-  """One sample of one request: every sampled token with its log-prob and the weights version that made it."""
-
-  sampled: tuple[int, ...]  # every sampled token, the stop token included (RL trains on the stop token)
-  finish_reason: str  # "stop" (the last sampled token is a stop id) | "length"
-  logprobs: tuple[float, ...]  # one per sampled token (see `sample_tokens`)
-  versions: tuple[int, ...]  # one per sampled token: the weights version that produced it
-  request: int  # request number (submission order; generate: the prompt's index)
-  sample: int  # j in 0..n-1
-
-  @property
-  def tokens(self) -> list[int]:
-    """The sampled tokens without the stop token (what `jaxpod sample` writes)."""
-    return list(self.sampled[:-1] if self.finish_reason == "stop" else self.sampled)
-
-
-def sample_tokens(logits_BxV, keys_B, sp: SamplingParams):
-  """Next token per row and its log-probability (float32): greedy, or temperature / top-k / top-p with per-row keys.
-
-  The log-prob is that of the token under the distribution it was drawn from:
-    temperature T > 0: log softmax(logits / T) at the token, after the top-k and top-p filters
-                       (filtered tokens have probability 0, the rest are renormalised);
-    greedy (T = 0):    log_softmax(logits) at the argmax (temperature 1, unfiltered): the model's own
-                       probability of the chosen token.
-  A draw takes one uniform number per row (inverse CDF, `categorical`).
-  Returns (tokens [B] int32, logprobs [B] float32)."""
-  logits = logits_BxV.astype(jnp.float32)
-  if sp.temperature == 0:
-    tok_B = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    return tok_B, jnp.max(logits, axis=-1) - jax.nn.logsumexp(logits, axis=-1)  # the argmax's logit is the max
-  logits = logits / sp.temperature
-  k = sp.top_k if sp.top_k > 0 else (logits.shape[-1] if sp.top_p < 1 else 0)
-  if k == 0:
-    tok_B = categorical(keys_B, logits)
-    return tok_B, _logprob_at(logits, tok_B)
-  vals_BxK, idx_BxK = jax.lax.top_k(logits, k)  # sorted, most likely first
-  if sp.top_p < 1:
-    probs = jax.nn.softmax(vals_BxK, axis=-1)
-    before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each candidate
-    vals_BxK = jnp.where(before < sp.top_p, vals_BxK, -jnp.inf)  # the first one always stays
-  choice_B = categorical(keys_B, vals_BxK)
-  tok_B = jnp.take_along_axis(idx_BxK, choice_B[:, None], axis=1)[:, 0].astype(jnp.int32)
-  return tok_B, _logprob_at(vals_BxK, choice_B)
-
-
-def categorical(keys_B, logits_BxV, block: int = 128):
-  """One draw per row from softmax(logits) by inverse CDF with one uniform number per row (Gumbel-max would draw
-  V of them: on CPU the random bits cost more than the model's vocab head). The CDF is found in two levels,
-  block sums then one block, so the work stays O(V). Tokens of probability 0 are never drawn."""
-  b, v = logits_BxV.shape
-  nb = -(-v // block)
-  p = jnp.exp(logits_BxV - jnp.max(logits_BxV, axis=-1, keepdims=True))  # unnormalised; -inf -> 0
-  p_BxNxS = jnp.pad(p, ((0, 0), (0, nb * block - v))).reshape(b, nb, block)
-  cum_BxN = jnp.cumsum(p_BxNxS.sum(-1), axis=-1)
-  target_B = jax.vmap(lambda key: jax.random.uniform(key, (), jnp.float32))(keys_B) * cum_BxN[:, -1]
-  j_B = jnp.minimum(jnp.sum(cum_BxN <= target_B[:, None], axis=-1), nb - 1)  # the block holding the target
-  before_B = jnp.where(j_B > 0, jnp.take_along_axis(cum_BxN, jnp.maximum(j_B - 1, 0)[:, None], axis=1)[:, 0], 0.0)
-  in_BxS = jnp.take_along_axis(p_BxNxS, j_B[:, None, None], axis=1)[:, 0]
-  k_B = jnp.sum(before_B[:, None] + jnp.cumsum(in_BxS, axis=-1) <= target_B[:, None], axis=-1)
-  last_B = block - 1 - jnp.argmax((in_BxS > 0)[:, ::-1], axis=-1)  # rounding past the block's end: its last token
-  return (j_B * block + jnp.minimum(k_B, last_B)).astype(jnp.int32)
-
-
-def _logprob_at(logits_BxV, idx_B):
-  """log softmax(logits)[b, idx[b]] per row."""
-  at_B = jnp.take_along_axis(logits_BxV, idx_B[:, None], axis=1)[:, 0]
-  return at_B - jax.nn.logsumexp(logits_BxV, axis=-1)
+from jaxpod.sample.tokens import NO_TOKEN, Completion, sample_tokens
 
 
 def _keys(seeds_B, step):

@@ -1,11 +1,11 @@
-"""The disaggregated trainer: rollouts from the queue, weights published every step, workers watched.
+"""The disaggregated trainer's side of the queue: it consumes rollouts, watches the workers (and publishes its
+weights every step through `publish.PublishPolicy`).
 
 Before step k+1 the trainer holds policy version k (the weights after k steps). Its iterator
-(`QueueSource`) takes `num_prompts_per_step` groups from the queue whose every token was made by
-a version in [k - max_policy_lag, k] (invariant 9); older groups are dropped and counted
-(`rl/dropped_stale`), and groups from versions above k (made by weights a restored trainer never
-produced: a crash after publishing them) are dropped and counted too (`rl/dropped_future`). The
-leader lists and picks; the pick (file names and group indices, never data) is broadcast; every
+(`QueueSource`) takes `num_prompts_per_step` groups from the queue that `grpo.admit` admits (every
+token made by a version in [k - max_policy_lag, k], invariant 9; rewards that differ with
+filter_groups); the others are dropped and counted by reason (`rl/dropped_stale`, `_future`,
+`_uniform`). The leader lists and picks; the pick (file names and group indices, never data) is broadcast; every
 host reads those files from storage and builds the same global batch, then takes its share.
 
 While it waits, the leader reads the workers' heartbeats: a worker whose heartbeat stops
@@ -13,20 +13,22 @@ changing for `rollout.worker_timeout_s` is named as lost (once), one that comes 
 rejoined; training goes on with whoever produces rollouts. No usable rollout for
 `rollout.rollout_timeout_s` fails the run with the workers' states.
 
-`PublishPolicy` publishes the starting version at `on_start` and version k after step k; publish
-returns once version k can be fetched (transfer's commit), so a worker never waits on a version the
-trainer already reported.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import time
+from typing import TYPE_CHECKING
 
 from jaxpod import runtime
-from jaxpod.rl.queue import Consumed, Queue, parse_name
-from jaxpod.rl.rollouts import from_bytes
+from jaxpod.rl import grpo
+from jaxpod.rl.queue import Consumed, Queue, from_bytes, parse_name
 from jaxpod.runtime.hooks import Hook, StepInfo
 from jaxpod.runtime.log import get_logger
+from jaxpod.transfer.config import TransferConfig
+
+if TYPE_CHECKING:
+  from jaxpod.rl.train_tasks import GRPOTask
 
 log = get_logger("rl.trainer")
 POLL_S = (0.05, 0.5)  # first and longest sleep while waiting for rollouts
@@ -78,12 +80,15 @@ class WorkerMonitor:
 class QueueSource:
   """The trainer's iterator over the rollout queue (see the module docstring); its state is `Consumed`."""
 
-  def __init__(self, task, run_dir: str):
-    self.task, self.rl = task, task.rl
+  def __init__(self, task: GRPOTask, run_dir: str, transfer: TransferConfig | None, *, need: int,
+               max_policy_lag: int, filter_groups: bool, worker_timeout_s: float, rollout_timeout_s: float):
+    self.task, self.transfer = task, transfer
+    self.need, self.max_policy_lag, self.filter_groups = need, max_policy_lag, filter_groups
+    self.rollout_timeout_s = rollout_timeout_s
     self.queue = Queue(run_dir)
     self.consumed = Consumed()
     self.trained = 0  # batches handed to the trainer = the version the next step trains from
-    self.monitor = WorkerMonitor(self.queue, self.rl.rollout.worker_timeout_s)
+    self.monitor = WorkerMonitor(self.queue, worker_timeout_s)
     self.files: dict[str, list] = {}  # file -> its groups (read once)
     self.counts = {"dropped_stale": 0, "dropped_future": 0, "dropped_uniform": 0, "groups": 0}
     self.step_stats: dict = {}
@@ -99,39 +104,33 @@ class QueueSource:
     return self.files[name]
 
   def _pick(self, version: int) -> dict:
-    """Leader: {"take": [[file, [groups]]], "drop": [[file, [groups], why]]} once enough usable groups exist."""
-    lag, need = self.rl.grpo.max_policy_lag, self.rl.grpo.num_prompts_per_step
+    """Leader: {"take": [[file, [groups]]], "drop": [[file, group, why]]} once enough groups are admitted
+    (`grpo.admit`: the one rule both topologies use), scanning files oldest first, workers interleaved."""
+    lag, need = self.max_policy_lag, self.need
     take, drop, got = {}, [], 0
     t0, sleep = time.monotonic(), POLL_S[0]
-    skip: set[tuple[str, int]] = set()
+    examined: set[tuple[str, int]] = set()
     while True:
       self.monitor.check()
-      for name in sorted(self.queue.files(), key=lambda n: parse_name(n)[::-1]):  # oldest first, workers interleaved
+      for name in sorted(self.queue.files(), key=lambda n: parse_name(n)[::-1]):
         if got >= need:
           break
         if self.consumed.is_full(name):
           continue
-        done = self.consumed.taken(name)
-        for i, g in enumerate(self._groups(name)):
-          if got >= need:
-            break
-          if i in done or (name, i) in skip:
-            continue
-          skip.add((name, i))
-          if g.newest_version() > version:
-            drop.append([name, i, "future"])
-          elif g.oldest_version() < version - lag:
-            drop.append([name, i, "stale"])
-          elif self.rl.grpo.filter_groups and not g.mixed:
-            drop.append([name, i, "uniform"])  # equal rewards: zero advantage, nothing to learn
-          else:
-            take.setdefault(name, []).append(i)
-            got += 1
+        groups, done = self._groups(name), self.consumed.taken(name)
+        fresh = [i for i in range(len(groups)) if i not in done and (name, i) not in examined]
+        taken, dropped = grpo.take([groups[i] for i in fresh], need - got, version, max_policy_lag=lag,
+                                   filter_groups=self.filter_groups)
+        examined.update((name, fresh[j]) for j in taken + [j for j, _ in dropped])
+        if taken:
+          take.setdefault(name, []).extend(fresh[j] for j in taken)
+        drop += [[name, fresh[j], why] for j, why in dropped]
+        got += len(taken)
       if got >= need:
         return {"take": [[k, v] for k, v in take.items()], "drop": drop, "waited": time.monotonic() - t0}
       waited = time.monotonic() - t0
       self._report(done=False, examined=set(take) | {d[0] for d in drop})
-      if waited > self.rl.rollout.rollout_timeout_s:
+      if waited > self.rollout_timeout_s:
         raise RuntimeError(f"rl trainer: no usable rollouts for {waited:.0f} s at version {version} "
                            f"(have {got} of {need} groups; rl.grpo.max_policy_lag={lag}); {self.monitor.describe()}")
       time.sleep(sleep)
@@ -140,7 +139,7 @@ class QueueSource:
   def __next__(self) -> dict:
     version = self.trained
     pick = runtime.broadcast_call(lambda: self._pick(version), "rl.queue.pick",
-                                  timeout_s=self.rl.rollout.rollout_timeout_s + 120)
+                                  timeout_s=self.rollout_timeout_s + 120)
     groups = [self._groups(name)[i] for name, idxs in pick["take"] for i in idxs]
     for name, idxs in pick["take"]:
       self.consumed.take(name, idxs, len(self._groups(name)))
@@ -160,7 +159,7 @@ class QueueSource:
                        "rl/workers_alive": float(len(self.monitor.alive()))}
     self.trained += 1
     self._report(done=False)
-    return self.task._local(self.task.batch_arrays(groups))
+    return self.task.local(self.task.batch_arrays(groups))
 
   def _report(self, done: bool, examined: set[str] = frozenset()) -> None:
     """Leader: the progress record workers bound their backlog with (written in the background). Files the
@@ -189,7 +188,8 @@ class QueueSource:
     self.counts = {**self.counts, **state["counts"]}
 
   def hooks(self, graphdef, mesh) -> list:
-    return [PublishPolicy(self.task), QueueStats(self)]
+    from jaxpod.rl.publish import PublishPolicy
+    return [PublishPolicy(self.transfer), QueueStats(self)]
 
   def close(self) -> None:
     self._report(done=True)
@@ -218,27 +218,3 @@ class QueueStats(Hook):
 
   def close(self) -> None:
     self.source.close()
-
-
-class PublishPolicy(Hook):
-  """Publishes the policy as version `step`: at the start (the restored or first weights) and after every step."""
-
-  def __init__(self, task):
-    from jaxpod.rl.transport import transfer_config
-    from jaxpod.transfer.api import create_server
-    self.server = create_server(transfer_config(task.rl, task.tc.run_dir))
-    self.seconds = 0.0
-
-  def due(self, step: int, final: bool) -> bool:
-    return True
-
-  def on_start(self, info: StepInfo) -> dict:
-    return self(info)
-
-  def __call__(self, info: StepInfo) -> dict:
-    m = self.server.publish(int(info.step), info.state.params)
-    log.info("published policy version %d (%.1f MB, %.3f s)", info.step, m.nbytes / 1e6, m.seconds)
-    return {"rl/publish_s": m.seconds}
-
-  def close(self) -> None:
-    self.server.close()

@@ -1,17 +1,47 @@
-"""The paged KV layout, host side: `PagePool` (a free list and a reference count per page) and `PagedScheduler`.
+"""The paged KV layout: pages of `page_size` tokens from a shared pool, a page table per sequence.
 
 Page 0 is the scratch page (never handed out): unused page-table entries point at it. A
 prompt's full pages are shared by its n samples (one reference each); a page returns to
 the free list when its last reference is dropped.
+
+  prefill_paged   (program) R prompts right-padded to a bucket length, written into their pages; the
+                  first token of each of up to D = batch_size sequences it starts (samples of those
+                  prompts); then the copies of each prompt's partial last page into the own page of
+                  each extra sample (copy-on-write of the one page they cannot share).
+  PagePool        a free list and a reference count per page.
+  PagedScheduler  (host side) admission, page growth, preemption when the pool runs short.
+  PagedRunner     (device side) page pools [L, P, page_size, K, E], sharded like the model's kv heads
+                  and whole over the data axes (any row may use any page).
 """
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import numpy as np
+from flax import nnx
 
-from jaxpod.sample.config import EngineConfig
+from jaxpod.models.llama.model import PAGE_AXES, Llama, PagedKVCache
+from jaxpod.sample.config import EngineConfig, SamplingParams
+from jaxpod.sample.runner import Runner
 from jaxpod.sample.scheduler import Scheduler, Seq
+from jaxpod.sample.steps import Program, prompts_forward
+
+
+def prefill_paged(graphdef, params, k_pool, v_pool, tokens_RxP, lengths_R, table_RxM, seeds_R, row_D, sample_D,
+                  copy_src_D, copy_dst_D, *, sp: SamplingParams):
+  """Pure: (k_pool, v_pool, first tokens [D], their log-probs [D]) after writing R prompts into their pages."""
+  model: Llama = nnx.merge(graphdef, params)
+  cache, positions_RxP, first_D, logp_D = prompts_forward(model, tokens_RxP, lengths_R, seeds_R, row_D, sample_D,
+                                                          PagedKVCache(k_pool, v_pool, table_RxM), sp)
+  committed = cache.write(cache.pending(positions_RxP))
+  k, v = committed.k, committed.v
+  k = k.at[:, copy_dst_D].set(k[:, copy_src_D])  # pad entries copy scratch onto scratch
+  v = v.at[:, copy_dst_D].set(v[:, copy_src_D])
+  return k, v, first_D, logp_D
+
+
+PREFILL = Program("prefill_paged", prefill_paged, (2, 3), True)
 
 
 class PagePool:
@@ -190,3 +220,47 @@ class PagedScheduler(Scheduler):
     pages = next(p for p in decode_page_buckets(m) if p * ec.page_size > last)  # few programs: power-of-two KV
     return self.device.decode(table, rows["tok"], rows["pos"], rows["gen"], rows["limit"], rows["seeds"],
                               rows["samples"], rows["live"], pages * ec.page_size, bool(self.waiting or self.ready))
+
+
+class PagedRunner(Runner):
+  """Page pools + compiled prefill/decode."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    cfg, ec = self.cfg, self.ec
+    shape = (cfg.num_hidden_layers, ec.pool_pages, ec.page_size, cfg.num_key_value_heads, cfg.head_dim_)
+    self.k, self.v = self._zeros(shape, PAGE_AXES, "kv_pool"), self._zeros(shape, PAGE_AXES, "kv_pool")
+
+  def prefill(self, tokens_RxP, lengths_R, table_RxM, seeds_R, row_D, sample_D, copy_src_D, copy_dst_D):
+    """(first tokens [D], their log-probs [D]) on this host."""
+    rows = [self._put(x) for x in (tokens_RxP, lengths_R, table_RxM, seeds_R)]
+    rest = [self._whole(x) for x in (row_D, sample_D, copy_src_D, copy_dst_D)]
+    t = time.perf_counter()
+    self.k, self.v, first, logp = self._call(PREFILL, self.graphdef, self.params, self.k, self.v, *rows,
+                                             *rest, sp=self.sp)
+    host = self._host(first, logp)
+    self.device_s += time.perf_counter() - t
+    return host
+
+  def decode(self, table_BxM, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, kv_len: int,
+             eager: bool = False):
+    """(tokens [B, steps], their log-probs [B, steps]) on this host; rows read kv_len slots of their pages."""
+    cache = PagedKVCache(self.k, self.v, self._put(table_BxM))
+    cache, out = self._decode(cache, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, eager, kv_len)
+    self.k, self.v = cache.k, cache.v
+    return out
+
+  def warmup(self) -> int:
+    """Compile every prefill bucket and every decode KV length once (all writes to scratch); returns programs."""
+    ec, r, b, m = self.ec, self.ec.prefill_rows, self.ec.batch_size, self.ec.pages_per_seq
+    z = np.zeros((b,), np.int32)
+    count = 0
+    for bucket in ec.prefill_buckets():
+      self.prefill(np.zeros((r, bucket), np.int32), np.ones((r,), np.int32), np.zeros((r, m), np.int32),
+                   np.zeros((r,), np.uint32), z, z, z, z)
+      count += 1
+    for pages in decode_page_buckets(m):
+      self.decode(np.zeros((b, m), np.int32), z, z, z, z, z.astype(np.uint32), z, z.astype(bool),
+                  pages * ec.page_size)
+      count += 1
+    return count

@@ -1,0 +1,59 @@
+"""What the disaggregated trainer publishes: its policy, every step, over `jaxpod.transfer`.
+
+`transfer.folder` may be relative: it is then inside the run folder (default `weights/`), so the
+trainer and every worker of a run find the publications from the run alone. The default mode is
+`checkpoint` with the filesystem coordinator: both live in the run's shared storage (a bucket),
+so the two jobs need nothing else in common and either may restart.
+
+`PublishPolicy` publishes the starting version at `on_start` and version k after step k; publish
+returns once version k can be fetched (transfer's commit), so a worker never waits on a version the
+trainer already reported. The workers' side is `worker.py` (`create_client` on the same config).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from jaxpod.runtime import storage
+from jaxpod.runtime.hooks import Hook, StepInfo
+from jaxpod.runtime.log import get_logger
+from jaxpod.transfer.config import TransferConfig
+
+log = get_logger("rl.trainer")
+
+
+def transfer_config(transfer: TransferConfig, run_dir: str) -> TransferConfig:
+  """`transfer` with a relative folder placed inside the run folder."""
+  folder = transfer.folder
+  if folder and "://" not in folder and not folder.startswith("/"):
+    folder = storage.join(run_dir, folder)
+  return dataclasses.replace(transfer, folder=folder)
+
+
+def describe(transfer: TransferConfig) -> str:
+  """Where a worker looks for the trainer's publications (for error messages); `transfer` resolved."""
+  if transfer.coordinator == "filesystem":
+    return f"{transfer.mode} transfer at {transfer.folder}"
+  return f"{transfer.mode} transfer at the {transfer.coordinator} coordinator {transfer.name!r}"
+
+
+class PublishPolicy(Hook):
+  """Publishes the policy as version `step`: at the start (the restored or first weights) and after every step."""
+
+  def __init__(self, transfer: TransferConfig):
+    from jaxpod.transfer.api import create_server
+    self.server = create_server(transfer)
+    self.seconds = 0.0
+
+  def due(self, step: int, final: bool) -> bool:
+    return True
+
+  def on_start(self, info: StepInfo) -> dict:
+    return self(info)
+
+  def __call__(self, info: StepInfo) -> dict:
+    m = self.server.publish(int(info.step), info.state.params)
+    log.info("published policy version %d (%.1f MB, %.3f s)", info.step, m.nbytes / 1e6, m.seconds)
+    return {"rl/publish_s": m.seconds}
+
+  def close(self) -> None:
+    self.server.close()

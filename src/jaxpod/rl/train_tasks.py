@@ -1,0 +1,232 @@
+"""The two tasks `jaxpod rl` gives the one trainer (`jaxpod.train`): supervised warm-up, then GRPO.
+
+Both train the same Llama policy (`policy.PolicyTask`) and report the same held-out metric
+(greedy exact-match accuracy, `eval/accuracy`). They differ in data and loss:
+
+  rl_warmup  rows BOS + prompt + answer + EOS from the task's own generator (stream 1),
+             next-token loss on the answer and EOS only;
+  rl_grpo    rows of rollouts (`rollouts.to_batch`) from a `source` iterator: the colocated
+             engine (`colocated.py`) or the rollout queue (`queue_source.py`); the GRPO loss
+             (`grpo.policy_loss`) against the engine's behaviour log-probs, with the trainer's
+             log-probs under the engine's sampling distribution (`grpo.token_logprobs`).
+
+Each task config carries only its own typed slices of `RLConfig` (resolved by `run.py`). Each ends by
+writing the policy as a HF checkpoint (before the final checkpoint, so a finished run always has its
+export). RL starts from the warm-up's export or `model.hf`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+from jaxpod.rl.config import GRPOConfig, RLModelConfig, RolloutConfig, WarmupConfig
+from jaxpod.rl.policy import PolicySpec, PolicyTask
+from jaxpod.rl.rewards import VerifiedTask
+from jaxpod.rl.tasks import SortTask
+from jaxpod.train.config import DataConfig, TaskConfig, TrainConfig
+from jaxpod.transfer.config import TransferConfig
+
+WARMUP_STREAM = 1  # training stream of the warm-up's problems (RL samples stream 2, workers 100 + w)
+
+
+def _policy() -> PolicySpec:
+  return PolicySpec(RLModelConfig())
+
+
+def _problems() -> VerifiedTask:
+  return VerifiedTask(SortTask(), ("exact_match",), (), 0)
+
+
+# ----------------------------------------------------------------------------- warm-up
+@TaskConfig.register_subclass("rl_warmup")
+@dataclasses.dataclass(frozen=True)
+class WarmupTaskConfig(TaskConfig):
+  """Supervised warm-up of an RL policy on its task's problems (built by `jaxpod rl`, not by hand)."""
+
+  data: DataConfig = dataclasses.field(default_factory=DataConfig)
+  policy: PolicySpec = dataclasses.field(default_factory=_policy)  # the architecture (random init here)
+  problems: VerifiedTask = dataclasses.field(default_factory=_problems)  # what is demonstrated and evaluated
+  warmup: WarmupConfig = dataclasses.field(default_factory=WarmupConfig)  # steps, batch, lr
+  rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)  # row length; the evaluation engine
+  export_to: str | None = None  # HF checkpoint written at the end
+  bar_metrics: tuple[str, ...] = ("loss",)
+  plot_metrics: tuple[str, ...] = ("loss", "accuracy")
+
+  prefix = "warmup"
+
+  def build(self, cfg: TrainConfig) -> "WarmupTask":
+    return WarmupTask(cfg, self)
+
+
+class WarmupIterator:
+  """Global batch k = problems k*B..(k+1)*B-1 of stream 1, as rows; this host yields its share."""
+
+  def __init__(self, task: "WarmupTask"):
+    self.task, self.k = task, 0
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict:
+    b = self.task.warmup.batch_size
+    problems = self.task.problems.train_problems(WARMUP_STREAM, self.k * b, b)
+    self.k += 1
+    return self.task.local(self.task.rows(problems))
+
+  def get_state(self) -> dict:
+    return {"batches": self.k}
+
+  def set_state(self, state: dict) -> None:
+    self.k = int(state["batches"])
+
+
+class WarmupTask(PolicyTask):
+  """Next-token loss on answer + EOS of the task's own problems."""
+
+  name = "warmup"
+  batch_ndims = {"tokens": 2, "loss_mask": 2}
+
+  def __init__(self, cfg: TrainConfig, tc: WarmupTaskConfig):
+    super().__init__(cfg, tc.policy, tc.problems, tc.rollout, tc.export_to)
+    self.warmup = tc.warmup
+
+  def rows(self, problems) -> dict[str, np.ndarray]:
+    """tokens [B, T] and the target-aligned loss mask over answer + EOS."""
+    from jaxpod.rl.roller import answer_ids
+    tokens = np.full((len(problems), self.row_len), self.tokenizer.pad_id, np.int32)
+    mask = np.zeros((len(problems), self.row_len), np.int32)
+    for i, p in enumerate(problems):
+      prompt = self.tokenizer.encode(p.prompt)
+      answer = answer_ids(self.tokenizer, self.problems.task.demonstration(p)) + [self.stop_ids[0]]
+      row = prompt + answer
+      tokens[i, :len(row)] = row
+      mask[i, len(prompt) - 1:len(row) - 1] = 1
+    return {"tokens": tokens, "loss_mask": mask}
+
+  def train_iter(self):
+    return WarmupIterator(self)
+
+  def optimizer(self):
+    return self._adamw(self.warmup.lr, max(1, self.warmup.steps // 10), 0.0, 1.0)
+
+  def loss_fn(self, graphdef) -> Callable:
+    import jax.numpy as jnp
+    import optax
+    from jaxpod.models.llama.model import forward
+
+    def loss(params, buffers, batch, rng, carry):
+      tokens = batch["tokens"]
+      logits = forward(graphdef, params, tokens[:, :-1]).logits
+      mask = batch["loss_mask"][:, :-1] > 0
+      ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
+      total, count = jnp.sum(jnp.where(mask, ce, 0.0)), jnp.sum(mask).astype(jnp.float32)
+      return total / jnp.maximum(count, 1.0), (carry, {"loss_sum": total, "tokens": count})
+    return loss
+
+  def normalize(self, raw: dict, global_batch: int) -> dict:
+    out = {"loss": raw["loss_sum"] / max(raw["tokens"], 1.0)}
+    out.update({k: raw[k] for k in ("lr", "grad_norm") if k in raw})
+    return out
+
+
+# ----------------------------------------------------------------------------- GRPO
+@TaskConfig.register_subclass("rl_grpo")
+@dataclasses.dataclass(frozen=True)
+class GRPOTaskConfig(TaskConfig):
+  """GRPO on rollouts (built by `jaxpod rl`, not by hand)."""
+
+  data: DataConfig = dataclasses.field(default_factory=DataConfig)
+  policy: PolicySpec = dataclasses.field(default_factory=_policy)  # the architecture and starting weights
+  problems: VerifiedTask = dataclasses.field(default_factory=_problems)  # what is sampled, scored and evaluated
+  grpo: GRPOConfig = dataclasses.field(default_factory=GRPOConfig)  # the algorithm
+  rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)  # the engine's sampling options
+  export_to: str | None = None  # HF checkpoint written at the end
+  source: str = "colocated"  # where rollouts come from: colocated (this job's engine) | queue (rollout workers)
+  run_dir: str = ""  # queue: the RL run folder (its queue/)
+  transfer: TransferConfig | None = None  # queue: where the trainer publishes its weights (folder resolved)
+  bar_metrics: tuple[str, ...] = ("reward", "loss")
+  plot_metrics: tuple[str, ...] = ("reward", "accuracy")
+
+  prefix = "grpo"
+
+  def build(self, cfg: TrainConfig) -> "GRPOTask":
+    return GRPOTask(cfg, self)
+
+
+class GRPOTask(PolicyTask):
+  """The clipped-ratio GRPO loss on rollout batches from the colocated engine or the queue."""
+
+  name = "grpo"
+  batch_ndims = {"tokens": 2, "loss_mask": 2, "behaviour": 2, "advantages": 1, "reward": 1, "correct": 1}
+
+  def __init__(self, cfg: TrainConfig, tc: GRPOTaskConfig):
+    super().__init__(cfg, tc.policy, tc.problems, tc.rollout, tc.export_to)
+    self.tc, self.grpo = tc, tc.grpo
+    self.source = None  # made in setup: the iterator the trainer pulls batches from
+
+  def setup(self, prepared, host_index: int, host_count: int) -> None:
+    super().setup(prepared, host_index, host_count)
+    g, r = self.grpo, self.rollout
+    if self.tc.source == "colocated":
+      from jaxpod.rl.colocated import RolloutBuffer
+      self.source = RolloutBuffer(self, num_generations=g.num_generations, sampled_prompts=g.sampled_prompts,
+                                  need=g.num_prompts_per_step, max_policy_lag=g.max_policy_lag,
+                                  filter_groups=g.filter_groups, max_rounds=g.max_sampling_rounds)
+    else:
+      from jaxpod.rl.queue_source import QueueSource
+      self.source = QueueSource(self, self.tc.run_dir, self.tc.transfer, need=g.num_prompts_per_step,
+                                max_policy_lag=g.max_policy_lag, filter_groups=g.filter_groups,
+                                worker_timeout_s=r.worker_timeout_s, rollout_timeout_s=r.rollout_timeout_s)
+
+  def _buffers(self, params) -> dict:
+    return {"ref": params} if self.grpo.beta > 0 else {}
+
+  def train_iter(self):
+    return self.source
+
+  def optimizer(self):
+    g = self.grpo
+    return self._adamw(g.lr, 5, g.weight_decay, g.grad_clip)
+
+  def loss_fn(self, graphdef) -> Callable:
+    import jax
+    import jax.numpy as jnp
+    from jaxpod.models.llama.model import forward
+    from jaxpod.rl.grpo import policy_loss, token_logprobs
+    g, sampling = self.grpo, self.rollout.sampling()  # the distribution the engine drew the tokens from
+    max_new_tokens = self.rollout.max_new_tokens
+
+    def loss(params, buffers, batch, rng, carry):
+      tokens = batch["tokens"]
+      inputs, targets = tokens[:, :-1], tokens[:, 1:]
+      logp = token_logprobs(forward(graphdef, params, inputs).logits, targets, sampling)
+      ref = None
+      if g.beta > 0:
+        ref = jax.lax.stop_gradient(token_logprobs(forward(graphdef, buffers["ref"], inputs).logits, targets,
+                                                   sampling))
+      value, sums = policy_loss(logp, batch["behaviour"][:, :-1], batch["advantages"], batch["loss_mask"][:, :-1] > 0,
+                                ref, epsilon=g.epsilon, epsilon_high=g.epsilon_high, beta=g.beta,
+                                loss_norm=g.loss_norm, max_new_tokens=max_new_tokens)
+      sums = {**sums, "reward_sum": jnp.sum(batch["reward"]), "correct_sum": jnp.sum(batch["correct"]),
+              "loss_sum": value * tokens.shape[0]}
+      return value, (carry, sums)
+    return loss
+
+  def normalize(self, raw: dict, global_batch: int) -> dict:
+    tokens = max(raw["tokens"], 1.0)
+    out = {"loss": raw["loss_sum"] / global_batch, "reward": raw["reward_sum"] / global_batch,
+           "accuracy_sampled": raw["correct_sum"] / global_batch, "clip_fraction": raw["clipped_sum"] / tokens,
+           "kl": raw["kl_sum"] / tokens, "ratio": raw["ratio_sum"] / tokens,
+           "logprob_gap": raw["logprob_gap_sum"] / tokens, "completion_tokens": raw["tokens"]}
+    out.update({k: raw[k] for k in ("lr", "grad_norm") if k in raw})
+    return out
+
+  def hooks(self, graphdef, mesh, tcfg) -> list:
+    return self.source.hooks(graphdef, mesh) + super().hooks(graphdef, mesh, tcfg)
+
+  def batch_arrays(self, groups) -> dict[str, np.ndarray]:
+    """The global batch of these groups (every host builds the same one)."""
+    from jaxpod.rl.rollouts import to_batch
+    return to_batch(groups, self.row_len, self.tokenizer.pad_id, self.grpo.scale_rewards)
