@@ -46,6 +46,8 @@ BENCHES = {
                           "jaxpod.bench.checkpoint:cli", "jaxpod.bench.checkpoint:CheckpointBench"),
     "transfer": Command("weight transfer per mode (checkpoint, ray, jax_transfer, arrow_flight)",
                         "jaxpod.bench.transfer:cli", "jaxpod.bench.transfer:TransferBench"),
+    "preference": Command("preference training (DPO, SimPO) tokens/s and peak memory vs TRL's trainers, same model and pairs",
+                          "jaxpod.bench.preference:cli", "jaxpod.bench.preference:PreferenceBench"),
     "rl": Command("RL post-training per topology and weight-update mode (colocated, in-flight, drain-and-sync)",
                   "jaxpod.bench.rl:cli", "jaxpod.bench.rl:RLBench"),
 }

@@ -1,8 +1,9 @@
 """`jaxpod train [--config_path FILE] [--section.field value ...]`: run the trainer.
 
 With no `--config_path`, the embedded default (`jaxpod/configs/train_default.yaml`: 4x4 Sudoku,
-a small TRM, minutes on a laptop CPU) is the base (with `--task.type OTHER`, that task's own
-defaults are); dotted overrides apply on top of either.
+a small TRM, minutes on a laptop CPU) is the base (with `--task.type preference`, the packaged
+`preference_default.yaml`; with another `--task.type`, that task's own defaults are); dotted
+overrides apply on top of either.
 A TRM model file (`configs/trm_*.yaml`: `model:`, `optim:` and a reference-style `train:`
 section) is accepted too and translated by `jaxpod.tasks.trm_sudoku.from_trm_yaml`. The task's
 sections live under `task:` (`task: {type: trm_sudoku, data: ..., model: ..., optim: ...}`);
@@ -16,6 +17,9 @@ import tempfile
 from jaxpod.cli.args import check_config_file, config_path_of, embedded_config, fail, normalise, option_value, parse
 
 DEFAULT_CONFIG = "train_default.yaml"
+# `--task.type NAME` with no --config_path: the packaged file that holds that task's default run (the trainer
+# section included: a task's built-in default needs its own step count and cadences).
+TASK_DEFAULTS = {None: DEFAULT_CONFIG, "trm_sudoku": DEFAULT_CONFIG, "preference": "preference_default.yaml"}
 # Sections that moved under `task:` (issue 11): old key -> what to write instead.
 MOVED = {"data": "task.data", "model": "task.model", "optim": "task.optim",
          "lm": "task (task: {type: causal_lm, ...}; lm.lr -> task.optim.lr, lm.text_path -> task.data.text_path, "
@@ -30,8 +34,9 @@ def load_config(argv: list[str]):
     return parse(TrainConfig, ["--help"], "jaxpod train")
   path = config_path_of(normalise(argv))
   if path is None:
-    if option_value(normalise(argv), "--task.type") in (None, "trm_sudoku"):  # another task: its own defaults
-      argv = ["--config_path", embedded_config(DEFAULT_CONFIG), *argv]
+    default = TASK_DEFAULTS.get(option_value(normalise(argv), "--task.type"))  # other tasks: their own defaults
+    if default is not None:
+      argv = ["--config_path", embedded_config(default), *argv]
   else:
     check_config_file(path, "jaxpod train")
   with tempfile.TemporaryDirectory() as tmp:

@@ -92,10 +92,10 @@ def train_bpe_tokenizer(text: str, vocab_size: int, folder: str) -> str:
   return folder
 
 
-class _TrainIterator:
-  """Checkpointable train iterator: state is the number of batches already drawn."""
+class StepIterator:
+  """Checkpointable train iterator over any loader with `train_batch(step)`: its state is the batches drawn."""
 
-  def __init__(self, loader: "TextLoader"):
+  def __init__(self, loader):
     self.loader, self.step = loader, 0
 
   def __iter__(self) -> Iterator[dict]:
@@ -148,8 +148,8 @@ class TextLoader:
     tokens = self.train_rows[self._host_slice(ids, self.gb)]
     return {"tokens": tokens, "mask": np.ones(tokens.shape, bool)}
 
-  def train_iter(self) -> _TrainIterator:
-    return _TrainIterator(self)
+  def train_iter(self) -> StepIterator:
+    return StepIterator(self)
 
   def eval_iter(self) -> Iterator[dict]:
     """The whole held-out split in order; the last batch padded with masked rows."""

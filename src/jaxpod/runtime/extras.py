@@ -20,6 +20,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "gcsfs": ("gcs", "gcsfs"),
     "wandb": ("wandb", "wandb"),
     "pytest": ("test", "pytest"),
+    "datasets": ("datasets", "datasets"),
     "math_verify": ("math", "math-verify"),
     "datasets": ("datasets", "datasets"),
     "trl": ("bench", "trl"),

@@ -72,8 +72,19 @@ class AdamWConfig:
     if not 0.0 <= self.lr_min_ratio <= 1.0:
       raise ValueError(f"task.optim.lr_min_ratio={self.lr_min_ratio}: expected a value in [0, 1]")
 
+  def build(self, steps: int):
+    """(optax transformation, lr schedule) for a run of `steps` optimizer steps."""
+    import jax
+    import optax
+    sched = optax.warmup_cosine_decay_schedule(0.0, self.lr, self.warmup_steps, steps,
+                                               end_value=self.lr * self.lr_min_ratio)
+    decay_mask = lambda params: jax.tree.map(lambda x: x.ndim > 1, params)  # no decay on norm weights
+    adamw = optax.adamw(sched, b1=0.9, b2=0.95, weight_decay=self.weight_decay, mask=decay_mask)
+    return (optax.chain(optax.clip_by_global_norm(self.grad_clip), adamw) if self.grad_clip else adamw), sched
 
-def _default_model() -> LlamaConfig:
+
+def byte_llama() -> LlamaConfig:
+  """The default causal-LM Llama: byte-level vocabulary (259), hidden 128, 4 layers, 512 positions."""
   return LlamaConfig(vocab_size=259, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
                      tie_word_embeddings=True, bos_token_id=256, eos_token_id=(257,), pad_token_id=258)
@@ -87,7 +98,7 @@ class CausalLMConfig(TaskConfig):
   bar_metrics: tuple[str, ...] = ("loss", "perplexity")
   plot_metrics: tuple[str, ...] = ("loss", "perplexity")
   data: TextData = dataclasses.field(default_factory=TextData)
-  model: LlamaConfig = dataclasses.field(default_factory=_default_model)
+  model: LlamaConfig = dataclasses.field(default_factory=byte_llama)
   init_from: str = ""  # HF checkpoint (folder or URL, any family) to start from; its config.json replaces model
   optim: AdamWConfig = dataclasses.field(default_factory=AdamWConfig)
   sample: SamplingOptions = dataclasses.field(default_factory=SamplingOptions)  # SampleHook's options
@@ -129,14 +140,31 @@ class CausalLMConfig(TaskConfig):
     return LMTask(cfg)
 
 
-def _load_tokenizer(spec: str):
+def tokenizer_from(spec: str):
+  """The tokenizer a spec names: 'byte' (ByteTokenizer) or a folder with tokenizer.json."""
   from jaxpod.models.llama.tokenizer import ByteTokenizer, load_tokenizer
   if spec == "byte":
     return ByteTokenizer()
-  if not Path(spec).exists():
+  if not storage.exists(spec):
     raise FileNotFoundError(f"task.data.tokenizer={spec!r}: no such folder; use 'byte' or a folder with "
                             "tokenizer.json")
   return load_tokenizer(spec)
+
+
+def sample_hooks(task_cfg, tokenizer, graphdef, mesh) -> list:
+  """[SampleHook] completing `task_cfg.prompts` every `task_cfg.sample_every` steps ([] without prompts)."""
+  if not task_cfg.prompts:
+    return []
+  from jaxpod.sample.hook import SampleHook
+  dp = math.prod(mesh.shape[a] for a in mesh.axis_names if a in ("data", "fsdp"))
+  rows = -(-len(task_cfg.prompts) // dp) * dp
+  options = dataclasses.replace(task_cfg.sample, batch_size=rows)
+  hook = SampleHook(task_cfg.sample_every, task_cfg.prompts, tokenizer, graphdef, options=options)
+  longest = max(len(ids) for ids in hook._prompt_ids())  # leader tokenizes, every host gets the ids: now
+  if longest > options.max_prompt_len:                  # (before training), not at the first sampling step
+    raise ValueError(f"task.prompts: a prompt has {longest} tokens but task.sample.max_prompt_len="
+                     f"{options.max_prompt_len}; raise it or shorten the prompt")
+  return [hook]
 
 
 class LMTask:
@@ -149,7 +177,7 @@ class LMTask:
   def __init__(self, cfg: TrainConfig):
     self.cfg, self.lm = cfg, cfg.task
     self.model_cfg = self.lm.model_config()
-    self.tokenizer = _load_tokenizer(self.lm.data.tokenizer)
+    self.tokenizer = tokenizer_from(self.lm.data.tokenizer)
     self.loader = None
 
   # ---------------------------------------------------------------- data
@@ -232,14 +260,7 @@ class LMTask:
     return ()
 
   def optimizer(self):
-    import jax
-    import optax
-    lm, steps = self.lm.optim, self.cfg.trainer.steps
-    sched = optax.warmup_cosine_decay_schedule(0.0, lm.lr, lm.warmup_steps, steps, end_value=lm.lr * lm.lr_min_ratio)
-    decay_mask = lambda params: jax.tree.map(lambda x: x.ndim > 1, params)  # no decay on norm weights
-    adamw = optax.adamw(sched, b1=0.9, b2=0.95, weight_decay=lm.weight_decay, mask=decay_mask)
-    tx = optax.chain(optax.clip_by_global_norm(lm.grad_clip), adamw) if lm.grad_clip else adamw
-    return tx, sched
+    return self.lm.optim.build(self.cfg.trainer.steps)
 
   def loss_fn(self, graphdef) -> Callable:
     import jax.numpy as jnp
@@ -283,18 +304,7 @@ class LMTask:
     return evaluate
 
   def hooks(self, graphdef, mesh, tcfg) -> list:
-    if not self.lm.prompts:
-      return []
-    from jaxpod.sample.hook import SampleHook
-    dp = math.prod(mesh.shape[a] for a in mesh.axis_names if a in ("data", "fsdp"))
-    rows = -(-len(self.lm.prompts) // dp) * dp
-    options = dataclasses.replace(self.lm.sample, batch_size=rows)
-    hook = SampleHook(self.lm.sample_every, self.lm.prompts, self.tokenizer, graphdef, options=options)
-    longest = max(len(ids) for ids in hook._prompt_ids())  # leader tokenizes, every host gets the ids: now
-    if longest > options.max_prompt_len:                  # (before training), not at the first sampling step
-      raise ValueError(f"task.prompts: a prompt has {longest} tokens but task.sample.max_prompt_len="
-                       f"{options.max_prompt_len}; raise it or shorten the prompt")
-    return [hook]
+    return sample_hooks(self.lm, self.tokenizer, graphdef, mesh)
 
   def eval_summary(self, ev: dict) -> list[tuple[str, str]]:
     return [("eval loss", f"{ev.get('loss', float('nan')):.4f} on {ev.get('count', 0)} held-out tokens"),

@@ -18,6 +18,7 @@ shardings, optimizer step, EMA, checkpoints, hooks, tracker. A task supplies:
     initial_params(mesh, shardings)  optional: (params, buffers) to start from, placed in shardings.params /
                                    shardings.buffers (e.g. a HF checkpoint); absent or None: init_model(seed)
     eval_summary(ev)               (label, value) rows for the end-of-run table
+    summary_fields(run_dir)        optional: extra keys for summary.json (leader, after the run; e.g. accuracy.start)
     name, headline                 run-folder prefix; the eval metric logged first (optional)
 
 A task is two classes in one module of `jaxpod.tasks` (or any module imported before parsing):

@@ -162,7 +162,9 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
     tracker.close()
     ckpt.close()
     if storage.exists(done):
-      summary = RunSummary(**{**json.loads(storage.read_text(done)), "resumed": True})
+      fields = {f.name for f in dataclasses.fields(RunSummary)}  # summary.json may hold the task's own keys too
+      summary = RunSummary(**{**{k: v for k, v in json.loads(storage.read_text(done)).items() if k in fields},
+                              "resumed": True})
       if host.is_leader:
         print_summary(ProgressDisplay(0, 0, False).console, _summary_rows(task, summary))
       return summary
@@ -304,8 +306,10 @@ def _start_hooks(loop: Loop, state, start: int) -> dict:
 
 def _finish(cfg: TrainConfig, task, summary: RunSummary, console, print_summary) -> None:
   run_dir = summary.run_dir
-  storage.write_text(storage.join(run_dir, "summary.json"), json.dumps(dataclasses.asdict(summary), indent=1,
-                                                                       default=str))
+  task_fields = getattr(task, "summary_fields", None)  # optional: keys the task adds (read from metrics.jsonl)
+  extra = task_fields(run_dir) if task_fields is not None else {}
+  storage.write_text(storage.join(run_dir, "summary.json"), json.dumps({**dataclasses.asdict(summary), **extra},
+                                                                       indent=1, default=str))
   if cfg.trainer.plot:
     from jaxpod.train.plot import plot_run
     plot_run(run_dir)

@@ -1,0 +1,169 @@
+"""What the preference task does before its first step, on every host (SPMD): the built-in default's
+warm-up and on-policy pairs, precomputed reference log-probs, and the default's exact-match evaluator.
+
+    params = warm_up(llama_cfg, sort, mesh, seed)                 # supervised imitation of the flawed teacher
+    arrays, counts = sort_pairs(graphdef, params, mesh, sort, tokenizer, seed, max_length)  # chosen: correct
+    ref_NxP = reference_logps(graphdef, params, arrays, mesh, batch)                 # [N, 2] summed answer log-probs
+    accuracy = ExactMatch(graphdef, mesh, sort, tokenizer, seed)(params)             # held-out greedy exact match
+
+Every function here is called by every host with the same arguments and runs the same programs on
+the global mesh (invariant 1); each host feeds only its share of the rows. Results that must
+survive a restart are written by the caller into shared storage (invariant 8).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from jaxpod.data import sort_digits
+from jaxpod.data.pairs import encode_pair, stack_pairs
+
+
+def _answer_ids(tokenizer, text: str) -> list[int]:
+  """`text` tokenized as a continuation (no BOS), then the end-of-sequence token."""
+  ids = tokenizer.encode(text)
+  if ids and tokenizer.bos_id is not None and ids[0] == tokenizer.bos_id:
+    ids = ids[1:]
+  return ids + [tokenizer.eos_ids[0]]
+
+
+def _global(local: np.ndarray, mesh):
+  """This host's rows -> the global batch array split over the data-parallel axes."""
+  import jax
+  from jaxpod.train.state import batch_sharding
+  return jax.make_array_from_process_local_data(batch_sharding(mesh, local.ndim), local)
+
+
+def _share(rows: np.ndarray) -> np.ndarray:
+  """This host's contiguous share of globally indexed rows."""
+  import jax
+  per = len(rows) // jax.process_count()
+  return rows[jax.process_index() * per:(jax.process_index() + 1) * per]
+
+
+def warm_up(llama_cfg, sort, mesh, seed: int, tokenizer, max_length: int):
+  """Params of a fresh Llama after `sort.warmup_steps` of next-token loss on the teacher's (flawed) answers."""
+  import jax
+  import jax.numpy as jnp
+  import optax
+  from flax import nnx
+  from jaxpod import runtime
+  from jaxpod.models.llama import Llama, abstract, forward
+  from jaxpod.tasks.preference_loss import answer_logps
+  graphdef, abstract_params = nnx.split(abstract(llama_cfg))
+  shardings = runtime.state_shardings(abstract_params, mesh)
+  params = jax.jit(lambda: nnx.split(Llama(llama_cfg, rngs=nnx.Rngs(params=seed)))[1], out_shardings=shardings)()
+  tx = optax.adamw(optax.linear_schedule(0.0, sort.warmup_lr, max(1, sort.warmup_steps // 10)), b1=0.9, b2=0.99,
+                   weight_decay=0.0)
+
+  def step(params, opt_state, tokens_BxL, answer_BxL):
+    def nll(p):
+      logits = forward(graphdef, p, tokens_BxL[:, :-1]).logits
+      total, count = answer_logps(logits, tokens_BxL[:, 1:], answer_BxL[:, 1:])
+      return -jnp.sum(total) / jnp.maximum(jnp.sum(count), 1.0)
+    grads = jax.grad(nll)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  opt_state = jax.jit(tx.init)(params)
+  fn = runtime.jit(step, name="preference_warmup_step", donate_argnums=(0, 1))
+  for k in range(sort.warmup_steps):
+    rows = []
+    for index, prompt, answer in sort_digits.training_problems(seed, 1 + k, sort.warmup_batch, sort.eval_size,
+                                                                sort.length):
+      demo = sort_digits.teacher_habit(answer, np.random.default_rng([seed, 1 + k, index, 7]), sort.teacher_dedup)
+      pair = encode_pair(tokenizer.encode(prompt), _answer_ids(tokenizer, demo), [], max_length, tokenizer.pad_id)
+      rows.append(pair)
+    batch = stack_pairs(rows)
+    tokens, answer = (_global(_share(batch[name][:, 0]).astype(np.int32), mesh) for name in ("tokens", "answer"))
+    params, opt_state = fn(params, opt_state, tokens, answer)
+  return graphdef, params
+
+
+def _sampler(graphdef, params, mesh, tokenizer, prompts: int, temperature: float, max_prompt_len: int,
+             max_new_tokens: int):
+  """A global-mode Sampler on the training mesh with up to 128 decode slots (a multiple of data x fsdp)."""
+  from flax import nnx
+  from jaxpod.sample import EngineConfig, Sampler, SamplingParams
+  dp = mesh.shape["data"] * mesh.shape["fsdp"]
+  rows = -(-min(128, prompts) // dp) * dp
+  ec = EngineConfig(batch_size=rows, max_prompt_len=max_prompt_len, max_new_tokens=max_new_tokens,
+                    min_prefill_len=max_prompt_len)
+  return Sampler(nnx.merge(graphdef, params), mesh, ec, SamplingParams(temperature=temperature), tokenizer.eos_ids,
+                 mode="global")
+
+
+def sort_pairs(graphdef, params, mesh, sort, tokenizer, seed: int, max_length: int) -> tuple[dict, dict]:
+  """Pairs for `sort.prompts` training problems: chosen = the sorted digits; rejected = the warm-up policy's own
+  sample when it is wrong (on-policy), else the teacher's habit when that differs. Returns (arrays, counts)."""
+  problems = sort_digits.training_problems(seed, 10_000, sort.prompts, sort.eval_size, sort.length)
+  prompt_ids = [tokenizer.encode(p) for _, p, _ in problems]
+  longest = max(len(i) for i in prompt_ids)
+  sampler = _sampler(graphdef, params, mesh, tokenizer, len(prompt_ids), sort.temperature, longest, sort.length + 2)
+  outs = sampler.generate(prompt_ids, [seed * 100_003 + i for i, _, _ in problems])
+  rows, counts = [], {"on_policy": 0, "teacher": 0, "skipped": 0}
+  for (index, _, answer), ids, c in zip(problems, prompt_ids, outs):
+    sampled = tokenizer.decode(c.tokens)
+    if c.finish_reason == "stop" and sampled != answer:
+      rejected, kind = list(c.sampled), "on_policy"  # its own tokens, the stop token included
+    else:
+      habit = sort_digits.teacher_habit(answer, np.random.default_rng([seed, index, 11]), 1.0)
+      if habit == answer:
+        counts["skipped"] += 1  # no repeated digit: nothing to prefer
+        continue
+      rejected, kind = _answer_ids(tokenizer, habit), "teacher"
+    counts[kind] += 1
+    rows.append(encode_pair(ids, _answer_ids(tokenizer, answer), rejected, max_length, tokenizer.pad_id))
+  if sort.extra_repeat_pairs:
+    for (index, _, answer), ids in zip(problems, prompt_ids):
+      at = int(np.random.default_rng([seed, index, 13]).integers(len(answer)))
+      extra = answer[:at + 1] + answer[at:]  # one digit once more than the prompt holds
+      rows.append(encode_pair(ids, _answer_ids(tokenizer, answer), _answer_ids(tokenizer, extra), max_length,
+                              tokenizer.pad_id))
+    counts["extra_repeat"] = len(problems)
+  order = np.random.default_rng([seed, 17]).permutation(len(rows))  # both kinds in train and held-out pairs
+  return stack_pairs([rows[i] for i in order]), counts
+
+
+def reference_logps(graphdef, params, arrays: dict, mesh, batch: int) -> np.ndarray:
+  """[N, 2] summed answer log-probs of every pair's chosen and rejected answers under `params`."""
+  from jax.sharding import NamedSharding, PartitionSpec
+  from jaxpod import runtime
+  from jaxpod.models.llama import forward
+  from jaxpod.tasks.preference_loss import answer_logps
+
+  def logps(params, tokens_Bx2xL, answer_Bx2xL):
+    tokens, answer = tokens_Bx2xL.reshape(-1, tokens_Bx2xL.shape[-1]), answer_Bx2xL.reshape(-1, answer_Bx2xL.shape[-1])
+    total, _ = answer_logps(forward(graphdef, params, tokens[:, :-1]).logits, tokens[:, 1:], answer[:, 1:])
+    return total.reshape(-1, 2)
+
+  fn = runtime.jit(logps, name="preference_reference_logps", out_shardings=NamedSharding(mesh, PartitionSpec()))
+  n = len(arrays["tokens"])
+  out = np.zeros((n, 2), np.float32)
+  for start in range(0, n, batch):
+    rows = {k: arrays[k][start:start + batch] for k in ("tokens", "answer")}
+    fill = batch - len(rows["tokens"])
+    rows = {k: np.concatenate([v, np.zeros((fill, *v.shape[1:]), v.dtype)]).astype(np.int32) for k, v in rows.items()}
+    value = fn(params, _global(_share(rows["tokens"]), mesh), _global(_share(rows["answer"]), mesh))
+    out[start:start + batch - fill] = np.asarray(value.addressable_data(0))[:batch - fill]
+  return out
+
+
+class ExactMatch:
+  """Greedy exact-match accuracy on the default's held-out sort problems (a metric the loss never sees)."""
+
+  def __init__(self, graphdef, mesh, sort, tokenizer, seed: int):
+    self.graphdef, self.mesh, self.sort, self.tokenizer = graphdef, mesh, sort, tokenizer
+    self.problems = sort_digits.held_out(seed, sort.eval_size, sort.length)
+    self.sampler = None
+
+  def __call__(self, params) -> dict:
+    ids = [self.tokenizer.encode(p) for p, _ in self.problems]
+    if self.sampler is None:
+      self.sampler = _sampler(self.graphdef, params, self.mesh, self.tokenizer, len(ids), 0.0,
+                              max(len(i) for i in ids), self.sort.length + 2)
+    else:
+      self.sampler.update_params(params, self.sampler.version + 1)
+    outs = self.sampler.generate(ids, [0] * len(ids))
+    right = [c.finish_reason == "stop" and self.tokenizer.decode(c.tokens) == answer
+             for (_, answer), c in zip(self.problems, outs)]
+    return {"accuracy": sum(right) / len(right), "accuracy_count": len(right)}
