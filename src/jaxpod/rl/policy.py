@@ -136,11 +136,10 @@ class PolicyTask:
     return ()
 
   def _adamw(self, lr: float, warmup: int, weight_decay: float, grad_clip: float):
-    import jax
     import optax
+    from jaxpod.models.llama.model import weight_decay_mask
     sched = optax.linear_schedule(0.0, lr, max(warmup, 1)) if warmup else optax.constant_schedule(lr)
-    decay_mask = lambda params: jax.tree.map(lambda x: x.ndim > 1, params)  # no decay on norm weights
-    adamw = optax.adamw(sched, b1=0.9, b2=0.99, weight_decay=weight_decay, mask=decay_mask)
+    adamw = optax.adamw(sched, b1=0.9, b2=0.99, weight_decay=weight_decay, mask=weight_decay_mask)
     return (optax.chain(optax.clip_by_global_norm(grad_clip), adamw) if grad_clip else adamw), sched
 
   def evaluator(self, graphdef, mesh, ema_sh, buffer_sh, batch_sh) -> Callable:

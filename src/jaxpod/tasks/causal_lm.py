@@ -74,12 +74,11 @@ class AdamWConfig:
 
   def build(self, steps: int):
     """(optax transformation, lr schedule) for a run of `steps` optimizer steps."""
-    import jax
     import optax
+    from jaxpod.models.llama.model import weight_decay_mask
     sched = optax.warmup_cosine_decay_schedule(0.0, self.lr, self.warmup_steps, steps,
                                                end_value=self.lr * self.lr_min_ratio)
-    decay_mask = lambda params: jax.tree.map(lambda x: x.ndim > 1, params)  # no decay on norm weights
-    adamw = optax.adamw(sched, b1=0.9, b2=0.95, weight_decay=self.weight_decay, mask=decay_mask)
+    adamw = optax.adamw(sched, b1=0.9, b2=0.95, weight_decay=self.weight_decay, mask=weight_decay_mask)
     return (optax.chain(optax.clip_by_global_norm(self.grad_clip), adamw) if self.grad_clip else adamw), sched
 
 

@@ -341,6 +341,13 @@ def _check_captures(cfg: LlamaConfig, layers: Sequence[int], points: Sequence[st
     raise ValueError(f"capture_layers {out} out of range; this model has layers 0..{cfg.num_hidden_layers - 1}")
 
 
+def weight_decay_mask(params):
+  """True for the parameters AdamW's weight decay applies to: the matrices, not norm weights nor biases."""
+  def decays(path, x) -> bool:
+    return x.ndim > 1 and "bias" not in jax.tree_util.keystr(path)
+  return jax.tree_util.tree_map_with_path(decays, params)
+
+
 def init(cfg: LlamaConfig, seed: int = 0, shardings=None) -> Llama:
   """A random model: normal(0.02) matrices and biases, identity norms, drawn with numpy (no compile) per parameter.
 
