@@ -27,8 +27,6 @@ import numpy as np
 
 from jaxpod.data.pairs import encode_pair, stack_pairs
 
-BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}
-
 
 class BadRow(ValueError):
   """Why one row cannot become a pair (the message is the reason)."""
@@ -36,21 +34,8 @@ class BadRow(ValueError):
 
 def load_rows(path: str):
   """The file as a HF `datasets.Dataset` (JSONL / JSON, Parquet, Arrow; local or any fsspec URL)."""
-  from jaxpod.runtime.extras import require
-  datasets = require("datasets", "preference pairs from files (task.data.path)")
-  suffix = next((s for s in BUILDERS if path.endswith(s)), None)
-  if suffix is None:
-    raise ValueError(f"task.data.path={path}: unknown file type; use one of {', '.join(BUILDERS)}")
-  if "://" not in path or path.startswith("file://"):
-    return datasets.load_dataset(BUILDERS[suffix], data_files=path, split="train")
-  import tempfile
-  from jaxpod.runtime import storage
-  with tempfile.TemporaryDirectory() as tmp:  # a bucket file: one copy through the storage layer, read locally
-    local = f"{tmp}/pairs{suffix}"
-    with open(local, "wb") as f:
-      f.write(storage.read_bytes(path))
-    return datasets.load_dataset(BUILDERS[suffix], data_files=local, split="train", cache_dir=f"{tmp}/cache",
-                                 keep_in_memory=True)
+  from jaxpod.data.user_files import load_table
+  return load_table(path, label="pair file (task.data.path)")
 
 
 def _is_messages(value: Any) -> bool:

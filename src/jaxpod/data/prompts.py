@@ -50,27 +50,9 @@ class PromptRow:
   answer: str
 
 
-def file_format(path: str) -> str:
-  """The `datasets` builder for `path` by its extension; PromptDataError naming the extensions otherwise."""
-  for ext, builder in FORMATS.items():
-    if path.lower().endswith(ext):
-      return builder
-  raise PromptDataError(f"{path}: unknown prompt file type; use one of {', '.join(FORMATS)}")
-
-
 def _load(path: str):
-  from jaxpod.runtime import storage
-  from jaxpod.runtime.extras import require
-  datasets = require("datasets", f"reading the prompt file {path}")
-  builder = file_format(path)
-  datasets.disable_progress_bars()  # one bar per read ("Generating train split") on every host's console
-  if not storage.exists(path):
-    raise PromptDataError(f"{path}: no such prompt file; check the path (a URL needs its scheme, e.g. gs://)")
-  try:
-    return datasets.load_dataset(builder, data_files=storage.absolute(path), split="train")
-  except Exception as e:  # noqa: BLE001 - datasets raises many types for a malformed file
-    message = str(e).splitlines()[0] if str(e) else ""
-    raise PromptDataError(f"{path}: datasets could not read it ({type(e).__name__}: {message})") from None
+  from jaxpod.data.user_files import load_table
+  return load_table(path, builders=FORMATS, label="prompt file", error=PromptDataError)
 
 
 def _answer(value: Any, where: str) -> str:
