@@ -14,11 +14,14 @@ needs only the step. The last `eval_size` pairs are held out.
 """
 from __future__ import annotations
 
+import hashlib
+import io
 from typing import Iterator, Sequence
 
 import numpy as np
 
 from jaxpod.data.text import StepIterator
+from jaxpod.runtime import storage
 
 
 def encode_pair(prompt: Sequence[int], chosen: Sequence[int], rejected: Sequence[int], max_length: int,
@@ -38,6 +41,24 @@ def encode_pair(prompt: Sequence[int], chosen: Sequence[int], rejected: Sequence
 def stack_pairs(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
   """[{name: [2, L]}] -> {name: [N, 2, L]}."""
   return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
+
+def write_pairs(url: str, arrays: dict[str, np.ndarray]) -> str:
+  """Store pair arrays as one .npz at `url` (shared storage, atomic); its sha256, for hosts to check."""
+  buf = io.BytesIO()
+  np.savez(buf, **arrays)
+  storage.write_bytes(url, buf.getvalue())
+  return hashlib.sha256(buf.getvalue()).hexdigest()
+
+
+def read_pairs(url: str, sha256: str | None = None) -> dict[str, np.ndarray]:
+  """The arrays `write_pairs` stored; ValueError if the file's sha256 is not the one given."""
+  blob = storage.read_bytes(url)
+  if sha256 is not None and hashlib.sha256(blob).hexdigest() != sha256:
+    raise ValueError(f"{url} changed since the leader wrote it (sha256 differs); is another run writing the same "
+                     "data cache? rerun, or set task.data.cache_dir to a folder of this run's own")
+  with np.load(io.BytesIO(blob), allow_pickle=False) as z:
+    return {k: z[k] for k in z.files}
 
 
 class PairLoader:

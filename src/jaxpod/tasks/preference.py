@@ -32,6 +32,7 @@ from typing import Callable
 
 import numpy as np
 
+from jaxpod.data.pairs import read_pairs, write_pairs
 from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.runtime import storage
 from jaxpod.sample.config import SamplingOptions
@@ -154,22 +155,6 @@ def _sha(obj) -> str:
   return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _write_npz(url: str, arrays: dict) -> str:
-  buf = io.BytesIO()
-  np.savez(buf, **arrays)
-  storage.write_bytes(url, buf.getvalue())
-  return hashlib.sha256(buf.getvalue()).hexdigest()
-
-
-def _read_npz(url: str, sha256: str | None = None) -> dict:
-  blob = storage.read_bytes(url)
-  if sha256 is not None and hashlib.sha256(blob).hexdigest() != sha256:
-    raise ValueError(f"{url} changed since the leader wrote it (sha256 differs); is another run writing the same "
-                     "data cache? rerun, or set task.data.cache_dir to a folder of this run's own")
-  with np.load(io.BytesIO(blob), allow_pickle=False) as z:
-    return {k: z[k] for k in z.files}
-
-
 class PreferenceTask:
   """Pairs through one forward, the configured preference loss, held-out pair metrics (+ exact match)."""
 
@@ -218,10 +203,10 @@ class PreferenceTask:
       arrays, report = read_pair_file(d.path, self.tokenizer, d.max_prompt_length, d.max_length, d.max_bad_fraction,
                                       chat_template=template, special_tokens=tokens)
       storage.write_text(report_url, json.dumps(report))
-      _write_npz(url, arrays)
-    blob = storage.read_bytes(url)
-    return {"url": url, "sha256": hashlib.sha256(blob).hexdigest(),
-            "report": json.loads(storage.read_text(report_url))}
+      sha256 = write_pairs(url, arrays)
+    else:  # tokenized by an earlier run: only its hash is needed here
+      sha256 = hashlib.sha256(storage.read_bytes(url)).hexdigest()
+    return {"url": url, "sha256": sha256, "report": json.loads(storage.read_text(report_url))}
 
   def setup(self, prepared: dict, host_index: int, host_count: int) -> None:
     """Every host: the pairs (the default makes them here, SPMD), the precomputed reference, this host's loader."""
@@ -230,7 +215,7 @@ class PreferenceTask:
     if "sort_key" in prepared:
       arrays = self._sort_pairs(storage.join(self._cache(), f"pref-sort-{prepared['sort_key']}"))
     else:
-      arrays = _read_npz(prepared["url"], prepared["sha256"])
+      arrays = read_pairs(prepared["url"], prepared["sha256"])
       self.pair_counts = prepared["report"]
     if "ref" in self.batch_ndims:
       arrays["ref"] = self._reference(prepared.get("url") or self.start_url, arrays)
@@ -268,10 +253,10 @@ class PreferenceTask:
     if not runtime.broadcast_call(lambda: storage.exists(pairs), "pref.has_pairs"):
       graphdef, params = self._load(warm, mesh)
       arrays, counts = start.sort_pairs(graphdef, params, mesh, sort, self.tokenizer, seed, d.max_length)
-      runtime.broadcast_call(lambda: (_write_npz(pairs, arrays),
+      runtime.broadcast_call(lambda: (write_pairs(pairs, arrays),
                                       storage.write_text(pairs + ".counts.json", json.dumps(counts))), "pref.pairs")
     self.pair_counts = json.loads(storage.read_text(pairs + ".counts.json"))
-    return _read_npz(pairs)
+    return read_pairs(pairs)
 
   def _reference(self, key_url: str | None, arrays: dict) -> np.ndarray:
     """[N, 2] reference log-probs of every pair, computed once (every host) and stored beside the pairs."""
