@@ -7,8 +7,8 @@
 A problem is a pure function of (seed, stream, index), so every host rebuilds any problem from three
 integers. The teacher sorts correctly but drops each repeated digit with probability `dedup`, a habit
 that supervised imitation copies and that only a signal from the verifier (the true sorted digits)
-can remove. (`jaxpod rl` keeps its own copy of this task in `jaxpod.rl.tasks`; tasks/ and rl/ sit on
-one floor and never import each other, so the shared generator lives here, a floor below.)
+can remove. (tasks/ and rl/ sit on one floor and never import each other, so what both use lives
+here, a floor below: `jaxpod rl`'s sort task takes its teacher from `teacher_habit`.)
 """
 from __future__ import annotations
 

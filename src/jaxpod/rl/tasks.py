@@ -183,12 +183,8 @@ class SortTask(RLTaskConfig):
 
   def teacher_answer(self, problem: Problem, rng: np.random.Generator) -> str:
     """The sorted digits, each repeat of a digit left out with probability teacher_dedup."""
-    out = []
-    for d in problem.answer:
-      if out and out[-1] == d and rng.random() < self.teacher_dedup:
-        continue
-      out.append(d)
-    return "".join(out)
+    from jaxpod.data.sort_digits import teacher_habit
+    return teacher_habit(problem.answer, rng, self.teacher_dedup)
 
   def make(self, rng):
     n = int(rng.integers(self.min_length, self.length + 1)) if self.min_length else self.length
