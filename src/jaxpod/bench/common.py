@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import platform
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -29,6 +31,17 @@ def time_calls(fn: Callable[[int], Any], n: int, warmup: int = 10) -> list[float
     fn(i)
     out.append(time.perf_counter() - t)
   return out
+
+
+def run_logged(module_args: list[str], log_path: str, what: str, env: dict | None = None) -> float:
+  """Run `python -m MODULE ARGS` with its output in log_path; its wall seconds; RuntimeError naming the log on failure."""
+  t = time.perf_counter()
+  with open(log_path, "w") as log:
+    proc = subprocess.run([sys.executable, "-m", *module_args], stdout=log, stderr=subprocess.STDOUT, env=env)
+  if proc.returncode:
+    tail = open(log_path).read()[-3000:]
+    raise RuntimeError(f"{what} failed (exit {proc.returncode}); log {log_path}:\n{tail}")
+  return time.perf_counter() - t
 
 
 def machine() -> dict[str, Any]:

@@ -23,12 +23,9 @@ import dataclasses
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 
-from jaxpod.bench.common import machine, print_table, write_json
+from jaxpod.bench.common import machine, print_table, run_logged, write_json
 
 ARMS = ("colocated", "inflight", "drain")
 
@@ -68,14 +65,7 @@ def _jaxpod_rl(args: list[str], log_path: str) -> float:
   """Run `jaxpod rl ARGS` in a fresh process; its wall seconds (output to log_path; raises naming it on failure)."""
   env = dict(os.environ)
   env.pop("JAX_NUM_CPU_DEVICES", None)
-  t = time.perf_counter()
-  with open(log_path, "w") as log:
-    proc = subprocess.run([sys.executable, "-m", "jaxpod.cli.main", "rl", *args], stdout=log, stderr=subprocess.STDOUT,
-                          env=env)
-  if proc.returncode:
-    tail = open(log_path).read()[-3000:]
-    raise RuntimeError(f"bench rl: `jaxpod rl {' '.join(args)}` failed (exit {proc.returncode}); log {log_path}:\n{tail}")
-  return time.perf_counter() - t
+  return run_logged(["jaxpod.cli.main", "rl", *args], log_path, f"bench rl: `jaxpod rl {' '.join(args)}`", env)
 
 
 def _arm_args(arm: str, opts: RLBench, warm: str, runs: str, name: str) -> list[str]:

@@ -18,11 +18,9 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 
-from jaxpod.bench.common import machine, print_table, write_json
+from jaxpod.bench.common import machine, print_table, run_logged, write_json
 
 PROMPTS, GENERATIONS, LR = 16, 8, 3e-4
 WORKLOAD = ["--task.type", "dataset", "--task.prompt_column", "question", "--task.verifier", "gsm8k",
@@ -68,10 +66,7 @@ def _trl(root: str, policy: str, problems: str, steps: int, name: str) -> dict:
   args = ["--model", policy, "--prompts", problems, "--prompt_column", "question", "--verifier", "gsm8k",
           "--eval_size", "128", "--steps", str(steps), "--num_prompts_per_step", str(PROMPTS), "--num_generations",
           str(GENERATIONS), "--lr", str(LR), "--temperature", "1.0", "--max_new_tokens", "20", "--out", out]
-  with open(os.path.join(root, f"{name}.log"), "w") as log:
-    proc = subprocess.run([sys.executable, "-m", "jaxpod.bench.rl_trl", *args], stdout=log, stderr=subprocess.STDOUT)
-  if proc.returncode:
-    raise RuntimeError(f"bench rl --against trl: TRL's run failed (exit {proc.returncode}); log {root}/{name}.log")
+  run_logged(["jaxpod.bench.rl_trl", *args], os.path.join(root, f"{name}.log"), "bench rl --against trl: TRL's run")
   return json.loads(open(out).read())
 
 
