@@ -33,7 +33,6 @@ The loss over the batch (`loss_norm`):
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 

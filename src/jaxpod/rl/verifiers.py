@@ -28,16 +28,15 @@ def _math_verify():
   return require("math_verify", "the math answer verifiers (gsm8k, boxed rewards)")
 
 
-def _timeouts() -> dict:
-  # math-verify's timeouts use SIGALRM, which exists only in the main thread.
-  on_main = threading.current_thread() is threading.main_thread()
-  return {} if on_main else {"parsing_timeout": None}
+def _no_alarm(timeout_arg: str) -> dict:
+  """`{timeout_arg: None}` off the main thread: math-verify's timeouts use SIGALRM, which only it may set."""
+  return {} if threading.current_thread() is threading.main_thread() else {timeout_arg: None}
 
 
 def _parse(text: str, configs) -> list:
   mv = _math_verify()
   try:
-    return mv.parse(text, extraction_config=configs, **_timeouts())
+    return mv.parse(text, extraction_config=configs, **_no_alarm("parsing_timeout"))
   except Exception:  # noqa: BLE001 - an unreadable answer is a wrong answer
     return []
 
@@ -47,8 +46,7 @@ def _equal(gold: list, answer: list) -> bool:
     return False
   mv = _math_verify()
   try:
-    on_main = threading.current_thread() is threading.main_thread()
-    return bool(mv.verify(gold, answer, **({} if on_main else {"timeout_seconds": None})))
+    return bool(mv.verify(gold, answer, **_no_alarm("timeout_seconds")))
   except Exception:  # noqa: BLE001
     return False
 

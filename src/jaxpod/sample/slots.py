@@ -25,7 +25,7 @@ from flax import nnx
 from jaxpod.models.llama.model import SLOT_AXES, Llama, SlotKVCache
 from jaxpod.sample.config import EngineConfig, SamplingParams
 from jaxpod.sample.runner import Runner
-from jaxpod.sample.scheduler import Scheduler
+from jaxpod.sample.scheduler import Scheduler, Seq
 from jaxpod.sample.steps import Program, prompts_forward
 
 
