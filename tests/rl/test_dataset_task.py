@@ -1,6 +1,7 @@
 """The `dataset` task: `jaxpod rl --task.type dataset --task.path FILE` trains on a user's prompt file,
 holds out part of it, and judges answers with the configured verifier."""
 import json
+from pathlib import Path
 
 import draccus
 import pytest
@@ -8,6 +9,8 @@ import pytest
 from jaxpod.rl.config import RLConfig
 from jaxpod.rl.dataset_task import DatasetTask
 from tests.rl.clusters import TINY
+
+WORKERS = Path(__file__).parent / "workers"
 
 # A chat template that shows the user's content alone: a byte-level policy trained on "a+b=" prompts
 # reads message prompts rendered through it as the same text.
@@ -114,3 +117,17 @@ def test_jaxpod_rl_trains_on_chat_message_prompts_from_a_file(tmp_path, warm_pol
   assert (passk["k"], passk["samples"]) == (2, 4) and [s for s, _ in passk["pass@2"]["curve"]] == [0, 2]
   for v in ("start", "end"):
     assert 0.0 < passk["pass@1"][v] <= passk["pass@2"][v] <= 1.0  # more tries never pass less often
+
+
+@pytest.mark.multihost
+def test_hosts_that_read_different_prompt_files_stop_at_setup_naming_the_host(launch_hosts):
+  """Invariant 1: every host samples the same prompts, so every host must have read the same file. Each simulated
+  host reads problems.jsonl from its own disk; one stale copy on host 1 stops every host in one line."""
+  from tests.conftest import host_lines
+  agreed = launch_hosts(WORKERS / "prompt_file_worker.py", hosts=2, devices_per_host=1, args=["same"])
+  assert agreed.returncode == 0 and all(host_lines(agreed, h, "AGREED") == [""] for h in (0, 1)), agreed.transcript
+  stale = launch_hosts(WORKERS / "prompt_file_worker.py", hosts=2, devices_per_host=1, args=["stale"])
+  assert stale.returncode == 2, stale.transcript
+  for h in (0, 1):
+    (line,) = host_lines(stale, h, "REFUSED")
+    assert line.startswith("rl.task: trainer host(s) [1] read other problems from problems.jsonl than host 0")

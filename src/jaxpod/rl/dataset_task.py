@@ -14,7 +14,9 @@ trained on). Prompts given as chat messages are rendered with the chat template 
 Every host reads the whole file, not a slice: jaxpod's rollout engine runs in global mode, where
 every host submits the same prompts and then keeps its own share of the rows, so each host needs
 every prompt of a step (prompt files are megabytes). `read_prompts(..., shard=)` gives a host
-its slice where each host consumes different rows.
+its slice where each host consumes different rows. At setup the hosts of each job compare a digest of
+the problems they read (`tasks.check_same_problems`): a file that differs between hosts' disks is
+one line naming the hosts, not a silent divergence.
 """
 from __future__ import annotations
 
@@ -65,6 +67,9 @@ class DatasetTask(RLTaskConfig):
       return verifiers.last_boxed(completion) is not None
     return bool(completion)
 
+  def fingerprint(self) -> str:
+    return _tables(self).digest
+
   def max_prompt_chars(self) -> int:
     return max(len(p.prompt) for p in _tables(self).all)
 
@@ -100,6 +105,7 @@ class _Tables:
   held_out: tuple[Problem, ...]  # stream EVAL_STREAM, index = row number in its file
   train: tuple[Problem, ...]  # stream 0 placeholders: `problem()` stamps the stream and index
   all: tuple[Problem, ...]
+  digest: str  # sha256 of every rendered prompt and answer, in split order (hosts compare it)
 
 
 @functools.lru_cache(maxsize=4)
@@ -120,7 +126,13 @@ def _tables(task: DatasetTask) -> _Tables:
 
   held = tuple(render(r, task.eval_path or task.path) for r in held_out)
   trained = tuple(render(r, task.path) for r in train)
-  return _Tables(held, trained, held + trained)
+  import hashlib
+  digest = hashlib.sha256()
+  for part in (held, trained):
+    digest.update(f"{len(part)}\n".encode())
+    for p in part:
+      digest.update(f"{len(p.prompt)}:{p.prompt}{len(p.answer)}:{p.answer}".encode())
+  return _Tables(held, trained, held + trained, digest.hexdigest())
 
 
 def _chat_template(task: DatasetTask, rows) -> tuple[str | None, dict]:

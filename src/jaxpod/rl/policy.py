@@ -105,7 +105,9 @@ class PolicyTask:
     return {}
 
   def setup(self, prepared, host_index: int, host_count: int) -> None:
+    from jaxpod.rl.tasks import check_same_problems
     self.host, self.hosts = host_index, host_count
+    check_same_problems(self.problems.task, "trainer")
 
   def _buffers(self, params) -> dict:
     return {}

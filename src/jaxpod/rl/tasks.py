@@ -82,6 +82,11 @@ class RLTaskConfig(draccus.ChoiceRegistry):
     """Longest answer in characters."""
     raise NotImplementedError
 
+  def fingerprint(self) -> str:
+    """A digest of every problem the task can give, for tasks that read them from somewhere; "" when they are a
+    pure function of the config, which every host already holds (`check_same_problems` compares it)."""
+    return ""
+
   def problem(self, seed: int, stream: int, index: int) -> Problem:
     """Problem `index` of stream `stream` (a pure function of the three integers)."""
     prompt, answer = self.make(np.random.default_rng([seed, stream, index]))
@@ -103,6 +108,27 @@ class RLTaskConfig(draccus.ChoiceRegistry):
         out.append(p)
       i += 1
     return out
+
+
+def check_same_problems(task: RLTaskConfig, job: str) -> None:
+  """Every host of this job holds the same problems, or a one-line ValueError naming the hosts that differ.
+
+  Hosts refer to problems by (stream, index) and the engine runs the same prompts on every host (invariant 1):
+  a prompt file that differs between hosts' disks, or was rewritten between their reads, would have them
+  train on different data without any error. One allgather of a digest at setup; nothing when the problems
+  are a pure function of the config."""
+  from jaxpod.runtime import control, state
+  digest = task.fingerprint()
+  if not digest or not state.in_multi_process_job():
+    return
+  seen = control.allgather(digest, f"rl.task.fingerprint.{job}")
+  differ = [h for h, d in enumerate(seen) if d != seen[0]]
+  if differ:
+    source = getattr(task, "path", "the task's source")
+    raise ValueError(f"rl.task: {job} host(s) {differ} read other problems from {source} than host 0 (digests "
+                     f"{seen[differ[0]][:12]} vs {seen[0][:12]}); every host must read the same file: put it in "
+                     "the bucket (gs://...) or copy the same version to every host, and do not rewrite it while "
+                     "a job starts")
 
 
 @functools.lru_cache(maxsize=8)

@@ -88,7 +88,9 @@ def run_worker(policy: PolicySpec, problems: VerifiedTask, rollout: RolloutConfi
                mesh: MeshConfig, transfer: TransferConfig, run_dir: str) -> None:
   """The worker loop (see the module docstring); every host of the worker job calls it. `transfer`: resolved."""
   from jaxpod.rl.roller import Roller, make_sampler
+  from jaxpod.rl.tasks import check_same_problems
   from jaxpod.runtime import mesh_from_config
+  check_same_problems(problems.task, f"rollout-worker-{rollout.worker_id}")
   from jaxpod.transfer.api import create_client
   r, w = rollout, rollout.worker_id
   device_mesh = mesh_from_config(mesh)
