@@ -11,12 +11,12 @@ PY=${PY:-.venv/bin/python}
 TASK=(--task.type dataset --task.prompt_column question --task.verifier gsm8k --rewards '[gsm8k]'
       --task.eval_size 128 --rollout.max_prompt_len 56 --rollout.max_new_tokens 20 --trainer.seed "$SEED")
 
-# 1. the data: problems.jsonl (RL prompts, correct answers) and sft.jsonl (other questions, a teacher that drops carries)
+# 1. the data: problems.jsonl (RL prompts, correct answers) and sft.jsonl (other questions, a teacher that misreads take-away problems as sums)
 "$JAXPOD" data word-problems --out "$OUT/data" --seed "$SEED"
 
 # 2. the supervised warm-up on sft.jsonl (jaxpod rl's warm-up; one GRPO step after it, then its export is taken)
 "$JAXPOD" rl "${TASK[@]}" --task.path "$OUT/data/sft.jsonl" --model.max_position_embeddings 96 \
-  --warmup.steps 400 --warmup.batch_size 64 --trainer.steps 1 --trainer.eval_every 1 \
+  --warmup.steps 400 --warmup.batch_size 64 --warmup.lr 3e-3 --trainer.steps 1 --trainer.eval_every 1 \
   --grpo.num_prompts_per_step 8 --grpo.sample_prompts_per_step 0 --trainer.runs_dir "$OUT/warm" --trainer.run_name warm
 # ... as a HF checkpoint with tokenizer files equal to the byte-level tokenizer (transformers and TRL load it)
 rm -rf "$OUT/policy" && cp -r "$OUT/warm/warm/warmup/hf" "$OUT/policy"

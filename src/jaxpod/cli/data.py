@@ -1,6 +1,6 @@
 """`jaxpod data sudoku --out DIR [--box 3x3 --train N --test M --aug K --seed S ...]` and
 `jaxpod data sudoku-csv --csv FILE --out DIR [--test_csv FILE --aug K ...]`, and
-`jaxpod data word-problems --out DIR [--problems N --sft M --teacher_carry_slip P]`.
+`jaxpod data word-problems --out DIR [--problems N --sft M --teacher_wrong_op P]`.
 
 Both write the reference on-disk layout (see `jaxpod.data.sudoku.fmt`) and reuse a folder
 that already holds the same build.

@@ -4,13 +4,17 @@
 
 Each row is {"question": ..., "answer": "<work>\\n#### <number>"}, as GSM8K's are:
 
-    Ann has 37 pens. She gets 45 more. How many pens does Ann have now?    ->  37+45=82\\n#### 82
-    Bo had 52 cards. He gives away 17. How many cards does Bo have left?   ->  52-17=35\\n#### 35
+    Ann has 7 pens and gets 5 more. How many now?      ->  7+5=12\\n#### 12
+    Bo had 9 cards and lost 3. How many left?          ->  9-3=6\\n#### 6
 
-`sft.jsonl` holds other questions (no prompt of problems.jsonl is in it) answered by a teacher who
-forgets each carry of a sum with probability `teacher_carry_slip`: a policy fine-tuned on it copies
-the slips, and RL with the gsm8k verifier has something to unlearn (the built-in addition task's
-flawed teacher, in a prompt file). Rows are a pure function of the seed.
+`sft.jsonl` holds other questions (no prompt of problems.jsonl is in it) answered by a flawed
+teacher: it misreads a take-away problem as a sum with probability `teacher_wrong_op` (the classic
+keyword mistake: "Bo had 9 cards and lost 3" -> 9+3=12) and forgets each carry of a sum with
+probability `teacher_carry_slip`. A policy fine-tuned on it copies the habit, and RL with the gsm8k
+verifier has something to unlearn (as the built-in tasks' flawed teachers, in a prompt file). The
+default numbers are one digit each, so that the small byte-level policy learns the arithmetic
+itself in a minute of warm-up and only the habit is left (with `--digits 2` it needs ~5x longer).
+Rows are a pure function of the seed.
 """
 from __future__ import annotations
 
@@ -32,9 +36,10 @@ class WordProblemConfig:
   out: str = ""  # folder (local or URL) for problems.jsonl and sft.jsonl
   problems: int = 2000  # rows of problems.jsonl (RL prompts; the held-out split is taken from them)
   sft: int = 4000  # rows of sft.jsonl (the warm-up's demonstrations, other questions)
-  digits: int = 2  # digits of the first number
+  digits: int = 1  # digits of the first number
   second_digits: int = 1  # digits of the number added or taken away (fewer: a small policy learns it in minutes)
-  teacher_carry_slip: float = 0.5  # sft.jsonl's teacher drops each carry of a sum with this probability
+  teacher_wrong_op: float = 0.7  # sft.jsonl's teacher adds instead of taking away with this probability
+  teacher_carry_slip: float = 0.0  # sft.jsonl's teacher drops each carry of a sum with this probability
   seed: int = 0
 
   def __post_init__(self):
@@ -43,8 +48,9 @@ class WordProblemConfig:
     if self.problems < 1 or self.sft < 0 or not 1 <= self.second_digits <= self.digits <= 6:
       raise ValueError(f"--problems={self.problems} must be >= 1, --sft={self.sft} >= 0, 1 <= --second_digits="
                        f"{self.second_digits} <= --digits={self.digits} <= 6")
-    if not 0.0 <= self.teacher_carry_slip <= 1.0:
-      raise ValueError(f"--teacher_carry_slip={self.teacher_carry_slip} must be in [0, 1]")
+    for name in ("teacher_wrong_op", "teacher_carry_slip"):
+      if not 0.0 <= getattr(self, name) <= 1.0:
+        raise ValueError(f"--{name}={getattr(self, name)} must be in [0, 1]")
 
 
 def word_problem(rng: np.random.Generator, digits: int, second_digits: int) -> tuple[str, int, str, int]:
@@ -77,9 +83,12 @@ def sum_with_slips(a: int, b: int, slip: float, rng: np.random.Generator) -> int
   return out
 
 
-def teacher_result(a: int, op: str, b: int, slip: float, rng: np.random.Generator) -> int:
-  """The teacher's result: a difference is right; a sum drops each carry with probability `slip`."""
-  return a - b if op == "-" else sum_with_slips(a, b, slip, rng)
+def teacher_work(a: int, op: str, b: int, cfg: WordProblemConfig, rng: np.random.Generator) -> tuple[str, int]:
+  """The flawed teacher's operation and result: a take-away read as a sum with probability teacher_wrong_op;
+  a sum drops each carry with probability teacher_carry_slip."""
+  if op == "-" and rng.random() < cfg.teacher_wrong_op:
+    op = "+"
+  return op, (a - b if op == "-" else sum_with_slips(a, b, cfg.teacher_carry_slip, rng))
 
 
 def build(cfg: WordProblemConfig) -> dict[str, int]:
@@ -99,9 +108,11 @@ def build(cfg: WordProblemConfig) -> dict[str, int]:
       if question in seen:  # distinct questions: sft.jsonl never holds a problem RL is evaluated on
         continue
       seen.add(question)
-      exact = a + b if op == "+" else a - b
-      result = exact if split == "problems" else teacher_result(a, op, b, cfg.teacher_carry_slip, rng)
-      rows[split].append(json.dumps({"question": question, "answer": solution(a, op, b, result)}))
+      if split == "problems":
+        shown, result = op, (a + b if op == "+" else a - b)
+      else:
+        shown, result = teacher_work(a, op, b, cfg, rng)
+      rows[split].append(json.dumps({"question": question, "answer": solution(a, shown, b, result)}))
   storage.makedirs(cfg.out)
   for split, lines in rows.items():
     storage.write_text(storage.join(cfg.out, f"{split}.jsonl"), "".join(line + "\n" for line in lines))
