@@ -191,7 +191,7 @@ CALCULATOR = ["--task.type", "calculator", "--task.digits", "2", "--task.eval_si
               "--model.num_hidden_layers", "2", "--rollout.max_prompt_len", "36", "--rollout.max_new_tokens", "12",
               "--rollout.batch_size", "64", "--rollout.eval_slots", "32", "--grpo.num_prompts_per_step", "8",
               "--grpo.num_generations", "8", "--grpo.sample_prompts_per_step", "0", "--grpo.filter_groups", "false",
-              "--grpo.lr", "1e-3", "--warmup.steps", "300", "--warmup.batch_size", "32", "--warmup.lr", "3e-3",
+              "--grpo.lr", "2e-3", "--warmup.steps", "300", "--warmup.batch_size", "32", "--warmup.lr", "3e-3",
               "--trainer.steps", "10", "--trainer.eval_every", "10", "--trainer.progress", "false"]
 
 

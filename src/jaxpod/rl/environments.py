@@ -1,15 +1,41 @@
 """Multi-turn environments: the policy talks to a tool or a game; only its own tokens are trained on.
 
-    env = make_environment("calculator")           # or "my_pkg.envs:Chess" (a class taking no arguments)
-    first = env.reset(problem)                     # the first message: the prompt the policy sees
-    observation, reward, done = env.step(completion)   # after each policy turn (decoded, stop token removed)
+Run the built-in example (colocated; the embedded `configs/rl_calculator.yaml`):
+
+    jaxpod rl --task.type calculator                       # warm-up on a flawed teacher, then GRPO on episodes
+    jaxpod rl --task.type calculator --task.max_turns 4 --task.environment_name my_pkg.envs:Abacus
+
+Write an environment: a class made with no arguments, a fresh one per episode, with two methods:
+
+    @register_environment("abacus")                        # or name it as "my_pkg.envs:Abacus"
+    class Abacus:
+      def reset(self, problem: Problem) -> str:            # the first message: the prompt the policy sees
+        self.problem = problem
+        return problem.prompt
+      def step(self, completion: str) -> tuple[str, float, bool]:
+        # after each policy turn (decoded, stop token removed): (observation, reward, done)
+        ...
+
+Every host of the job runs the same episodes (the engine's global mode), so `step` must be a
+deterministic function of the episode so far (a seeded game, a pure tool). The observation is
+appended to the context as text (tokenized, no BOS) and the policy's next turn
+continues from the whole episode; the episode's reward is the sum of the step rewards, and an
+episode counts as solved (held-out accuracy, pass@k) when `done` came with a positive reward. A task
+opts in by returning the environment class from `RLTaskConfig.environment()` (and, for its warm-up,
+the teacher's turns from `demonstration_turns`; `calculator_task.py` is the example).
 
 An episode is the prompt, then turns: the policy's sampled tokens (with their log-probs and the
-weights version of each, invariant 9), then, unless the episode is done, the environment's
-observation tokens, which the policy did not sample. `Episode` keeps one flag per token so that
-the trainer's rows (`episode_rows`) carry a loss mask of the policy's tokens only: an observation
-token has no behaviour log-prob and no advantage, so it gets no gradient. An episode that reaches
-`max_turns` without `done` ends with reward 0.
+weights version of each, invariant 9), then, unless the episode ended, the environment's
+observation tokens, which the policy did not sample. `Episode` keeps one flag per token, and
+`episode_group` makes a problem's n episodes one `rollouts.Group` with those flags, so admission
+(`grpo.take`) and the trainer's rows (`rollouts.to_batch`) are the single-turn ones: the loss mask
+covers the policy's tokens only, and an observation token has no behaviour log-prob, no version and
+no advantage, so it gets no gradient. An episode ends when the environment says done, after
+`max_turns` turns, or when its next context would not fit the engine's `max_prompt_len` (its last
+token is always the policy's).
+
+Every turn recomputes the episode's context from scratch (the engine's prefill); the prefix's KV
+cache is not kept across turns yet.
 
 Built in:
   calculator   "Compute 4821*7395." -> the product; the policy may write `calc: <expression>` and
@@ -29,7 +55,7 @@ from jaxpod.rl.tasks import Problem
 
 
 class Environment(Protocol):
-  """One episode's counterpart; a fresh instance per episode (`make_environment`)."""
+  """One episode's counterpart; a fresh instance per episode (`environment_factory(name)()`)."""
 
   def reset(self, problem: Problem) -> str:
     """The first message of the episode: what the policy is prompted with."""
