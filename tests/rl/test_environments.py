@@ -63,6 +63,17 @@ def test_episode_rows_mask_only_the_policys_tokens_and_keep_each_tokens_version(
   assert rows["advantages"][0] > 0 > rows["advantages"][1]
 
 
+def test_admission_reads_the_versions_of_the_policys_tokens_and_ignores_the_observations():
+  """Invariant 9 across turns: an episode group made by versions 3 and 4 is admitted at version 4 with lag 1 (its
+  observation tokens, NO_VERSION, are not 'stale') and dropped as stale at version 5."""
+  good, bad = _calculator_episode(), _calculator_episode()
+  bad.reward = 0.0
+  group = episode_group([good, bad])
+  assert grpo.admit(group, 4, max_policy_lag=1, filter_groups=True) == grpo.TAKE
+  assert grpo.admit(group, 5, max_policy_lag=1, filter_groups=True) == "stale"
+  assert grpo.admit(group, 3, max_policy_lag=1, filter_groups=True) == "future"
+
+
 def test_an_observation_token_gets_no_gradient():
   """d(GRPO loss)/d(logits) is zero at every position whose target the environment wrote, and not at the policy's."""
   uniform = -float(np.log(259))  # near-uniform logits: on-policy ratios near 1, so no token is clipped
