@@ -210,12 +210,16 @@ CALCULATOR = ["--task.type", "calculator", "--task.digits", "2", "--task.eval_si
 def test_jaxpod_rl_on_the_calculator_raises_the_reward_of_its_episodes(tmp_path):
   """`jaxpod rl --task.type calculator`, colocated: the warm-up imitates a teacher that skips the tool 60% of the
   time; GRPO on whole episodes (loss on the policy's tokens only) makes the policy call the calculator and copy
-  its value, so the episode reward of the last steps is well above the first steps'."""
+  its value, so the episode reward of the last steps is well above the first steps'. Held-out accuracy and
+  pass@k are measured on whole episodes."""
   import json
   from jaxpod.cli.main import main
-  assert main(["rl", *CALCULATOR, "--trainer.runs_dir", str(tmp_path)]) == 0
+  assert main(["rl", *CALCULATOR, "--eval.k", "2", "--trainer.runs_dir", str(tmp_path)]) == 0
   [summary] = [json.loads(p.read_text()) for p in tmp_path.glob("*/summary.json")]
   rewards = [r for _, r in summary["reward_curve"]]
   assert len(rewards) == 10
   assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.1, rewards
   assert summary["accuracy.start"] > 0  # greedy episodes solve some held-out problems: the tool is used
+  passes = summary["pass_at_k"]  # sampled held-out episodes: pass@1 <= pass@2, both counting episodes solved
+  for when in ("start", "end"):
+    assert 0 < passes["pass@1"][when] <= passes["pass@2"][when] <= 1
