@@ -7,8 +7,9 @@ import pytest
 
 from jaxpod.models.llama import ByteTokenizer
 from jaxpod.rl import grpo
-from jaxpod.rl.environments import (NO_VERSION, Calculator, Episode, calculate, environment_factory, episode_rows,
+from jaxpod.rl.environments import (NO_VERSION, Calculator, Episode, calculate, environment_factory, episode_group,
                                     run_episodes)
+from jaxpod.rl.rollouts import to_batch
 from jaxpod.rl.tasks import Problem
 from jaxpod.sample import SamplingParams
 
@@ -53,7 +54,7 @@ def _calculator_episode(logprob: float = -0.5) -> Episode:
 def test_episode_rows_mask_only_the_policys_tokens_and_keep_each_tokens_version():
   good, bad = _calculator_episode(), _calculator_episode()
   bad.reward = 0.0
-  rows = episode_rows([[good, bad]], length=48, pad_id=258, scale_rewards="group")
+  rows = to_batch([episode_group([good, bad])], length=48, pad_id=258, scale_rewards="group")
   p = len(good.prompt_ids)
   observed = np.flatnonzero(~np.asarray(good.from_policy)) + p - 1  # positions whose target is an observation token
   assert rows["loss_mask"][0, observed].sum() == 0 and rows["loss_mask"][0].sum() == sum(good.from_policy)
@@ -62,12 +63,23 @@ def test_episode_rows_mask_only_the_policys_tokens_and_keep_each_tokens_version(
   assert rows["advantages"][0] > 0 > rows["advantages"][1]
 
 
+def test_admission_reads_the_versions_of_the_policys_tokens_and_ignores_the_observations():
+  """Invariant 9 across turns: an episode group made by versions 3 and 4 is admitted at version 4 with lag 1 (its
+  observation tokens, NO_VERSION, are not 'stale') and dropped as stale at version 5."""
+  good, bad = _calculator_episode(), _calculator_episode()
+  bad.reward = 0.0
+  group = episode_group([good, bad])
+  assert grpo.admit(group, 4, max_policy_lag=1, filter_groups=True) == grpo.TAKE
+  assert grpo.admit(group, 5, max_policy_lag=1, filter_groups=True) == "stale"
+  assert grpo.admit(group, 3, max_policy_lag=1, filter_groups=True) == "future"
+
+
 def test_an_observation_token_gets_no_gradient():
   """d(GRPO loss)/d(logits) is zero at every position whose target the environment wrote, and not at the policy's."""
   uniform = -float(np.log(259))  # near-uniform logits: on-policy ratios near 1, so no token is clipped
   episodes = [_calculator_episode(uniform), _calculator_episode(uniform)]
   episodes[1].reward = 0.0
-  rows = episode_rows([episodes], length=48, pad_id=258, scale_rewards="group")
+  rows = to_batch([episode_group(episodes)], length=48, pad_id=258, scale_rewards="group")
   logits = 0.01 * jax.random.normal(jax.random.key(0), (2, 47, 259))
   targets = jnp.asarray(rows["tokens"][:, 1:])
 
@@ -122,3 +134,92 @@ def test_the_engine_continues_each_episode_after_its_observation_with_the_versio
     assert sorted(set(by_turn)) == [0, 1, 2]
     observations = [tok for tok, mine in zip(e.tokens, e.from_policy) if not mine]
     assert observations == ok * 2  # after turns 1 and 2; the last turn gets none
+
+
+def test_an_episode_ends_on_the_policys_turn_when_the_next_context_would_not_fit():
+  """The context a turn continues from stays within the engine's prompt limit; the episode's last token is the
+  policy's (no observation dangles after it), and an episode cut that way is not `done`."""
+  from types import SimpleNamespace
+  reply = TOK.encode("calc: 1+1")[1:]
+
+  def generate(contexts, seeds):
+    return [SimpleNamespace(sampled=reply + [257], logprobs=[0.0] * (len(reply) + 1), versions=[0] * (len(reply) + 1),
+                            tokens=reply) for _ in contexts]
+
+  prompt = TOK.encode("Compute 1+1.\n")
+  limit = len(prompt) + 2 * (len(reply) + 1) + 4  # two turns and one "= 2\n" observation fit, not a second one
+  [[e]] = run_episodes(generate, TOK, Calculator, [Problem("Compute 1+1.\n", "2")], n=1, max_turns=5, seed=0,
+                       max_context=limit)
+  assert e.turns == 2 and not e.done and e.from_policy[-1]
+  assert len(e.context()) <= limit + len(reply) + 1
+
+
+def test_the_calculator_teacher_calls_the_tool_or_guesses_wrong_at_its_rate():
+  from jaxpod.rl.calculator_task import CalculatorTask
+  task = CalculatorTask(digits=3, teacher_skip_tool=0.6)
+  problems = task.train_problems(0, 1, 0, 400)
+  turns = [task.demonstration_turns(p) for p in problems]
+  skipped = [t for t in turns if len(t) == 1]
+  assert 0.5 < len(skipped) / len(turns) < 0.7
+  for p, t in zip(problems, turns):
+    if len(t) == 1:
+      assert t[0] != p.answer and len(t[0]) == len(p.answer) and t[0].isdigit()
+    else:
+      a, b = (int(x) for x in t[0].removeprefix("calc: ").split("*"))
+      assert a * b == int(p.answer) and t[1] == p.answer
+
+
+def test_a_warmup_demonstration_is_a_whole_episode_with_the_loss_on_the_teachers_turns_only():
+  from jaxpod.rl.calculator_task import CalculatorTask
+  from jaxpod.rl.environments import demonstration
+  problem = CalculatorTask(digits=4).problem(0, 1, 0)
+  e = demonstration(CalculatorTask(digits=4), TOK, problem, stop_id=257)
+  a, b = problem.prompt.removeprefix("Compute ").removesuffix(".\n").split("*")
+  assert TOK.decode(e.context()) == f"{problem.prompt}calc: {a}*{b}= {problem.answer}\n{problem.answer}"
+  policy = [t for t, mine in zip(e.tokens, e.from_policy) if mine]
+  assert policy == TOK.encode(f"calc: {a}*{b}")[1:] + [257] + TOK.encode(problem.answer)[1:] + [257]
+  assert e.solved
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--topology", "disaggregated"], "rl.topology='disaggregated': multi-turn tasks (CalculatorTask) run colocated only"),
+    (["--rewards", "[format]"], "rl.rewards=['format']: the episodes of a multi-turn task (CalculatorTask) are scored"),
+    (["--rollout.max_new_tokens", "12"], "rl.task turns need 16 tokens with EOS (e.g. on 'Compute "),
+    (["--rollout.max_prompt_len", "40"], "rl.task episodes continue from 47 tokens (prompt, turns and observations"),
+    (["--task.environment_name", "chess"], "rl.task.environment_name: 'chess' is not a registered environment")])
+def test_a_multi_turn_config_that_cannot_run_fails_before_jax_naming_the_field(args, message):
+  from jaxpod.cli.rl import load_config
+  from jaxpod.rl import checks
+  cfg = load_config(["--task.type", "calculator", *args])
+  with pytest.raises(ValueError) as e:
+    checks.before_jax(cfg)
+  assert str(e.value).startswith(message), e.value
+  assert "\n" not in str(e.value)
+
+
+CALCULATOR = ["--task.type", "calculator", "--task.digits", "2", "--task.eval_size", "32",
+              "--task.teacher_skip_tool", "0.6", "--model.hidden_size", "64", "--model.intermediate_size", "128",
+              "--model.num_hidden_layers", "2", "--rollout.max_prompt_len", "36", "--rollout.max_new_tokens", "12",
+              "--rollout.batch_size", "64", "--rollout.eval_slots", "32", "--grpo.num_prompts_per_step", "8",
+              "--grpo.num_generations", "8", "--grpo.sample_prompts_per_step", "0", "--grpo.filter_groups", "false",
+              "--grpo.lr", "2e-3", "--warmup.steps", "300", "--warmup.batch_size", "32", "--warmup.lr", "3e-3",
+              "--trainer.steps", "10", "--trainer.eval_every", "10", "--trainer.progress", "false"]
+
+
+@pytest.mark.slow
+def test_jaxpod_rl_on_the_calculator_raises_the_reward_of_its_episodes(tmp_path):
+  """`jaxpod rl --task.type calculator`, colocated: the warm-up imitates a teacher that skips the tool 60% of the
+  time; GRPO on whole episodes (loss on the policy's tokens only) makes the policy call the calculator and copy
+  its value, so the episode reward of the last steps is well above the first steps'. Held-out accuracy and
+  pass@k are measured on whole episodes."""
+  import json
+  from jaxpod.cli.main import main
+  assert main(["rl", *CALCULATOR, "--eval.k", "2", "--trainer.runs_dir", str(tmp_path)]) == 0
+  [summary] = [json.loads(p.read_text()) for p in tmp_path.glob("*/summary.json")]
+  rewards = [r for _, r in summary["reward_curve"]]
+  assert len(rewards) == 10
+  assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.1, rewards
+  assert summary["accuracy.start"] > 0  # greedy episodes solve some held-out problems: the tool is used
+  passes = summary["pass_at_k"]  # sampled held-out episodes: pass@1 <= pass@2, both counting episodes solved
+  for when in ("start", "end"):
+    assert 0 < passes["pass@1"][when] <= passes["pass@2"][when] <= 1

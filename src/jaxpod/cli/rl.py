@@ -1,9 +1,10 @@
 """`jaxpod rl [--config_path FILE] [--section.field value ...]`: the options of RL post-training.
 
 With no `--config_path` the embedded default (`jaxpod/configs/rl_default.yaml`: sorting with a
-flawed teacher, minutes on a 2-core CPU) is the base; dotted overrides apply on top of it. Another
-`--task.type` keeps the default's other sections but not its `task:` (the sort fields would not fit
-another task). A `--config_path FILE` replaces it entirely (the dataclass defaults fill what the
+flawed teacher, minutes on a 2-core CPU) is the base; dotted overrides apply on top of it. A
+`--task.type` with its own embedded default (`rl_calculator.yaml`: multi-turn episodes need longer
+contexts) starts from that one instead; any other keeps the default's other sections but not its
+`task:` (the sort fields would not fit another task). A `--config_path FILE` replaces it entirely (the dataclass defaults fill what the
 file leaves out).
 """
 from __future__ import annotations
@@ -52,11 +53,15 @@ def _refuse_renamed(argv: list[str], path: str | None) -> None:
 
 
 def _default_for(task_type: str | None, tmp: str) -> str:
-  """The embedded default's path; for another task type, a copy of it without its `task:` section."""
+  """The embedded default's path (the task type's own, `rl_<type>.yaml`, if there is one); for another task type,
+  a copy of it without its `task:` section."""
   import yaml
   path = embedded_config(DEFAULT_CONFIG)
   if task_type is None:
     return path
+  own = embedded_config(f"rl_{task_type}.yaml")
+  if os.path.isfile(own):
+    return own
   with open(path) as f:
     data = yaml.safe_load(f)
   if task_type == data["task"]["type"]:

@@ -7,7 +7,9 @@ in this order: the rewards resolve (a plugin not found); per job (the trainer, t
 rows per step split over its hosts in whole groups and over its data-parallel devices (the warm-up's
 batch and GRPO's prompts x samples), the engine's decode slots over its data-parallel devices; storage is
 reachable (and shared when several jobs or hosts use it); the starting checkpoint exists; the task's
-prompts and answers fit the engine's context (prompts are never truncated). Each error names the
+prompts and answers fit the engine's context (prompts are never truncated; a multi-turn task: every
+turn of its teacher's episodes and every context a turn continues from). A multi-turn task runs
+colocated only and is scored by its environment (`check_environment`). Each error names the
 field the user typed and the fix. The trainer and the engine check again at run time (a library's own
 guard); with these checks passed they never fire.
 """
@@ -25,6 +27,7 @@ def before_jax(cfg: RLConfig) -> None:
   """Raise ValueError (one line, naming the field and the fix) for anything wrong with `cfg`."""
   from jaxpod.rl.rewards import Scorer
   Scorer(cfg.rewards, cfg.reward_weights, cfg.task)
+  check_environment(cfg)
   hosts = cfg.runtime.hosts()
   for job, count in jobs(cfg, hosts.process_count):
     check_rows(cfg, job, count, hosts.devices_per_host)
@@ -35,6 +38,19 @@ def before_jax(cfg: RLConfig) -> None:
   if cfg.model.hf and not storage.exists(storage.join(cfg.model.hf, "config.json")):
     raise FileNotFoundError(f"model.hf={cfg.model.hf}: no config.json there; point it at a HF checkpoint folder (families: jaxpod.models.llama.families)")
   check_lengths(cfg)
+
+
+def check_environment(cfg: RLConfig) -> None:
+  """A multi-turn task: its environment resolves, it runs colocated, and its environment is what scores it."""
+  name = type(cfg.task).__name__
+  if cfg.task.environment() is None:  # resolves the environment: a one-line error naming the field if it cannot
+    return
+  if cfg.topology != "colocated":
+    raise ValueError(f"rl.topology={cfg.topology!r}: multi-turn tasks ({name}) run colocated only (rollout workers "
+                     "sample single turns); drop --topology or use --topology colocated")
+  if tuple(cfg.rewards) != ("exact_match",) or cfg.reward_weights:
+    raise ValueError(f"rl.rewards={list(cfg.rewards)}: the episodes of a multi-turn task ({name}) are scored by its "
+                     "environment's rewards; leave rl.rewards and rl.reward_weights at their defaults")
 
 
 def jobs(cfg: RLConfig, process_count: int) -> list[tuple[str, int]]:
@@ -81,7 +97,7 @@ def check_rows(cfg: RLConfig, job: str, hosts: int, devices_per_host: int | None
 def check_lengths(cfg: RLConfig) -> None:
   """Prompts within rollout.max_prompt_len, answers + EOS within max_new_tokens, both within the model's positions."""
   from jaxpod.rl.policy import PolicySpec
-  from jaxpod.rl.roller import answer_ids
+  from jaxpod.rl.rollouts import answer_ids
   r = cfg.rollout
   policy = PolicySpec(cfg.model, cfg.model.hf or None)
   tok = policy.tokenizer()
@@ -93,11 +109,14 @@ def check_lengths(cfg: RLConfig) -> None:
   if n > r.max_prompt_len:
     raise ValueError(f"rl.task prompts reach {n} tokens (e.g. {longest.prompt!r}) but rl.rollout.max_prompt_len="
                      f"{r.max_prompt_len}; raise it to >= {n} (prompts are never truncated)")
-  answer = max(len(answer_ids(tok, a)) + 1 for p in problems for a in (p.answer, cfg.task.demonstration(p)))
-  if answer > r.max_new_tokens:
-    raise ValueError(f"rl.task answers need {answer} tokens with EOS but rl.rollout.max_new_tokens="
-                     f"{r.max_new_tokens}; raise it to >= {answer}")
   llama = policy.llama()
+  if cfg.task.environment() is not None:
+    check_turns(cfg, tok, problems, policy.stop_ids(tok, llama)[0])
+  else:
+    answer = max(len(answer_ids(tok, a)) + 1 for p in problems for a in (p.answer, cfg.task.demonstration(p)))
+    if answer > r.max_new_tokens:
+      raise ValueError(f"rl.task answers need {answer} tokens with EOS but rl.rollout.max_new_tokens="
+                       f"{r.max_new_tokens}; raise it to >= {answer}")
   if r.max_prompt_len + r.max_new_tokens > llama.max_position_embeddings:
     raise ValueError(f"rl.rollout.max_prompt_len + max_new_tokens = {r.max_prompt_len + r.max_new_tokens} exceeds "
                      f"the model's max_position_embeddings={llama.max_position_embeddings}; lower them or raise "
@@ -108,3 +127,23 @@ def check_lengths(cfg: RLConfig) -> None:
       raise ValueError(f"the tokenizer of model.hf={cfg.model.hf} makes id {top} >= its vocab_size {llama.vocab_size}")
   elif llama.vocab_size < 259:
     raise ValueError(f"model.vocab_size={llama.vocab_size} is too small for the byte-level tokenizer; use >= 259")
+
+
+def check_turns(cfg: RLConfig, tok, problems, stop_id: int) -> None:
+  """A multi-turn task: each turn of the teacher's episodes (with EOS) within rollout.max_new_tokens, and the
+  context each turn continues from (prompt, earlier turns, observations) within rollout.max_prompt_len."""
+  from jaxpod.rl.environments import demonstration
+  r = cfg.rollout
+  turn, context = (0, None), (0, None)
+  for p in problems:
+    e = demonstration(cfg.task, tok, p, stop_id)
+    mine = e.from_policy + [False]
+    for a in (k for k in range(len(e.tokens)) if mine[k] and (k == 0 or not mine[k - 1])):
+      b = mine.index(False, a)
+      turn, context = max(turn, (b - a, p.prompt)), max(context, (len(e.prompt_ids) + a, p.prompt))
+  if turn[0] > r.max_new_tokens:
+    raise ValueError(f"rl.task turns need {turn[0]} tokens with EOS (e.g. on {turn[1]!r}) but rl.rollout."
+                     f"max_new_tokens={r.max_new_tokens}; raise it to >= {turn[0]}")
+  if context[0] > r.max_prompt_len:
+    raise ValueError(f"rl.task episodes continue from {context[0]} tokens (prompt, turns and observations, e.g. on "
+                     f"{context[1]!r}) but rl.rollout.max_prompt_len={r.max_prompt_len}; raise it to >= {context[0]}")

@@ -109,7 +109,8 @@ class ColocatedRollouts(Hook):
     if self.roller is None:
       from jaxpod.rl.roller import Roller, make_sampler
       sampler = make_sampler(self.graphdef, params, self.mesh, task.rollout, task.stop_ids, version=version)
-      self.roller = Roller(sampler, task.tokenizer, problems.scorer(), buffer.num_generations, problems.seed)
+      self.roller = Roller(sampler, task.tokenizer, problems.scorer(), buffer.num_generations, problems.seed,
+                           problems.episodes(task.rollout.max_prompt_len))
     else:
       self.roller.sampler.update_params(params, version)  # in memory, no copy
     if buffer.cursor is None:

@@ -14,6 +14,7 @@ import dataclasses
 from typing import ClassVar
 
 from jaxpod.models.llama.config import LlamaConfig
+from jaxpod.rl.calculator_task import CalculatorTask  # noqa: F401 - registers task type "calculator"
 from jaxpod.rl.dataset_task import DatasetTask  # registers task type "dataset"
 from jaxpod.rl.grpo import LOSS_NORMS, SCALE_REWARDS
 from jaxpod.rl.tasks import RLTaskConfig, SortTask
@@ -222,7 +223,7 @@ class RLTransferConfig(TransferConfig):
 class RLConfig:
   """`jaxpod rl`: warm-up, then GRPO with rollouts from the continuous engine (see the module docstring)."""
 
-  task: RLTaskConfig = dataclasses.field(default_factory=SortTask)  # verifiable problems (type: sort | addition | dataset)
+  task: RLTaskConfig = dataclasses.field(default_factory=SortTask)  # verifiable problems (type: sort | addition | dataset | calculator)
   rewards: tuple[str, ...] = ("exact_match",)  # reward plugins (registered names or "module:function"), summed
   reward_weights: tuple[float, ...] = ()  # one weight per reward (empty: all 1.0)
   model: RLModelConfig = dataclasses.field(default_factory=RLModelConfig)  # the policy (or model.hf)

@@ -59,12 +59,14 @@ class HFExportHook(Hook):
 
 
 class Accuracy:
-  """Greedy accuracy on the held-out problems, and pass@k with `eval.k` (the trainer's evaluator)."""
+  """Greedy accuracy on the held-out problems, and pass@k with `eval.k` (the trainer's evaluator); for a multi-turn
+  task, the fraction of episodes solved."""
 
   def __init__(self, problems: VerifiedTask, rollout: RolloutConfig, graphdef, mesh, tokenizer, stop_ids):
     self.rollout, self.graphdef, self.mesh, self.tokenizer, self.stop_ids = rollout, graphdef, mesh, tokenizer, stop_ids
     self.problems, self.scorer = problems.eval_set(), problems.scorer()
     self.evaluation, self.seed = problems.evaluation, problems.seed
+    self.episodes = problems.episodes(rollout.max_prompt_len)  # a multi-turn task: greedy episodes, solved or not
     self.sampler = None
     self.sampling = None  # pass@k: the rollout engine's shapes and temperature (its programs are the rollouts')
 
@@ -76,14 +78,15 @@ class Accuracy:
       self.sampler = make_sampler(self.graphdef, params, self.mesh, self.rollout, self.stop_ids, greedy=True)
     else:
       self.sampler.update_params(params, self.sampler.version + 1)
-    out = accuracy(self.sampler, self.tokenizer, self.scorer, self.problems)
+    out = accuracy(self.sampler, self.tokenizer, self.scorer, self.problems, self.episodes)
     ev = self.evaluation
     if ev.k:
       if self.sampling is None:
         self.sampling = make_sampler(self.graphdef, params, self.mesh, self.rollout, self.stop_ids)
       else:
         self.sampling.update_params(params, self.sampling.version + 1)
-      out |= pass_at_k(self.sampling, self.tokenizer, self.scorer, self.problems, ev.n, ev.k, self.seed)
+      out |= pass_at_k(self.sampling, self.tokenizer, self.scorer, self.problems, ev.n, ev.k, self.seed,
+                       self.episodes)
     return out | {"seconds": time.perf_counter() - t0}
 
 

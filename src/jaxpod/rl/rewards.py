@@ -122,6 +122,14 @@ class VerifiedTask:
   def scorer(self) -> Scorer:
     return Scorer(self.rewards, self.reward_weights, self.task)
 
+  def episodes(self, max_context: int):
+    """How samples are made when the task is multi-turn (`environments.Episodes`); None for a single-turn task."""
+    factory = self.task.environment()
+    if factory is None:
+      return None
+    from jaxpod.rl.environments import Episodes
+    return Episodes(factory, self.task.max_turns, max_context)
+
   def eval_set(self) -> list[Problem]:
     """The held-out problems."""
     return self.task.eval_set(self.seed)

@@ -2,12 +2,17 @@
 
 A `Group` is one problem's n samples as the engine returned them: every sampled token (the
 stop token included), its log-prob under the distribution it was drawn from, and the weights
-version that produced it (invariant 9), plus each sample's reward.
+version that produced it (invariant 9), plus each sample's reward. A sample of a multi-turn task is
+a whole episode (`environments.episode_group`): its tokens after the prompt are the policy's turns and
+the environment's observations, and `from_policy` says which is which; an observation token has no
+log-prob (0), no version (`NO_VERSION`) and is never trained on.
 
 The trainer's batch (`to_batch`), G groups -> B = G*n rows of T = max_prompt_len + max_new_tokens:
   tokens      [B, T] int32    prompt (BOS first) then the sampled tokens, PAD after
-  loss_mask   [B, T] int32    1 at position t when token t+1 is a sampled token (target-aligned)
+  loss_mask   [B, T] int32    1 at position t when token t+1 is a sampled token (target-aligned;
+                              0 where token t+1 is an observation: it gets no gradient)
   behaviour   [B, T] float32  the engine's log-prob of token t+1 there (target-aligned)
+  versions    [B, T] int32    the weights version of token t+1 there (NO_VERSION where none made it)
   advantages  [B]    float32  group-relative (`grpo.advantages`)
   reward      [B]    float32  the sample's reward;  correct [B] float32: exact match
 Rows are group-major (sample j of group g is row g*n + j), so a host's contiguous slice of rows
@@ -23,7 +28,7 @@ import numpy as np
 from jaxpod.rl import grpo
 from jaxpod.rl.tasks import Problem
 
-
+NO_VERSION = -1  # version of a token no weights made (an environment's observation)
 
 @dataclasses.dataclass
 class Group:
@@ -31,23 +36,24 @@ class Group:
 
   problem: Problem
   prompt_ids: list[int]
-  sampled: list[list[int]]  # per sample: every sampled token, the stop token included
+  sampled: list[list[int]]  # per sample: every token after the prompt (the stop token included; episodes: observations too)
   logprobs: list[list[float]]  # per sample, per sampled token
-  versions: list[list[int]]  # per sample, per sampled token: the weights version that made it
-  finished: list[bool]  # per sample: ended with a stop token (not the length limit)
+  versions: list[list[int]]  # per sample, per sampled token: the weights version that made it (NO_VERSION: observation)
+  finished: list[bool]  # per sample: ended with a stop token (not the length limit); episodes: the environment ended it
   rewards: list[float]
   correct: list[bool]
+  from_policy: list[list[bool]] | None = None  # per sample, per token: the policy sampled it (None: every token)
 
   @property
   def n(self) -> int:
     return len(self.sampled)
 
   def oldest_version(self) -> int:
-    """The oldest weights version behind any token of the group."""
-    return min(min(v) for v in self.versions if v)
+    """The oldest weights version behind any token of the group (observation tokens have none)."""
+    return min(v for vs in self.versions for v in vs if v != NO_VERSION)
 
   def newest_version(self) -> int:
-    return max(max(v) for v in self.versions if v)
+    return max(v for vs in self.versions for v in vs if v != NO_VERSION)
 
   def tokens(self) -> int:
     return sum(len(s) for s in self.sampled)
@@ -56,6 +62,12 @@ class Group:
   def mixed(self) -> bool:
     """Whether the samples' rewards differ (a group whose rewards are all equal has zero advantage)."""
     return len(set(self.rewards)) > 1
+
+
+def answer_ids(tokenizer, text: str) -> list[int]:
+  """Token ids of `text` as the policy would generate it after a prompt (no BOS)."""
+  ids = tokenizer.encode(text)
+  return ids[1:] if ids and tokenizer.bos_id is not None and ids[0] == tokenizer.bos_id else ids
 
 
 def make_group(problem: Problem, prompt_ids: Sequence[int], completions, texts: Sequence[str], scorer) -> Group:
@@ -79,6 +91,7 @@ def to_batch(groups: Sequence[Group], length: int, pad_id: int, scale_rewards: s
   tokens = np.full((rows, length), pad_id, np.int32)
   mask = np.zeros((rows, length), np.int32)
   behaviour = np.zeros((rows, length), np.float32)
+  versions = np.full((rows, length), NO_VERSION, np.int32)
   adv = grpo.advantages(np.asarray([g.rewards for g in groups], np.float32), scale_rewards).reshape(-1)
   for g, group in enumerate(groups):
     p = len(group.prompt_ids)
@@ -88,8 +101,11 @@ def to_batch(groups: Sequence[Group], length: int, pad_id: int, scale_rewards: s
         raise ValueError(f"prompt {group.problem.prompt!r}: {p} prompt + {len(s)} sampled tokens exceed the "
                          f"row length {length}")
       tokens[b, :p], tokens[b, p:p + len(s)] = group.prompt_ids, s
-      mask[b, p - 1:p - 1 + len(s)] = 1  # position t predicts token t+1
-      behaviour[b, p - 1:p - 1 + len(s)] = group.logprobs[j]
-  return {"tokens": tokens, "loss_mask": mask, "behaviour": behaviour, "advantages": adv,
+      policy = np.asarray(group.from_policy[j], bool) if group.from_policy else True
+      targets = slice(p - 1, p - 1 + len(s))  # position t predicts token t+1
+      mask[b, targets] = policy
+      behaviour[b, targets] = np.where(policy, group.logprobs[j], 0.0)
+      versions[b, targets] = group.versions[j]
+  return {"tokens": tokens, "loss_mask": mask, "behaviour": behaviour, "advantages": adv, "versions": versions,
           "reward": np.asarray([r for g in groups for r in g.rewards], np.float32),
           "correct": np.asarray([c for g in groups for c in g.correct], np.float32)}

@@ -9,7 +9,7 @@ control plane). The held-out set is the first `eval_size` distinct problems of s
 EVAL_STREAM; training streams skip every problem whose prompt is in it, so held-out accuracy
 is measured on prompts the policy never trained on.
 
-Built in:
+Built in (multi-turn: `calculator`, in `calculator_task.py`):
   addition   "a+b=" -> the decimal sum (operands of 1..digits digits)
   sort       "sort:3142=" -> "1234" (the digits in ascending order)
 """
@@ -73,6 +73,15 @@ class RLTaskConfig(draccus.ChoiceRegistry):
   def teacher_answer(self, problem: Problem, rng: np.random.Generator) -> str:
     """The teacher's answer before any trailing period (a subclass may model content mistakes)."""
     return problem.answer
+
+  def demonstration_turns(self, problem: Problem) -> list[str]:
+    """The teacher's turns for `problem` (single-turn tasks: one, the demonstration)."""
+    return [self.demonstration(problem)]
+
+  def environment(self):
+    """The class a fresh `environments.Environment` of each episode is made from (None: a single-turn task,
+    scored by the reward plugins)."""
+    return None
 
   def max_prompt_chars(self) -> int:
     """Longest prompt in characters (checked against the engine's context before compiling)."""

@@ -4,7 +4,8 @@ Both train the same Llama policy (`policy.PolicyTask`) and report the same held-
 (greedy exact-match accuracy, `eval/accuracy`). They differ in data and loss:
 
   rl_warmup  rows BOS + prompt + answer + EOS from the task's own generator (stream 1),
-             next-token loss on the answer and EOS only;
+             next-token loss on the answer and EOS only (a multi-turn task: the teacher's whole
+             episode, the loss on its turns, not on the environment's observations);
   rl_grpo    rows of rollouts (`rollouts.to_batch`) from a `source` iterator: the colocated
              engine (`colocated.py`) or the rollout queue (`queue_source.py`); the GRPO loss
              (`grpo.policy_loss`) against the engine's behaviour log-probs, with the trainer's
@@ -93,16 +94,16 @@ class WarmupTask(PolicyTask):
     self.warmup = tc.warmup
 
   def rows(self, problems) -> dict[str, np.ndarray]:
-    """tokens [B, T] and the target-aligned loss mask over answer + EOS."""
-    from jaxpod.rl.roller import answer_ids
+    """tokens [B, T] and the target-aligned loss mask over the teacher's turns, each with its EOS (a multi-turn
+    task's demonstration is a whole episode: the environment's observations between turns get no loss)."""
+    from jaxpod.rl.environments import demonstration
     tokens = np.full((len(problems), self.row_len), self.tokenizer.pad_id, np.int32)
     mask = np.zeros((len(problems), self.row_len), np.int32)
     for i, p in enumerate(problems):
-      prompt = self.tokenizer.encode(p.prompt)
-      answer = answer_ids(self.tokenizer, self.problems.task.demonstration(p)) + [self.stop_ids[0]]
-      row = prompt + answer
+      e = demonstration(self.problems.task, self.tokenizer, p, self.stop_ids[0])
+      row, start = e.context(), len(e.prompt_ids) - 1  # position t predicts token t+1
       tokens[i, :len(row)] = row
-      mask[i, len(prompt) - 1:len(row) - 1] = 1
+      mask[i, start:len(row) - 1] = e.from_policy
     return {"tokens": tokens, "loss_mask": mask}
 
   def train_iter(self):
@@ -229,4 +230,6 @@ class GRPOTask(PolicyTask):
   def batch_arrays(self, groups) -> dict[str, np.ndarray]:
     """The global batch of these groups (every host builds the same one)."""
     from jaxpod.rl.rollouts import to_batch
-    return to_batch(groups, self.row_len, self.tokenizer.pad_id, self.grpo.scale_rewards)
+    arrays = to_batch(groups, self.row_len, self.tokenizer.pad_id, self.grpo.scale_rewards)
+    del arrays["versions"]  # admission already placed every token's version; the loss does not read them
+    return arrays
