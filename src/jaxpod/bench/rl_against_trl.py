@@ -8,9 +8,11 @@ dataset` (colocated) and `python -m jaxpod.bench.rl_trl` (TRL, HF generate, torc
 own process, with the same prompts in the same order, reward (GSM8K's verifier), n, prompts per
 step, learning rate and schedule, clipping, loss normalisation and temperature (see rl_trl.py).
 DAPO's dynamic sampling is off on jaxpod's side (TRL samples exactly the prompts it trains on).
-Figures (steady state, steps 3..): seconds per step, completion tokens per second of step time (TRL
-generates inside its step), reward per wall-clock second,
-held-out greedy accuracy after the steps; the check is jaxpod's reward/s over TRL's.
+Figures (steady state, steps 3..): seconds per step and where they go (generation: jaxpod's rollout
+engine / TRL's HF `generate`; scoring: TRL's decode + rewards + log-prob pass, inside jaxpod's rollout
+figure; train: forward, backward, optimizer), completion tokens per second of step time (TRL
+generates inside its step), reward per wall-clock second, held-out greedy accuracy after the steps;
+the check is jaxpod's reward/s over TRL's.
 """
 from __future__ import annotations
 
@@ -36,8 +38,9 @@ def _policy(root: str, warmup_steps: int) -> tuple[str, str]:
   data, runs = os.path.join(root, "data"), os.path.join(root, "runs")
   build(WordProblemConfig(out=data))
   _jaxpod_rl([*WORKLOAD, "--task.path", os.path.join(data, "sft.jsonl"), "--model.max_position_embeddings", "96",
-              "--warmup.steps", str(warmup_steps), "--warmup.batch_size", "64", "--trainer.steps", "1",
-              "--grpo.num_prompts_per_step", "8", "--grpo.sample_prompts_per_step", "0", "--trainer.runs_dir", runs,
+              "--warmup.steps", str(warmup_steps), "--warmup.batch_size", "64", "--warmup.lr", "3e-3",
+              "--trainer.steps", "1", "--grpo.num_prompts_per_step", "8", "--grpo.sample_prompts_per_step", "0",
+              "--grpo.filter_groups", "false", "--trainer.runs_dir", runs,
               "--trainer.run_name", "warm", "--export_hf", "false"], os.path.join(root, "warm.log"))
   policy = os.path.join(root, "policy")
   shutil.copytree(os.path.join(runs, "warm", "warmup", "hf"), policy)
@@ -57,7 +60,8 @@ def _jaxpod(root: str, policy: str, problems: str, steps: int, name: str) -> dic
   from jaxpod.rl.summary import by_step, read_metrics
   later = [r for r in by_step(read_metrics(os.path.join(runs, name, "train"))) if r["step"] >= 2 and "reward" in r]
   tokens = sum(r["completion_tokens"] for r in later) / len(later)  # per step, as TRL's figure (generation in its step)
-  return {"seconds_per_step": m["step_s"], "tokens_per_s": tokens / m["step_s"], "reward_per_s": m["reward_per_s"],
+  return {"seconds_per_step": m["step_s"], "generate_s": m["rollout_s"], "score_s": 0.0, "train_s": m["train_s"],
+          "tokens_per_s": tokens / m["step_s"], "reward_per_s": m["reward_per_s"],
           "accuracy_start": m["accuracy_start"], "accuracy_end": m["accuracy_end"], "wall_s": wall}
 
 
@@ -92,20 +96,21 @@ def run(steps: int, warmup_steps: int, repeats: int, json_path: str | None, poli
 def report(runs: dict[str, list[dict]], steps: int, warmup_steps: int, repeats: int, root: str,
            json_path: str | None) -> dict:
   """Medians over the rounds, the table and the JSON."""
-  keys = ("seconds_per_step", "tokens_per_s", "reward_per_s", "accuracy_end")
+  keys = ("seconds_per_step", "generate_s", "score_s", "train_s", "tokens_per_s", "reward_per_s", "accuracy_end")
   results = {arm: {k: statistics.median(x[k] for x in xs) for k in keys} for arm, xs in runs.items()}
   trl_rate = results["trl"]["reward_per_s"]
   checks = {"jaxpod_over_trl_reward_per_s": results["jaxpod"]["reward_per_s"] / trl_rate if trl_rate else None,
             "trl_over_jaxpod_seconds_per_step": results["trl"]["seconds_per_step"] / results["jaxpod"]["seconds_per_step"]}
   version = runs["trl"][0]["trl_version"]
   start = runs["jaxpod"][0]["accuracy_start"]
-  rows = [(arm, f"{r['seconds_per_step']:.2f}", f"{r['tokens_per_s']:.0f}", f"{r['reward_per_s']:.2f}",
-           f"{start:.0%}>{r['accuracy_end']:.0%}") for arm, r in results.items()]
+  rows = [(arm, f"{r['seconds_per_step']:.2f}", f"{r['generate_s']:.2f}", f"{r['score_s']:.2f}", f"{r['train_s']:.2f}",
+           f"{r['tokens_per_s']:.0f}", f"{r['reward_per_s']:.2f}", f"{start:.0%}>{r['accuracy_end']:.0%}")
+          for arm, r in results.items()]
   ratio = checks["jaxpod_over_trl_reward_per_s"]
   print_table(f"rl vs TRL {version} GRPOTrainer: {steps} steps x {PROMPTS} prompts x {GENERATIONS} samples from one "
               f"warm-up, medians of {repeats}; jaxpod / TRL reward per second = "
               + (f"{ratio:.2f}" if ratio is not None else "- (TRL earned no reward)"),
-              ["arm", "s/step", "tok/s of step", "reward/s", "held-out acc"], rows)
+              ["arm", "s/step", "generate", "score", "train", "tok/s of step", "reward/s", "held-out acc"], rows)
   payload = {"benchmark": "rl-vs-trl", "baseline": "trl", "trl_version": version, "steps": steps,
              "warmup_steps": warmup_steps, "repeats": repeats, "results": results, "checks": checks, "runs": runs,
              "folder": root, "machine": machine(), "load_average": os.getloadavg()[0]}

@@ -15,9 +15,12 @@ dataset` run with the same options:
                loss normalisation (jaxpod token -> TRL dapo, sequence -> grpo, constant -> dr_grpo),
                temperature, max new tokens
 Reported (JSON), over steps 3.. as `jaxpod bench rl` measures jaxpod's: seconds per step (median),
-completion tokens per second of step time (TRL's generation is inside its step), reward per
-wall-clock second (rewards of every trained sample, summed, over those steps' time); held-out
-greedy accuracy after the steps; TRL's and torch's versions.
+and where they go (medians per step: `generate_s` in HF `generate`, `score_s` the rest of
+`_generate_and_score_completions`: decoding, rewards and the log-prob forward pass, `train_s` the
+rest of the step: forward, backward and optimizer), completion tokens per second of step time
+(TRL's generation is inside its step), reward per wall-clock second (rewards of every trained
+sample, summed, over those steps' time); held-out greedy accuracy after the steps; TRL's and
+torch's versions.
 """
 from __future__ import annotations
 
@@ -110,10 +113,23 @@ def run(arm: TRLArm) -> dict:
   model = AutoModelForCausalLM.from_pretrained(arm.model, dtype=torch.float32)
   data = Dataset.from_dict({"prompt": [p.prompt for p in train], "answer": [p.answer for p in train]})
   step_ends: list[float] = []
+  spans = {"generate": 0.0, "generate_and_score": 0.0}  # seconds inside TRL's methods during the current step
+  split: list[dict] = []  # per step: those spans
 
   class Clock(TrainerCallback):
     def on_step_end(self, args, state, control, **kw):
       step_ends.append(time.perf_counter())
+      split.append(dict(spans))
+      spans.update(generate=0.0, generate_and_score=0.0)
+
+  def timed(name, method):
+    def wrapper(*args, **kwargs):
+      t = time.perf_counter()
+      try:
+        return method(*args, **kwargs)
+      finally:
+        spans[name] += time.perf_counter() - t
+    return wrapper
 
   rows = arm.num_prompts_per_step * arm.num_generations
   with tempfile.TemporaryDirectory() as tmp:
@@ -128,18 +144,24 @@ def run(arm: TRLArm) -> dict:
         disable_tqdm=True)
     trainer = trl.GRPOTrainer(model=model, reward_funcs=_reward_fn(task, tokenizer), args=cfg, train_dataset=data,
                               processing_class=tokenizer, callbacks=[Clock()])
+    # where TRL's step time goes: its own methods, timed on this instance (self._generate(...) finds these)
+    trainer._generate = timed("generate", trainer._generate)
+    trainer._generate_and_score_completions = timed("generate_and_score", trainer._generate_and_score_completions)
     t0 = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - t0
   logs = [r for r in trainer.state.log_history if "reward" in r]
   steps = [b - a for a, b in zip([t0] + step_ends[:-1], step_ends)]
   # steady state as jaxpod's bench measures it: steps 3.. (the first ones include start-up work)
-  later = list(zip(steps, logs))[2:] or list(zip(steps, logs))
-  seconds = sum(s for s, _ in later)
+  later = list(zip(steps, logs, split))[2:] or list(zip(steps, logs, split))
+  seconds = sum(s for s, _, _ in later)
   out = {"trl_version": trl.__version__, "torch_version": torch.__version__, "steps": len(steps),
-         "seconds_per_step": statistics.median(s for s, _ in later),
-         "tokens_per_s": sum(r.get("completions/mean_length", 0.0) * rows for _, r in later) / seconds,
-         "reward_per_s": sum(r["reward"] * rows for _, r in later) / seconds, "wall_s": wall,
+         "seconds_per_step": statistics.median(s for s, _, _ in later),
+         "generate_s": statistics.median(t["generate"] for _, _, t in later),
+         "score_s": statistics.median(t["generate_and_score"] - t["generate"] for _, _, t in later),
+         "train_s": statistics.median(s - t["generate_and_score"] for s, _, t in later),
+         "tokens_per_s": sum(r.get("completions/mean_length", 0.0) * rows for _, r, _ in later) / seconds,
+         "reward_per_s": sum(r["reward"] * rows for _, r, _ in later) / seconds, "wall_s": wall,
          "reward_curve": [[i, r["reward"]] for i, r in enumerate(logs)],
          "accuracy_end": held_out_accuracy(model.eval(), tokenizer, task, held, arm.max_new_tokens)}
   if arm.out:
