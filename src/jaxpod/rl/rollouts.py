@@ -30,6 +30,7 @@ from jaxpod.rl.tasks import Problem
 
 NO_VERSION = -1  # version of a token no weights made (an environment's observation)
 
+
 @dataclasses.dataclass
 class Group:
   """One problem's n scored samples."""
