@@ -132,15 +132,18 @@ def check_lengths(cfg: RLConfig) -> None:
 def check_turns(cfg: RLConfig, tok, problems, stop_id: int) -> None:
   """A multi-turn task: each turn of the teacher's episodes (with EOS) within rollout.max_new_tokens, and the
   context each turn continues from (prompt, earlier turns, observations) within rollout.max_prompt_len."""
+  import itertools
   from jaxpod.rl.environments import demonstration
   r = cfg.rollout
   turn, context = (0, None), (0, None)
   for p in problems:
     e = demonstration(cfg.task, tok, p, stop_id)
-    mine = e.from_policy + [False]
-    for a in (k for k in range(len(e.tokens)) if mine[k] and (k == 0 or not mine[k - 1])):
-      b = mine.index(False, a)
-      turn, context = max(turn, (b - a, p.prompt)), max(context, (len(e.prompt_ids) + a, p.prompt))
+    start = len(e.prompt_ids)  # where the current run of policy or observation tokens begins
+    for mine, run in itertools.groupby(e.from_policy):
+      length = len(list(run))
+      if mine:  # a turn: `length` tokens sampled after a context of `start` tokens
+        turn, context = max(turn, (length, p.prompt)), max(context, (start, p.prompt))
+      start += length
   if turn[0] > r.max_new_tokens:
     raise ValueError(f"rl.task turns need {turn[0]} tokens with EOS (e.g. on {turn[1]!r}) but rl.rollout."
                      f"max_new_tokens={r.max_new_tokens}; raise it to >= {turn[0]}")
