@@ -31,7 +31,8 @@ TASK=(--task.type dataset --task.prompt_column question --task.verifier gsm8k --
 # 2. the supervised warm-up on sft.jsonl (jaxpod rl's warm-up; one GRPO step after it, then its export is taken)
 "$JAXPOD" rl "${TASK[@]}" --task.path "$OUT/data/sft.jsonl" --model.max_position_embeddings 96 \
   --warmup.steps "${WARMUP_STEPS:-400}" --warmup.batch_size 64 --warmup.lr 3e-3 --trainer.steps 1 --trainer.eval_every 1 \
-  --grpo.num_prompts_per_step 8 --grpo.sample_prompts_per_step 0 --trainer.runs_dir "$OUT/warm" --trainer.run_name warm
+  --grpo.num_prompts_per_step 8 --grpo.sample_prompts_per_step 0 --grpo.filter_groups false \
+  --trainer.runs_dir "$OUT/warm" --trainer.run_name warm
 # ... as a HF checkpoint with tokenizer files equal to the byte-level tokenizer (transformers and TRL load it)
 rm -rf "$OUT/policy" && cp -r "$OUT/warm/warm/warmup/hf" "$OUT/policy"
 "$PY" -c "import sys; from jaxpod.models.llama.tokenizer import save_byte_tokenizer; save_byte_tokenizer(sys.argv[1])" "$OUT/policy"
