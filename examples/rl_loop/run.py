@@ -1,6 +1,6 @@
 """Run the RL loop example: a trainer process and a worker process, weights moved by jaxpod.transfer.
 
-    .venv/bin/python examples/rl_loop/run.py [--mode arrow_flight|ray|jax_transfer|checkpoint]
+    python examples/rl_loop/run.py [--mode arrow_flight|ray|jax_transfer|checkpoint]
 
 Starts a local Ray cluster on 127.0.0.1 for the Ray-coordinated modes (1 CPU, no dashboard),
 runs both processes, prints their logs, and shuts everything down.

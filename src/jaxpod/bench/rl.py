@@ -20,12 +20,11 @@ the disaggregated jobs do not get more hardware, they compete for it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import statistics
 import tempfile
 
-from jaxpod.bench.common import machine, print_table, run_logged, write_json
+from jaxpod.bench.common import machine, print_table, rl_run_figures, run_jaxpod_rl, write_json
 
 ARMS = ("colocated", "inflight", "drain")
 
@@ -61,13 +60,6 @@ class RLBench:
       raise ValueError(f"--arms {list(self.arms)}: use some of {ARMS}")
 
 
-def _jaxpod_rl(args: list[str], log_path: str) -> float:
-  """Run `jaxpod rl ARGS` in a fresh process; its wall seconds (output to log_path; raises naming it on failure)."""
-  env = dict(os.environ)
-  env.pop("JAX_NUM_CPU_DEVICES", None)
-  return run_logged(["jaxpod.cli.main", "rl", *args], log_path, f"bench rl: `jaxpod rl {' '.join(args)}`", env)
-
-
 def _arm_args(arm: str, opts: RLBench, warm: str, runs: str, name: str) -> list[str]:
   args = ["--model.hf", warm, "--trainer.steps", str(opts.steps), "--trainer.runs_dir", runs,
           "--trainer.run_name", name, "--trainer.eval_every", str(opts.steps), "--trainer.checkpoint_every", "0",
@@ -78,51 +70,22 @@ def _arm_args(arm: str, opts: RLBench, warm: str, runs: str, name: str) -> list[
   return args
 
 
-def _measure(folder: str) -> dict:
-  """Steady-state per-step figures of one finished arm (steps >= 2: the first steps compile)."""
-  from jaxpod.rl.summary import by_step, read_metrics
-  s = json.loads(open(os.path.join(folder, "summary.json")).read())
-  records = [r for r in by_step(read_metrics(os.path.join(folder, "train"))) if r["step"] >= 2 and "reward" in r]
-  get = lambda r, k: r.get(k, 0.0)  # noqa: E731
-  colocated = s["topology"] == "colocated"
-  parts = {k: [get(r, f"rl/{k}_s") for r in records] for k in ("interval", "rollout", "waiting", "publish")}
-  evals = [get(r, "eval/seconds") for r in records]
-  train = [i - w - p - e for i, w, p, e in zip(parts["interval"], parts["waiting"], parts["publish"], evals)]
-  step = [i + (r if colocated else 0.0) - e for i, r, e in zip(parts["interval"], parts["rollout"], evals)]
-  workers = s.get("workers") or {}
-  fetches = sum(w.get("fetches", 0) for w in workers.values())
-  fetch_total = sum(w.get("fetch_s", 0.0) for w in workers.values())
-  n = len(records)
-  out = {"step_s": statistics.mean(step), "train_s": statistics.mean(train),
-         "rollout_s": statistics.mean(parts["rollout"]) if colocated else None,
-         "publish_s": statistics.mean(parts["publish"]), "fetch_s": fetch_total / (s["steps"] or 1),
-         "fetch_per_version_s": fetch_total / fetches if fetches else 0.0, "waiting_s": statistics.mean(parts["waiting"]),
-         "tokens_per_s": s["tokens_per_s"],
-         "reward_per_s": sum(r["reward"] for r in records) * s["rows_per_step"] / sum(step),
-         "reward_last5": statistics.mean(r["reward"] for r in records[-5:]),
-         "accuracy_start": s["accuracy.start"], "accuracy_end": s["accuracy.end"], "steps_measured": n,
-         "dropped_stale": records[-1].get("rl/dropped_stale", 0.0),
-         "lag": statistics.mean(get(r, "rl/lag") for r in records)}
-  out["publish_fetch_over_train"] = (out["publish_s"] + out["fetch_s"]) / out["train_s"] if out["train_s"] > 0 else None
-  return out
-
-
 def run(json_path: str | None = None, **overrides) -> dict:
   """Warm-up once, then every arm `repeats` times (interleaved); table + JSON."""
   opts = dataclasses.replace(RLBench(json=json_path), **overrides)
   root = tempfile.mkdtemp(prefix="jaxpod-bench-rl-")
   runs = os.path.join(root, "runs")
   print(f"bench rl: warm-up ({opts.warmup_steps} steps) in {root}", flush=True)
-  _jaxpod_rl(["--warmup.steps", str(opts.warmup_steps), "--trainer.steps", "2", "--trainer.runs_dir", runs,
-              "--trainer.run_name", "warm", "--trainer.progress", "false", "--export_hf", "false", *opts.extra],
-             os.path.join(root, "warm.log"))
+  run_jaxpod_rl(["--warmup.steps", str(opts.warmup_steps), "--trainer.steps", "2", "--trainer.runs_dir", runs,
+                 "--trainer.run_name", "warm", "--trainer.progress", "false", "--export_hf", "false", *opts.extra],
+                os.path.join(root, "warm.log"))
   warm = os.path.join(runs, "warm", "warmup", "hf")
   by_arm: dict[str, list[dict]] = {a: [] for a in opts.arms}
   for r in range(opts.repeats):
     for arm in opts.arms:
       name = f"{arm}-{r}"
-      wall = _jaxpod_rl(_arm_args(arm, opts, warm, runs, name), os.path.join(root, f"{name}.log"))
-      by_arm[arm].append(_measure(os.path.join(runs, name)) | {"wall_s": wall})
+      wall = run_jaxpod_rl(_arm_args(arm, opts, warm, runs, name), os.path.join(root, f"{name}.log"))
+      by_arm[arm].append(rl_run_figures(os.path.join(runs, name)) | {"wall_s": wall})
       print(f"bench rl: {name} done in {wall:.0f} s", flush=True)
   results = {a: {k: (statistics.median(v[k] for v in runs_) if all(v[k] is not None for v in runs_) else None)
                  for k in runs_[0]} for a, runs_ in by_arm.items()}  # medians over the repeats

@@ -22,7 +22,7 @@ import shutil
 import statistics
 import tempfile
 
-from jaxpod.bench.common import machine, print_table, run_logged, write_json
+from jaxpod.bench.common import machine, print_table, rl_run_figures, run_jaxpod_rl, run_logged, write_json
 
 PROMPTS, GENERATIONS, LR = 16, 8, 3e-4
 WORKLOAD = ["--task.type", "dataset", "--task.prompt_column", "question", "--task.verifier", "gsm8k",
@@ -32,16 +32,15 @@ WORKLOAD = ["--task.type", "dataset", "--task.prompt_column", "question", "--tas
 
 def _policy(root: str, warmup_steps: int) -> tuple[str, str]:
   """(HF checkpoint of the warm-up, problems.jsonl) under root."""
-  from jaxpod.bench.rl import _jaxpod_rl
   from jaxpod.data.word_problems import WordProblemConfig, build
   from jaxpod.models.llama.tokenizer import save_byte_tokenizer
   data, runs = os.path.join(root, "data"), os.path.join(root, "runs")
   build(WordProblemConfig(out=data))
-  _jaxpod_rl([*WORKLOAD, "--task.path", os.path.join(data, "sft.jsonl"), "--model.max_position_embeddings", "96",
-              "--warmup.steps", str(warmup_steps), "--warmup.batch_size", "64", "--warmup.lr", "3e-3",
-              "--trainer.steps", "1", "--grpo.num_prompts_per_step", "8", "--grpo.sample_prompts_per_step", "0",
-              "--grpo.filter_groups", "false", "--trainer.runs_dir", runs,
-              "--trainer.run_name", "warm", "--export_hf", "false"], os.path.join(root, "warm.log"))
+  run_jaxpod_rl([*WORKLOAD, "--task.path", os.path.join(data, "sft.jsonl"), "--model.max_position_embeddings", "96",
+                 "--warmup.steps", str(warmup_steps), "--warmup.batch_size", "64", "--warmup.lr", "3e-3",
+                 "--trainer.steps", "1", "--grpo.num_prompts_per_step", "8", "--grpo.sample_prompts_per_step", "0",
+                 "--grpo.filter_groups", "false", "--trainer.runs_dir", runs,
+                 "--trainer.run_name", "warm", "--export_hf", "false"], os.path.join(root, "warm.log"))
   policy = os.path.join(root, "policy")
   shutil.copytree(os.path.join(runs, "warm", "warmup", "hf"), policy)
   save_byte_tokenizer(policy)
@@ -49,14 +48,13 @@ def _policy(root: str, warmup_steps: int) -> tuple[str, str]:
 
 
 def _jaxpod(root: str, policy: str, problems: str, steps: int, name: str) -> dict:
-  from jaxpod.bench.rl import _jaxpod_rl, _measure
   runs = os.path.join(root, "runs")
-  wall = _jaxpod_rl(["--model.hf", policy, *WORKLOAD, "--task.path", problems, "--trainer.steps", str(steps),
-                     "--trainer.eval_every", str(steps), "--trainer.checkpoint_every", "0", "--export_hf", "false",
-                     "--grpo.num_prompts_per_step", str(PROMPTS), "--grpo.num_generations", str(GENERATIONS),
-                     "--grpo.lr", str(LR), "--grpo.sample_prompts_per_step", "0", "--grpo.filter_groups", "false",
-                     "--trainer.runs_dir", runs, "--trainer.run_name", name], os.path.join(root, f"{name}.log"))
-  m = _measure(os.path.join(runs, name))
+  wall = run_jaxpod_rl(["--model.hf", policy, *WORKLOAD, "--task.path", problems, "--trainer.steps", str(steps),
+                        "--trainer.eval_every", str(steps), "--trainer.checkpoint_every", "0", "--export_hf", "false",
+                        "--grpo.num_prompts_per_step", str(PROMPTS), "--grpo.num_generations", str(GENERATIONS),
+                        "--grpo.lr", str(LR), "--grpo.sample_prompts_per_step", "0", "--grpo.filter_groups", "false",
+                        "--trainer.runs_dir", runs, "--trainer.run_name", name], os.path.join(root, f"{name}.log"))
+  m = rl_run_figures(os.path.join(runs, name))
   from jaxpod.rl.summary import by_step, read_metrics
   later = [r for r in by_step(read_metrics(os.path.join(runs, name, "train"))) if r["step"] >= 2 and "reward" in r]
   tokens = sum(r["completion_tokens"] for r in later) / len(later)  # per step, as TRL's figure (generation in its step)

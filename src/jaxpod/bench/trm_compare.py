@@ -47,16 +47,19 @@ class _Worker:
       self.proc.wait(timeout=60)
 
 
-def compare(config_path, compute_dtype, cfg, ocfg, batch: int, steps: int, runs: int, matmul_size: int,
+def compare(config_path, compute_dtype, cfg, ocfg, batches: list[dict], steps: int, runs: int, matmul_size: int,
             reference: str, threads: int = 0):
-  """(jaxpod seconds/step per round, matmul FLOP/s per round, result fields incl. the reference side)."""
-  from jaxpod.bench.trm_step import make_batches
+  """(jaxpod seconds/step per round, matmul FLOP/s per round, result fields incl. the reference side).
+
+  `batches`: the NumPy batches both sides cycle through (`trm_step.make_batches`), batch size their first axis.
+  """
+  batch = len(batches[0]["inputs"])
   check_reference_dir(reference)
   missing = missing_packages()
   if missing:
     raise RuntimeError(f"bench trm-step --reference: the reference needs {missing}, missing from {sys.executable}; "
                        "install them: pip install 'jaxpod[bench]'")
-  batches = [{k: v.tolist() for k, v in b.items()} for b in make_batches(cfg, batch)]
+  batches = [{k: v.tolist() for k, v in b.items()} for b in batches]
   optim = {k: getattr(ocfg, k) for k in ("lr", "beta1", "beta2", "weight_decay", "puzzle_emb_lr",
                                          "puzzle_emb_weight_decay")}
   with tempfile.TemporaryDirectory() as tmp:

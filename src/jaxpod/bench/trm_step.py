@@ -149,8 +149,8 @@ def run(config_path: str | None = None, batch: int = 64, steps: int = 5, json_pa
   flops = trm.step_flops(cfg, batch, train=True)
   if reference:
     from jaxpod.bench.trm_compare import compare
-    per_step, ceilings, extra = compare(config_path, compute_dtype, cfg, ocfg, batch, steps, runs, matmul_size,
-                                        reference, threads)
+    per_step, ceilings, extra = compare(config_path, compute_dtype, cfg, ocfg, make_batches(cfg, batch), steps, runs,
+                                        matmul_size, reference, threads)
   else:
     timer = JaxpodTimer(cfg, ocfg, make_batches(cfg, batch), steps, matmul_size)
     per_step, ceilings = map(list, zip(*[timer.time_run() for _ in range(runs)]))
