@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpod.transfer import coordinators, flatten
+from jaxpod.transfer import coordinators, flatten, spread
 from jaxpod.transfer.config import TransferConfig
 from jaxpod.transfer.metrics import Totals, TransferMetrics
 from jaxpod.transfer.pending import PendingPublish
@@ -322,10 +322,13 @@ class ClientBase(_Endpoint):
       if picked is None:
         return None
       rounds += 1
-      update, nbytes = self._fetch_part(picked, like)
+      fetch_like, spread_out = spread.fetch_layout(like)  # each region fetched once across the hosts
+      update, nbytes = self._fetch_part(picked, fetch_like)
       oks = runtime.allgather(update is not None, f"{name}/ok",
                               timeout_s=self.config.deadline_s(self.config.receive_timeout_s, nbytes) + slack)
       if all(oks):
+        if spread_out:  # a collective: only once every host holds its blocks
+          update.params = jax.block_until_ready(spread.place(update.params, like))
         self._record(update)
         self.held = (update.epoch, update.seq)
         return update

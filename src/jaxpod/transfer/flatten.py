@@ -63,7 +63,8 @@ def _wire(dtype: np.dtype, wire_dtype: str | None) -> np.dtype:
   return np.dtype(dtype)
 
 
-def _norm_index(index: tuple, shape: tuple[int, ...]) -> Index:
+def norm_index(index: tuple, shape: tuple[int, ...]) -> Index:
+  """A tuple of slices (a shard's index) as [start, stop) pairs of the global array."""
   return tuple((s.start or 0, shape[d] if s.stop is None else s.stop) for d, s in enumerate(index))
 
 
@@ -83,7 +84,8 @@ def _host(x: Any, wire: np.dtype, own: bool) -> np.ndarray:
   return np.ascontiguousarray(data)
 
 
-def _volume(index) -> int:
+def volume(index) -> int:
+  """Elements in a slice given as [start, stop) pairs."""
   return int(np.prod([b - a for a, b in index], dtype=np.int64))
 
 
@@ -98,9 +100,9 @@ def _plan(keys: tuple) -> dict[tuple[str, Index], int]:
   for name, (shape, sharding, itemsize) in keys:
     holders: dict[Index, dict[int, int]] = {}
     for device, idx in sharding.devices_indices_map(shape).items():
-      procs = holders.setdefault(_norm_index(idx, shape), {})
+      procs = holders.setdefault(norm_index(idx, shape), {})
       procs[device.process_index] = min(procs.get(device.process_index, device.id), device.id)
-    items += [(_volume(index) * itemsize, name, index, procs) for index, procs in holders.items()]
+    items += [(volume(index) * itemsize, name, index, procs) for index, procs in holders.items()]
   order = {name: i for i, name in enumerate(names)}
   load: dict[int, int] = {}
   plan = {}
@@ -139,7 +141,7 @@ def to_pieces(params: Any, wire_dtype: str | None = None, leader: bool = True,
         pieces.append(Piece(name, tuple((0, n) for n in shape), _host(leaf, wire, own)))
       continue
     for shard in leaf.addressable_shards:
-      index = _norm_index(shard.index, shape)
+      index = norm_index(shard.index, shape)
       if plan[(name, index)] == shard.device.id:
         pieces.append(Piece(name, index, _host(shard.data, wire, own)))
   return table, pieces
@@ -164,7 +166,7 @@ def needed_regions(leaf: Any, shape: tuple[int, ...]) -> list[Index]:
   sharding = getattr(leaf, "sharding", None)
   if sharding is None or sharding.is_fully_addressable:
     return [whole]
-  regions = {_norm_index(idx, shape) for idx in sharding.addressable_devices_indices_map(shape).values()}
+  regions = {norm_index(idx, shape) for idx in sharding.addressable_devices_indices_map(shape).values()}
   return sorted(regions)
 
 
@@ -196,13 +198,13 @@ class Assembler:
     index = tuple(tuple(i) for i in meta["index"])
     parts = [r for r in (_intersect(index, reg) for reg in self.regions[meta["name"]]) if r is not None]
     local = [tuple((a - s, b - s) for (a, b), (s, _) in zip(p, index)) for p in parts]
-    if sum(_volume(p) for p in parts) == _volume(index):
+    if sum(volume(p) for p in parts) == volume(index):
       return [tuple((0, b - a) for a, b in index)]
     return local
 
   def block_bytes(self, meta: dict, block: Index) -> int:
     """Bytes of one block of a piece on the wire."""
-    return _volume(block) * _dtype(self.table[meta["name"]]["wire"]).itemsize
+    return volume(block) * _dtype(self.table[meta["name"]]["wire"]).itemsize
 
   def wanted_bytes(self, meta: dict) -> int:
     """Bytes of `meta`'s piece this process needs."""
@@ -240,7 +242,7 @@ class Assembler:
     wire = _dtype(info["wire"])
     start = sum(a * int(np.prod(shape[d + 1:], dtype=np.int64)) for d, (a, _) in enumerate(index))
     flat = self._buffer(name).reshape(-1).view(np.uint8)
-    return flat[start * wire.itemsize:(start + _volume(index)) * wire.itemsize]
+    return flat[start * wire.itemsize:(start + volume(index)) * wire.itemsize]
 
   def mark(self, meta: dict, block: Index) -> None:
     """Count a block the transport wrote straight into `target(meta, block)`."""
@@ -248,7 +250,7 @@ class Assembler:
     for region in self.regions[meta["name"]]:
       hit = _intersect(index, region)
       if hit is not None:
-        self.filled[(meta["name"], region)] += _volume(hit)
+        self.filled[(meta["name"], region)] += volume(hit)
 
   def put_bytes(self, meta: dict, raw: np.ndarray | memoryview | bytes) -> None:
     """Add a whole piece given as raw bytes in the wire dtype (only its wanted blocks are kept)."""
@@ -284,9 +286,9 @@ class Assembler:
     leaves = []
     for name, leaf in leaf_names(self.like):
       for region in self.regions[name]:
-        if self.filled[(name, region)] != _volume(region):
+        if self.filled[(name, region)] != volume(region):
           raise RuntimeError(f"parameter {name!r} slice {list(region)}: {self.filled[(name, region)]} of "
-                             f"{_volume(region)} elements arrived")
+                             f"{volume(region)} elements arrived")
       host = self.buffers.get(name, np.empty(self.table[name]["shape"], _dtype(self.table[name]["wire"])))
       dtype = np.dtype(leaf.dtype)
       sharding = getattr(leaf, "sharding", None)
