@@ -18,11 +18,19 @@ from jaxpod.transfer import PublishWeightsHook, TransferConfig, flatten
     ({"chunk_bytes": 8, "stream_bytes": 4}, "transfer.stream_bytes"),
     ({"mode": "jax_transfer", "bind_address": "0.0.0.0"}, "transfer.bind_address"),  # no authentication
     ({"secret_env": "not a variable"}, "transfer.secret_env"),
+    ({"min_mb_per_s": 0}, "transfer.min_mb_per_s"),
 ])
 def test_config_errors_name_the_field(kwargs, field):
   """Invariant 7: config errors are reported before anything starts, naming the field."""
   with pytest.raises(ValueError, match=field.replace(".", r"\.")):
     TransferConfig(**kwargs)
+
+
+def test_deadlines_grow_with_the_bytes_moved():
+  """A fixed deadline that fits a small model is outrun by a large one's upload: each adds bytes / rate."""
+  cfg = TransferConfig(publish_timeout_s=60.0, min_mb_per_s=20.0)
+  assert cfg.deadline_s(cfg.publish_timeout_s, 0) == 60.0
+  assert cfg.deadline_s(cfg.publish_timeout_s, 16_000_000_000) == 60.0 + 800.0  # an 8B model in bf16
 
 
 def test_config_defaults_bind_loopback_and_pick_coordinator():

@@ -39,10 +39,13 @@ import time
 from typing import Any, Protocol
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
-from jaxpod.transfer import coordinators, flatten
+from jaxpod.transfer import coordinators, flatten, spread
 from jaxpod.transfer.config import TransferConfig
 from jaxpod.transfer.metrics import Totals, TransferMetrics
+from jaxpod.transfer.pending import PendingPublish
 
 log = logging.getLogger("jaxpod.transfer")
 
@@ -87,6 +90,12 @@ def trainer_processes(params: Any) -> set[int]:
     if isinstance(sharding, jax.sharding.Sharding) and not sharding.is_fully_addressable:
       procs.update(d.process_index for d in sharding.device_set)
   return procs or {jax.process_index()}
+
+
+def table_bytes(table: dict) -> int:
+  """Bytes of a whole version on the wire, from its parameter table (the same on every host)."""
+  return sum(int(np.prod(info["shape"], dtype=np.int64)) * np.dtype(jnp.dtype(info["wire"])).itemsize
+             for info in table.values())
 
 
 class _Endpoint:
@@ -138,33 +147,54 @@ class ServerBase(_Endpoint):
 
   def publish(self, weight_id: int, params: Any) -> TransferMetrics:
     """Publish `params` as `weight_id`; every host of a multi-host trainer calls this."""
+    return self.publish_in_background(weight_id, params, snapshot=False, thread=False).result()
+
+  def publish_in_background(self, weight_id: int, params: Any, snapshot: bool = True,
+                            thread: bool = True) -> PendingPublish:
+    """Start publishing `params` as `weight_id` and return at once; `.result()` commits it.
+
+    The upload (device -> host copies and the transport's writes, the part that grows with the
+    model) runs in a thread while the caller goes on (the trainer's next step); the coordination
+    (the version number now, the commit in `.result()`) stays on the calling thread, so control-plane
+    calls keep one order on every host. With `snapshot`, `params` are first copied on device, so a
+    train step that donates them cannot change what is being sent. Every host calls this and then
+    `.result()` at the same point of its program."""
     if self.closed:
       raise RuntimeError("publish() on a closed weight server")
     m = TransferMetrics("server", int(weight_id))
     try:
       multi = self._check_hosts(params)
       self.leader = not multi or jax.process_index() == 0
-      with m.phase("flatten"):
-        table, pieces = flatten.to_pieces(params, self.config.wire_dtype, leader=self.leader,
-                                          own=self.keeps_pieces)
-      m.nbytes = flatten.total_bytes(pieces)
-      m.num_params = len(table)
-      m.largest_param_bytes = max((p.data.nbytes for p in pieces), default=0)
+      if snapshot:
+        params = jax.tree_util.tree_map(lambda x: x.copy() if isinstance(x, jax.Array) else x, params)
       with m.phase("register"):
-        seq = m.seq = self._reserve(multi)
-      part = self._stage(seq, table, pieces, m)  # records its own phases
-      part = {"host": jax.process_index(), "pieces": [p.meta() for p in pieces], **part}
-      with m.phase("register"):
-        self._commit(seq, weight_id, table, part, multi)
-      self.staged.append(seq)
-      old, self.staged = self.staged[:-self.config.keep_n], self.staged[-self.config.keep_n:]
-      if old:
-        self._retire(old)
+        m.seq = self._reserve(multi)
     except Exception:
       self.totals.record(m, ok=False)
       raise
+    return PendingPublish(self, m, params, multi, thread)
+
+  def _upload(self, m: TransferMetrics, params: Any) -> tuple[dict, dict]:
+    """(parameter table, this host's part of the version record): flatten and stage; no control plane."""
+    with m.phase("flatten"):
+      table, pieces = flatten.to_pieces(params, self.config.wire_dtype, leader=self.leader,
+                                        own=self.keeps_pieces)
+    m.nbytes = flatten.total_bytes(pieces)
+    m.num_params = len(table)
+    m.largest_param_bytes = max((p.data.nbytes for p in pieces), default=0)
+    part = self._stage(m.seq, table, pieces, m)  # records its own phases
+    return table, {"host": jax.process_index(), "pieces": [p.meta() for p in pieces], **part}
+
+  def _finish(self, m: TransferMetrics, table: dict, part: dict, multi: bool) -> TransferMetrics:
+    """Commit an uploaded version (every host returns once it is committed) and retire old ones."""
+    with m.phase("register"):
+      self._commit(m.seq, m.weight_id, table, part, multi)
+    self.staged.append(m.seq)
+    old, self.staged = self.staged[:-self.config.keep_n], self.staged[-self.config.keep_n:]
+    if old:
+      self._retire(old)
     self.totals.record(m, ok=True)
-    log.info("published weight_id=%d seq=%d: %.1f MB in %.3fs", weight_id, seq, m.nbytes / 1e6, m.seconds)
+    log.info("published weight_id=%d seq=%d: %.1f MB in %.3fs", m.weight_id, m.seq, m.nbytes / 1e6, m.seconds)
     return m
 
   def _check_hosts(self, params: Any) -> bool:
@@ -199,7 +229,9 @@ class ServerBase(_Endpoint):
       commit([part])
       return
     from jaxpod import runtime
-    name, timeout_s = f"transfer/{self.config.name}", self.config.publish_timeout_s
+    # the slowest host's upload ends the barrier: its deadline grows with the model, not fixed
+    name, timeout_s = f"transfer/{self.config.name}", self.config.deadline_s(self.config.publish_timeout_s,
+                                                                             table_bytes(table))
     self.coord.store.put(f"part/{seq}/{jax.process_index()}", part)
     runtime.barrier(f"{name}/parts", timeout_s=timeout_s)
     runtime.broadcast_call(lambda: commit(self._collect_parts(seq)), f"{name}/commit", timeout_s=timeout_s)
@@ -290,9 +322,13 @@ class ClientBase(_Endpoint):
       if picked is None:
         return None
       rounds += 1
-      update = self._fetch_part(picked, like)
-      oks = runtime.allgather(update is not None, f"{name}/ok", timeout_s=self.config.receive_timeout_s + slack)
+      fetch_like, spread_out = spread.fetch_layout(like)  # each region fetched once across the hosts
+      update, nbytes = self._fetch_part(picked, fetch_like)
+      oks = runtime.allgather(update is not None, f"{name}/ok",
+                              timeout_s=self.config.deadline_s(self.config.receive_timeout_s, nbytes) + slack)
       if all(oks):
+        if spread_out:  # a collective: only once every host holds its blocks
+          update.params = jax.block_until_ready(spread.place(update.params, like))
         self._record(update)
         self.held = (update.epoch, update.seq)
         return update
@@ -303,13 +339,14 @@ class ClientBase(_Endpoint):
       if wait is None:
         return None
 
-  def _fetch_part(self, picked: list, like: Any) -> WeightUpdate | None:
-    """This host's slices of the version the leader picked ([epoch, seq]), or None."""
+  def _fetch_part(self, picked: list, like: Any) -> tuple[WeightUpdate | None, int]:
+    """This host's slices of the version the leader picked ([epoch, seq]) or None, and the version's
+    bytes (what the other hosts' deadlines scale with)."""
     record = self.coord.get(picked[1])
     if record is None or record["epoch"] != picked[0]:
       log.warning("version seq=%d was pruned before this host read it", picked[1])
-      return None
-    return self._try_fetch(record, like)
+      return None, 0
+    return self._try_fetch(record, like), table_bytes(record["meta"]["table"])
 
   def _record(self, update: WeightUpdate | None, failed: TransferMetrics | None = None) -> None:
     if update is None:
@@ -321,7 +358,6 @@ class ClientBase(_Endpoint):
 
   def _try_fetch(self, record: dict, like: Any) -> WeightUpdate | None:
     m = TransferMetrics("client", record["weight_id"])
-    deadline = time.monotonic() + self.config.receive_timeout_s
     try:
       asm = flatten.Assembler(record["meta"]["table"], like)
       pieces = [p for part in record["meta"]["parts"] for p in part["pieces"]]
@@ -329,6 +365,7 @@ class ClientBase(_Endpoint):
         m.nbytes = sum(asm.wanted_bytes(p) for p in pieces)
       else:
         m.nbytes = sum(p["nbytes"] for p in pieces if self.granularity == "all" or asm.blocks(p))
+      deadline = time.monotonic() + self.config.deadline_s(self.config.receive_timeout_s, m.nbytes)
       m.num_params = len(record["meta"]["table"])
       m.largest_param_bytes = max((p["nbytes"] for p in pieces), default=0)
       self._fetch(record, asm, m, deadline)

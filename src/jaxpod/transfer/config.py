@@ -29,8 +29,10 @@ class TransferConfig:
   streams: int = 4  # arrow_flight: parallel client streams
   chunk_bytes: int = 4 << 20  # arrow_flight: bytes per record batch
   stream_bytes: int = 64 << 20  # arrow_flight: a parameter larger than this is split over streams
-  publish_timeout_s: float = 60.0  # deadline of one publish (coordinator calls, writes)
-  receive_timeout_s: float = 60.0  # deadline of one pull once a newer version is seen
+  publish_timeout_s: float = 60.0  # deadline of one publish (coordinator calls, writes), plus bytes / min_mb_per_s
+  receive_timeout_s: float = 60.0  # deadline of one pull once a newer version is seen, plus bytes / min_mb_per_s
+  background: bool = False  # PublishWeightsHook: upload in a thread while training goes on; commit at the next publish
+  min_mb_per_s: float = 20.0  # slowest rate a deadline allows: a 16 GB model adds 800 s, a 10 MB one 0.5 s
   poll_interval_s: float = 0.05  # how often receive(wait=...) and the jax_transfer server poll
   coordinator_timeout_s: float = 30.0  # deadline of one coordinator call
 
@@ -69,9 +71,15 @@ class TransferConfig:
         raise ValueError(f"transfer.{field}={getattr(self, field)} must be >= 1")
     if self.stream_bytes < self.chunk_bytes:
       raise ValueError(f"transfer.stream_bytes={self.stream_bytes} must be >= chunk_bytes={self.chunk_bytes}")
-    for field in ("publish_timeout_s", "receive_timeout_s", "poll_interval_s", "coordinator_timeout_s"):
+    for field in ("publish_timeout_s", "receive_timeout_s", "poll_interval_s", "coordinator_timeout_s",
+                  "min_mb_per_s"):
       if getattr(self, field) <= 0:
         raise ValueError(f"transfer.{field}={getattr(self, field)} must be > 0 seconds")
+
+  def deadline_s(self, base_s: float, nbytes: int) -> float:
+    """A deadline that scales with the bytes moved: a fixed one that fits a small model would be
+    outrun by a large one's upload or pull on every step."""
+    return base_s + nbytes / (self.min_mb_per_s * 1e6)
 
   @property
   def off_host(self) -> bool:

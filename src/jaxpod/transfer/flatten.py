@@ -1,8 +1,11 @@
 """Pytree <-> named flat arrays ("pieces"), and reassembly onto the client's own shardings.
 
-The trainer side turns each array into the pieces this process owns: the addressable shards
-with `replica_id == 0` (a fully addressable array is one piece, sent by the leader only), so
-a multi-host trainer sends every element exactly once, never N replicas. A piece is a numpy
+The trainer side turns each array into the pieces this process serves: every distinct shard
+of every array is served by exactly one device (a fully addressable array is one piece, sent by
+the leader only), so a multi-host trainer sends every element exactly once, never N replicas.
+Among the replicas of a shard, the serving process is chosen by `serving_plan` so that every
+host serves about the same bytes (invariant 10): replica 0 alone would put a model whose
+parameters are replicated across hosts (data parallelism over hosts) on host 0's uplink. A piece is a numpy
 array plus the slice of the global array it covers. The client side fills one host buffer
 per parameter from the pieces (any order, any layout) and places it on the shardings of its
 `like` pytree of `ShapeDtypeStruct`s, which may use a different mesh than the trainer's.
@@ -10,6 +13,7 @@ per parameter from the pieces (any order, any layout) and places it on the shard
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Iterable
 
 import jax
@@ -59,7 +63,8 @@ def _wire(dtype: np.dtype, wire_dtype: str | None) -> np.dtype:
   return np.dtype(dtype)
 
 
-def _norm_index(index: tuple, shape: tuple[int, ...]) -> Index:
+def norm_index(index: tuple, shape: tuple[int, ...]) -> Index:
+  """A tuple of slices (a shard's index) as [start, stop) pairs of the global array."""
   return tuple((s.start or 0, shape[d] if s.stop is None else s.stop) for d, s in enumerate(index))
 
 
@@ -79,11 +84,53 @@ def _host(x: Any, wire: np.dtype, own: bool) -> np.ndarray:
   return np.ascontiguousarray(data)
 
 
+def volume(index) -> int:
+  """Elements in a slice given as [start, stop) pairs."""
+  return int(np.prod([b - a for a, b in index], dtype=np.int64))
+
+
+def _shard_key(leaf: Any, wire: np.dtype) -> tuple:
+  return tuple(np.shape(leaf)), leaf.sharding, wire.itemsize
+
+
+@functools.lru_cache(maxsize=16)
+def _plan(keys: tuple) -> dict[tuple[str, Index], int]:
+  names = [name for name, _ in keys]
+  items = []  # (bytes, name, index, {process: lowest device id holding the index there})
+  for name, (shape, sharding, itemsize) in keys:
+    holders: dict[Index, dict[int, int]] = {}
+    for device, idx in sharding.devices_indices_map(shape).items():
+      procs = holders.setdefault(norm_index(idx, shape), {})
+      procs[device.process_index] = min(procs.get(device.process_index, device.id), device.id)
+    items += [(volume(index) * itemsize, name, index, procs) for index, procs in holders.items()]
+  order = {name: i for i, name in enumerate(names)}
+  load: dict[int, int] = {}
+  plan = {}
+  # largest first, then a fixed order: every host computes the same plan from the same shardings
+  for nbytes, name, index, procs in sorted(items, key=lambda t: (-t[0], order[t[1]], t[2])):
+    proc = min(procs, key=lambda p: (load.get(p, 0), p))
+    load[proc] = load.get(proc, 0) + nbytes
+    plan[(name, index)] = procs[proc]
+  return plan
+
+
+def serving_plan(params: Any, wire_dtype: str | None = None) -> dict[tuple[str, Index], int]:
+  """(parameter name, global slice) -> id of the one device that serves it, for every array that
+  spans processes. Replicas are spread greedily (largest shard first, to the process serving the
+  fewest bytes so far), so each host serves ~1/hosts of the bytes whatever the mesh; a pure
+  function of the shapes and shardings, so every host computes the same plan without a word."""
+  keys = tuple((name, _shard_key(leaf, _wire(np.dtype(leaf.dtype), wire_dtype)))
+               for name, leaf in leaf_names(params)
+               if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable)
+  return _plan(keys)
+
+
 def to_pieces(params: Any, wire_dtype: str | None = None, leader: bool = True,
               own: bool = False) -> tuple[dict, list[Piece]]:
-  """(parameter table, this process's pieces): replica 0 of each addressable shard only; arrays
-  that live on one process (fully addressable) are sent by the `leader` only. With `own`, the
-  pieces stay valid after publish returns (see `_host`)."""
+  """(parameter table, this process's pieces): the shards `serving_plan` gives this process's
+  devices; arrays that live on one process (fully addressable) are sent by the `leader` only.
+  With `own`, the pieces stay valid after publish returns (see `_host`)."""
+  plan = serving_plan(params, wire_dtype)
   table, pieces = {}, []
   for name, leaf in leaf_names(params):
     shape, dtype = tuple(np.shape(leaf)), np.dtype(leaf.dtype) if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
@@ -94,13 +141,10 @@ def to_pieces(params: Any, wire_dtype: str | None = None, leader: bool = True,
         pieces.append(Piece(name, tuple((0, n) for n in shape), _host(leaf, wire, own)))
       continue
     for shard in leaf.addressable_shards:
-      if shard.replica_id == 0:
-        pieces.append(Piece(name, _norm_index(shard.index, shape), _host(shard.data, wire, own)))
+      index = norm_index(shard.index, shape)
+      if plan[(name, index)] == shard.device.id:
+        pieces.append(Piece(name, index, _host(shard.data, wire, own)))
   return table, pieces
-
-
-def _volume(index) -> int:
-  return int(np.prod([b - a for a, b in index], dtype=np.int64))
 
 
 def _intersect(x, y) -> Index | None:
@@ -122,7 +166,7 @@ def needed_regions(leaf: Any, shape: tuple[int, ...]) -> list[Index]:
   sharding = getattr(leaf, "sharding", None)
   if sharding is None or sharding.is_fully_addressable:
     return [whole]
-  regions = {_norm_index(idx, shape) for idx in sharding.addressable_devices_indices_map(shape).values()}
+  regions = {norm_index(idx, shape) for idx in sharding.addressable_devices_indices_map(shape).values()}
   return sorted(regions)
 
 
@@ -154,13 +198,13 @@ class Assembler:
     index = tuple(tuple(i) for i in meta["index"])
     parts = [r for r in (_intersect(index, reg) for reg in self.regions[meta["name"]]) if r is not None]
     local = [tuple((a - s, b - s) for (a, b), (s, _) in zip(p, index)) for p in parts]
-    if sum(_volume(p) for p in parts) == _volume(index):
+    if sum(volume(p) for p in parts) == volume(index):
       return [tuple((0, b - a) for a, b in index)]
     return local
 
   def block_bytes(self, meta: dict, block: Index) -> int:
     """Bytes of one block of a piece on the wire."""
-    return _volume(block) * _dtype(self.table[meta["name"]]["wire"]).itemsize
+    return volume(block) * _dtype(self.table[meta["name"]]["wire"]).itemsize
 
   def wanted_bytes(self, meta: dict) -> int:
     """Bytes of `meta`'s piece this process needs."""
@@ -198,7 +242,7 @@ class Assembler:
     wire = _dtype(info["wire"])
     start = sum(a * int(np.prod(shape[d + 1:], dtype=np.int64)) for d, (a, _) in enumerate(index))
     flat = self._buffer(name).reshape(-1).view(np.uint8)
-    return flat[start * wire.itemsize:(start + _volume(index)) * wire.itemsize]
+    return flat[start * wire.itemsize:(start + volume(index)) * wire.itemsize]
 
   def mark(self, meta: dict, block: Index) -> None:
     """Count a block the transport wrote straight into `target(meta, block)`."""
@@ -206,7 +250,7 @@ class Assembler:
     for region in self.regions[meta["name"]]:
       hit = _intersect(index, region)
       if hit is not None:
-        self.filled[(meta["name"], region)] += _volume(hit)
+        self.filled[(meta["name"], region)] += volume(hit)
 
   def put_bytes(self, meta: dict, raw: np.ndarray | memoryview | bytes) -> None:
     """Add a whole piece given as raw bytes in the wire dtype (only its wanted blocks are kept)."""
@@ -242,9 +286,9 @@ class Assembler:
     leaves = []
     for name, leaf in leaf_names(self.like):
       for region in self.regions[name]:
-        if self.filled[(name, region)] != _volume(region):
+        if self.filled[(name, region)] != volume(region):
           raise RuntimeError(f"parameter {name!r} slice {list(region)}: {self.filled[(name, region)]} of "
-                             f"{_volume(region)} elements arrived")
+                             f"{volume(region)} elements arrived")
       host = self.buffers.get(name, np.empty(self.table[name]["shape"], _dtype(self.table[name]["wire"])))
       dtype = np.dtype(leaf.dtype)
       sharding = getattr(leaf, "sharding", None)
