@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
@@ -216,7 +215,7 @@ class LMTask:
   def _tokenizer_key(self) -> str:
     if self.lm.data.tokenizer == "byte":
       return "byte"
-    return hashlib.sha256(Path(self.lm.data.tokenizer, "tokenizer.json").read_bytes()).hexdigest()
+    return hashlib.sha256(storage.read_bytes(storage.join(self.lm.data.tokenizer, "tokenizer.json"))).hexdigest()
 
   def prepare(self) -> dict:
     """Leader: tokenize once, in batches, into a row store in shared storage; {"url", "sha256", "tokens"} for
