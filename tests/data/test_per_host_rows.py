@@ -67,6 +67,10 @@ def test_a_damaged_chunk_or_a_rewritten_manifest_is_named_in_one_line_with_the_f
   assert f"delete {url} and rerun" in message
   with pytest.raises(ValueError, match=r"manifest.json changed since the leader wrote it .*task.data.cache_dir"):
     RowStore(url, "0" * 64)
+  Path(url, "chunk-00002.npy").unlink()
+  with pytest.raises(ValueError, match=r"chunk-00002.npy \(chunk 2\): rows 25..25 could not be read whole "
+                                       r"\(FileNotFoundError.*delete .* and rerun"):
+    store.read([25])
 
 
 def test_documents_are_tokenized_in_batches_as_line_by_line(tmp_path):

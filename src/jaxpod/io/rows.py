@@ -213,8 +213,9 @@ class RowStore:
     at = 0
     for blob, (first, n, c) in zip(blobs, runs):
       if isinstance(blob, Exception) or len(blob) != n * size:
-        self._damaged(c, f"rows {first}..{first + n - 1} could not be read whole "
-                      f"({blob if isinstance(blob, Exception) else f'{len(blob)} of {n * size} bytes'})")
+        why = (f"{type(blob).__name__}: {str(blob).splitlines()[0][:160] if str(blob) else ''}"
+               if isinstance(blob, Exception) else f"{len(blob)} of {n * size} bytes")
+        self._damaged(c, f"rows {first}..{first + n - 1} could not be read whole ({why})")
       self.bytes_read += len(blob)
       records = np.frombuffer(blob, self.dtype)
       local = first - chunks[c]["start"]
