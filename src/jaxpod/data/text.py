@@ -2,9 +2,12 @@
 
     text = grammar_text(seed=0, num_chars=300_000)   # the same string on every machine, no network
     train_bpe_tokenizer(text, 512, "tok/")           # optional: a BPE trained offline (lm.tokenizer: tok/)
-    for rows in packed_rows(token_batches(lines, tokenizer, eos_id), seq_len=128): ...  # [K, 128] int32 each
-    loader = TextLoader(rows, seq_len=128, global_batch_size=32, eval_batch_size=32,
-                        shard_index=host, shard_count=hosts, pad_id=258)
+    writer = RowWriter(url)                          # leader (jaxpod.io.rows): rows of 128 tokens, in chunks
+    for rows in packed_rows(token_batches(lines, tokenizer, eos_id), seq_len=128):
+      writer.append(tokens=rows)                     # [K, 128] int32 per batch of documents
+    sha256 = writer.close()
+    loader = TextLoader(RowStore(url, sha256), seq_len=128, global_batch_size=32, eval_batch_size=32,
+                        shard_index=host, shard_count=hosts, pad_id=258)   # every host: reads only its rows
     it = loader.train_iter(); batch = next(it)       # {"tokens", "mask"}: [per_host, seq_len] each
     it.get_state() / it.set_state(state)             # {"step": n}: the checkpoint stores it
 
