@@ -1,16 +1,19 @@
 """Hugging Face checkpoints of every family in `families/` <-> jaxpod `Llama`, straight into a target sharding.
 
 `load(path, mesh)` reads `config.json` and `model.safetensors` (or the shards listed in
-`model.safetensors.index.json`) from a local folder or any fsspec URL, and places every
-tensor directly into the sharding that `runtime.state_shardings` gives it: each host reads
-a tensor once and keeps only the shards its devices own. Missing or mis-shaped tensors
-raise naming the tensor, the expected shape (from config.json) and the one found; so does
-a checkpoint tensor the model would not use (a family feature jaxpod lacks must not be
-dropped silently).
+`model.safetensors.index.json`) from a local folder or any fsspec URL by byte range, and places every
+tensor directly into the sharding that `runtime.state_shardings` gives it: each host reads only the
+rows its devices hold (HF rows are contiguous); a tensor whose target splits HF columns is read as a
+1/devices block of rows per device and moved into place by one jitted call. No file is copied whole,
+not even to list a single file's keys (two ranged reads give its header). Missing or mis-shaped tensors
+raise naming the tensor, the expected shape (from config.json) and the one found; so does a checkpoint
+tensor the model would not use (a family feature jaxpod lacks must not be dropped silently).
 
-`save(model, path)` writes the HF layout back (config.json + model.safetensors, or shards
-plus an index with `max_shard_bytes`); every host takes part in gathering sharded arrays,
-the leader alone writes.
+`save(model, path)` writes the HF layout back: config.json + shards of at most `max_shard_bytes`
+(default 5 GB, HF's) + `model.safetensors.index.json`, or one `model.safetensors` when it all fits.
+Every host calls it; files go to hosts by bytes, each host streams its files (header first, computed
+from shapes) and receives each of their tensors whole, one at a time (`io/owner_gather.py`), so no
+host holds the model. The hosts then wait for the slowest upload with a deadline that scales with bytes.
 
 Layout: HF linear weights are [out, in]; jaxpod keeps [in..., out...] so einsums read
 naturally (q_proj [D, H, E], o_proj [H, E, D], gate_proj [D, I], lm_head [D, V]).
@@ -123,21 +126,23 @@ def _headers(url: str) -> dict[str, tuple[str, safetensors_io.TensorInfo]]:
   return out
 
 
-def _tied_copy(url: str, where: dict) -> bool:
-  """Whether the checkpoint's lm_head.weight equals its embedding (a tied head stored twice): each host compares
-  its 1/hosts of the rows, the answers are gathered over the control plane."""
+def _tied_copy(url: str, where: dict, mesh) -> bool:
+  """Whether the checkpoint's lm_head.weight equals its embedding (a tied head stored twice): when the mesh spans
+  every host, each compares its 1/hosts of the rows and the answers are gathered over the control plane."""
   names = ("lm_head.weight", "model.embed_tokens.weight")
   if names[1] not in where:
     return False
   (ph, head), (pe, emb) = where[names[0]], where[names[1]]
   if head.shape != emb.shape or head.dtype != emb.dtype:
     return False
-  rows, hosts, me = head.shape[0], jax.process_count(), jax.process_index()
+  spread = len({d.process_index for d in mesh.devices.flat}) == jax.process_count() > 1
+  rows = head.shape[0]
+  hosts, me = (jax.process_count(), jax.process_index()) if spread else (1, 0)
   r = (me * rows // hosts, (me + 1) * rows // hosts)
   fs, _ = _root(url)
   same = bool(np.array_equal(safetensors_io.read_rows(fs, ph, head, [r])[0],
                              safetensors_io.read_rows(fs, pe, emb, [r])[0]))
-  return all(control.allgather(same, "hf_io.load.tied_copy"))
+  return all(control.allgather(same, "hf_io.load.tied_copy")) if spread else same
 
 
 def _index_shape(index: tuple, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
@@ -178,7 +183,7 @@ def _place_rows(fs, fpath, info, path, shape, sharding, dtype) -> jax.Array:
   local = sharding.addressable_devices_indices_map(shape)
   ranges = {d: hf_rows(path, shape, idx) for d, idx in local.items()}
   wanted = sorted(set(ranges.values()))
-  blocks = dict(zip(wanted, (b.astype(dtype) for b in safetensors_io.read_rows(fs, fpath, info, wanted))))
+  blocks = dict(zip(wanted, (b.astype(dtype, copy=False) for b in safetensors_io.read_rows(fs, fpath, info, wanted))))
 
   def one(idx):
     local_shape = tuple(b - a for a, b in _index_shape(idx, shape))
@@ -198,7 +203,7 @@ def _place_resharded(fs, fpath, info, path, shape, sharding, dtype) -> jax.Array
   local = by_rows.addressable_devices_indices_map(padded)
   spans = {d: (min(a, rows), min(b, rows)) for d, idx in local.items() for a, b in [idx[0].indices(padded[0])[:2]]}
   wanted = sorted(set(spans.values()))
-  blocks = dict(zip(wanted, (b.astype(dtype) for b in safetensors_io.read_rows(fs, fpath, info, wanted))))
+  blocks = dict(zip(wanted, (b.astype(dtype, copy=False) for b in safetensors_io.read_rows(fs, fpath, info, wanted))))
 
   def one(idx):
     a, b = idx[0].indices(padded[0])[:2]
@@ -248,7 +253,7 @@ def load(url: str, mesh, cfg: LlamaConfig | None = None, rules: ShardingRules = 
   where = _headers(url)
   wanted = {hf_name(p) for p, _ in flat}
   stored = set(where)
-  if cfg.tie_word_embeddings and "lm_head.weight" in stored and _tied_copy(url, where):
+  if cfg.tie_word_embeddings and "lm_head.weight" in stored and _tied_copy(url, where, mesh):
     stored.discard("lm_head.weight")  # some exports store the tied head too: a copy of the embedding is no loss
   _check_names(url, cfg, wanted, stored)
   fs, _ = _root(url)
@@ -286,7 +291,7 @@ def save(model: model_lib.Llama, url: str, dtype: str | None = None,
   `model.safetensors` when it all fits); every host calls it and writes the files assigned to it, receiving
   each of their tensors whole, one at a time; no host ever holds the model."""
   params = [(hf_name(p), p, v.get_value()) for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))]
-  out_dtype = {n: np.dtype(dtype or x.dtype) for n, _, x in params}
+  out_dtype = {n: np.dtype(jax.numpy.dtype(dtype or x.dtype)) for n, _, x in params}
   shapes = {n: hf_shape(p, tuple(x.shape)) for n, p, x in params}
   sizes = [(n, math.prod(shapes[n]) * out_dtype[n].itemsize) for n, _, _ in params]
   files = safetensors_io.group_files(sizes, max_shard_bytes, SINGLE_FILE)
@@ -294,7 +299,7 @@ def save(model: model_lib.Llama, url: str, dtype: str | None = None,
   spread = not all(getattr(x, "is_fully_addressable", True) for _, _, x in params)
   if not spread and jax.process_index() != 0:
     return  # each host holds the whole model (single-host arrays): the leader writes it
-  mesh = params[0][2].sharding.mesh if spread else None
+  mesh = next(x.sharding.mesh for _, _, x in params if not x.is_fully_addressable) if spread else None
   hosts = owner_gather.hosts_of(mesh) if spread else [0]
   owners = {f: hosts[h] for f, h in safetensors_io.assign_files(
       {f: sum(nbytes[n] for n in names) for f, names in files.items()}, len(hosts)).items()}
