@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Callable, Hashable, Iterator
 
 import jax
@@ -51,8 +50,9 @@ def deliver(jobs: list[Job], mesh) -> Iterator[tuple[int, list[np.ndarray]]]:
   if len(hosts) == 1:
     for i, job in enumerate(jobs):
       if job.owner == me:
-        y = np.asarray(jax.device_get(_converter(job.key, job.convert)(job.array)))
-        yield i, [np.ascontiguousarray(y).reshape(-1).view(np.uint8)]
+        y = np.ascontiguousarray(jax.device_get(_cached(("convert", job.key), lambda: jax.jit(job.convert))(job.array)))
+        safetensors_io.count("gathered", y.nbytes)
+        yield i, [y.reshape(-1).view(np.uint8)]
     return
   n, per_host = mesh.devices.size, mesh.devices.size // len(hosts)
   ranks = _local_ranks(mesh, hosts)
@@ -172,7 +172,3 @@ def _exchange(mesh, ranks: tuple[int, ...], n_hosts: int, width: int):
   spec = P(axes)
   return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec,) * n_hosts, out_specs=spec))
 
-
-def nbytes(shape: tuple[int, ...], dtype) -> int:
-  """Bytes of an array of `shape` and `dtype`."""
-  return math.prod(shape) * np.dtype(dtype).itemsize

@@ -114,3 +114,15 @@ def test_fsdp_and_tensor_parallel_loads_match_the_whole_tensors(tmp_path):
       np.testing.assert_array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()), err_msg=f"{kw} {p}")
   hf_io.save(back, str(tmp_path / "b"))
   assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+
+
+def test_deliver_on_one_host_yields_each_converted_array_whole():
+  """owner_gather.deliver with every device on this host: each job's converted bytes, row-major, in order."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from jaxpod.io import owner_gather
+  mesh = make_mesh(data=1, fsdp=4, devices=jax.devices()[:4])
+  x = jax.device_put(np.arange(24, dtype=np.float32).reshape(4, 6), NamedSharding(mesh, P("fsdp")))
+  jobs = [owner_gather.Job(x, 0, lambda a: a.T.astype(jax.numpy.bfloat16), "t_bf16"),
+          owner_gather.Job(x, 0, lambda a: a * 2, "double")]
+  got = {i: b"".join(p.tobytes() for p in pieces) for i, pieces in owner_gather.deliver(jobs, mesh)}
+  assert got == {0: np.asarray(x).T.astype(jax.numpy.bfloat16).tobytes(), 1: (np.asarray(x) * 2).tobytes()}
