@@ -50,6 +50,9 @@ BENCHES = {
                           "jaxpod.bench.preference:cli", "jaxpod.bench.preference:PreferenceBench"),
     "rl": Command("RL post-training per topology and weight-update mode (colocated, in-flight, drain-and-sync)",
                   "jaxpod.bench.rl:cli", "jaxpod.bench.rl:RLBench"),
+    "scale": Command("per-host bytes and peak memory of load, train step, publish, export on simulated hosts "
+                     "(invariant 10), beside jaxpod plan's prediction",
+                     "jaxpod.bench.scale:cli", "jaxpod.bench.scale:ScaleBench"),
 }
 
 COMMANDS: dict[str, Command | Group] = {
