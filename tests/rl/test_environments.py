@@ -7,10 +7,11 @@ import pytest
 
 from jaxpod.models.llama import ByteTokenizer
 from jaxpod.rl import grpo
-from jaxpod.rl.environments import (NO_VERSION, Calculator, Episode, calculate, environment_factory, episode_group,
-                                    run_episodes)
-from jaxpod.rl.rollouts import to_batch
-from jaxpod.rl.tasks import Problem
+from jaxpod.problems.calculator import Calculator, calculate
+from jaxpod.problems.environments import NO_VERSION, Episode, environment_factory
+from jaxpod.rl.rollout.episodes import episode_group, run_episodes
+from jaxpod.rl.rollout.groups import to_batch
+from jaxpod.problems.base import Problem
 from jaxpod.sample import SamplingParams
 
 TOK = ByteTokenizer()
@@ -34,7 +35,7 @@ def test_the_calculator_answers_tool_calls_and_rewards_only_the_right_final_answ
 
 def test_environments_resolve_by_name_or_import_path_and_name_the_registered_ones():
   assert environment_factory("calculator") is Calculator
-  assert environment_factory("jaxpod.rl.environments:Calculator") is Calculator
+  assert environment_factory("jaxpod.problems.calculator:Calculator") is Calculator
   with pytest.raises(ValueError, match=r"'chess' is not a registered environment \(calculator\)"):
     environment_factory("chess")
 
@@ -155,8 +156,8 @@ def test_an_episode_ends_on_the_policys_turn_when_the_next_context_would_not_fit
 
 
 def test_the_calculator_teacher_calls_the_tool_or_guesses_wrong_at_its_rate():
-  from jaxpod.rl.calculator_task import CalculatorTask
-  task = CalculatorTask(digits=3, teacher_skip_tool=0.6)
+  from jaxpod.problems.calculator import CalculatorProblems
+  task = CalculatorProblems(digits=3, teacher_skip_tool=0.6)
   problems = task.train_problems(0, 1, 0, 400)
   turns = [task.demonstration_turns(p) for p in problems]
   skipped = [t for t in turns if len(t) == 1]
@@ -170,10 +171,10 @@ def test_the_calculator_teacher_calls_the_tool_or_guesses_wrong_at_its_rate():
 
 
 def test_a_warmup_demonstration_is_a_whole_episode_with_the_loss_on_the_teachers_turns_only():
-  from jaxpod.rl.calculator_task import CalculatorTask
-  from jaxpod.rl.environments import demonstration
-  problem = CalculatorTask(digits=4).problem(0, 1, 0)
-  e = demonstration(CalculatorTask(digits=4), TOK, problem, stop_id=257)
+  from jaxpod.problems.calculator import CalculatorProblems
+  from jaxpod.problems.environments import demonstration
+  problem = CalculatorProblems(digits=4).problem(0, 1, 0)
+  e = demonstration(CalculatorProblems(digits=4), TOK, problem, stop_id=257)
   a, b = problem.prompt.removeprefix("Compute ").removesuffix(".\n").split("*")
   assert TOK.decode(e.context()) == f"{problem.prompt}calc: {a}*{b}= {problem.answer}\n{problem.answer}"
   policy = [t for t, mine in zip(e.tokens, e.from_policy) if mine]
@@ -182,8 +183,8 @@ def test_a_warmup_demonstration_is_a_whole_episode_with_the_loss_on_the_teachers
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--topology", "disaggregated"], "rl.topology='disaggregated': multi-turn tasks (CalculatorTask) run colocated only"),
-    (["--rewards", "[format]"], "rl.rewards=['format']: the episodes of a multi-turn task (CalculatorTask) are scored"),
+    (["--topology", "disaggregated"], "rl.topology='disaggregated': multi-turn problem sets (CalculatorProblems) run colocated only"),
+    (["--rewards", "[format]"], "rl.rewards=['format']: the episodes of a multi-turn problem set (CalculatorProblems) are scored"),
     (["--rollout.max_new_tokens", "12"], "rl.task turns need 16 tokens with EOS (e.g. on 'Compute "),
     (["--rollout.max_prompt_len", "40"], "rl.task episodes continue from 47 tokens (prompt, turns and observations"),
     (["--task.environment_name", "chess"], "rl.task.environment_name: 'chess' is not a registered environment")])
