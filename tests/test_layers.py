@@ -143,7 +143,8 @@ def test_problems_import_no_jax():
           [node.module or ""] if isinstance(node, ast.ImportFrom) else []
       named += [f"{path.name}: {n}" for n in names if n.split(".")[0] in JAX_FAMILY]
   assert not named, named
-  code = f"import sys; import {', '.join(modules)}; print(sorted(m for m in sys.modules if m.split('.')[0] in {JAX_FAMILY}))"
+  code = (f"import sys; import {', '.join(modules)}; "
+          f"print(sorted(m for m in sys.modules if m.split('.')[0] in {JAX_FAMILY}))")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": str(SRC)},
                        check=True)
   assert out.stdout.strip() == "[]", f"importing {modules} loaded {out.stdout.strip()}"

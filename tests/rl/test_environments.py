@@ -1,17 +1,19 @@
 """Multi-turn environments: the calculator tool, episodes that continue after each observation, and a
 loss that never trains on the environment's tokens."""
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxpod.models.llama import ByteTokenizer
-from jaxpod.rl import grpo
+from jaxpod.problems.base import Problem
 from jaxpod.problems.calculator import Calculator, calculate
 from jaxpod.problems.environments import NO_VERSION, Episode, environment_factory
+from jaxpod.rl import grpo
 from jaxpod.rl.rollout.episodes import episode_group, run_episodes
 from jaxpod.rl.rollout.groups import to_batch
-from jaxpod.problems.base import Problem
 from jaxpod.sample import SamplingParams
 
 TOK = ByteTokenizer()
@@ -228,3 +230,27 @@ def test_jaxpod_rl_on_the_calculator_raises_the_reward_of_its_episodes(tmp_path)
   passes = summary["pass_at_k"]  # sampled held-out episodes: pass@1 <= pass@2, both counting episodes solved
   for when in ("start", "end"):
     assert 0 < passes["pass@1"][when] <= passes["pass@2"][when] <= 1
+
+
+def test_a_single_turn_sample_is_a_one_turn_request_and_a_multi_turn_one_an_episode():
+  """The roller and the evaluator never ask which: `samples_for` picks once, both answer `groups(...)`; the one-turn
+  groups are scored by the reward plugins, with the engine's n samples of one request per problem."""
+  from jaxpod.problems import AdditionProblems, CalculatorProblems
+  from jaxpod.problems.rewards import VerifiedProblems
+  from jaxpod.rl.rollout.episodes import Episodes, OneTurn, request_seed, samples_for
+  one = samples_for(VerifiedProblems(AdditionProblems(), ("exact_match",), (), 0), max_context=16)
+  many = samples_for(VerifiedProblems(CalculatorProblems(max_turns=4), ("exact_match",), (), 0), max_context=48)
+  assert isinstance(one, OneTurn) and isinstance(many, Episodes)
+  assert many.factory is Calculator and many.max_turns == 4 and many.max_context == 48
+  calls = []
+
+  def generate(ids, seeds, n=1):
+    calls.append((len(ids), list(seeds), n))
+    return [types.SimpleNamespace(sample=j, tokens=TOK.encode("3")[1:] if j else [], sampled=[51, 257],
+                                  logprobs=[-.1, -.2], versions=[0, 0], finish_reason="stop")
+            for _ in ids for j in range(n)]
+
+  problems = [Problem("1+2=", "3", 1, 0), Problem("2+2=", "4", 1, 1)]
+  groups = one.groups(generate, TOK, problems, n=2, seed=5)
+  assert calls == [(2, [request_seed(5, p) for p in problems], 2)]
+  assert [g.rewards for g in groups] == [[0.0, 1.0], [0.0, 0.0]] and groups[0].correct == [False, True]

@@ -3,10 +3,10 @@
     jaxpod rl                                        # the built-in default (addition, colocated)
     jaxpod rl --grpo.num_generations 8 --trainer.steps 300 --topology disaggregated
 
-Sections: task (the problem set, `jaxpod.problems`: what the policy solves), rewards, model (architecture, or `model.hf` to start from
-a HF checkpoint), warmup (supervised steps on the task's own data before RL), grpo (the algorithm),
-rollout (the engine and the workers), transfer (weights between clusters when disaggregated),
-trainer / tracker / runtime / mesh (as in `jaxpod train`).
+Sections: task (the problem set, `jaxpod.problems`: what the policy solves), rewards, model (architecture,
+or `model.hf` to start from a HF checkpoint), warmup (supervised steps on the problem set's own data before
+RL), grpo (the algorithm), rollout (the engine and the workers), transfer (weights between clusters when
+disaggregated), trainer / tracker / runtime / mesh (as in `jaxpod train`).
 """
 from __future__ import annotations
 
@@ -200,7 +200,7 @@ class RLTransferConfig(TransferConfig):
 class RLConfig:
   """`jaxpod rl`: warm-up, then GRPO with rollouts from the continuous engine (see the module docstring)."""
 
-  task: ProblemSet = dataclasses.field(default_factory=SortProblems)  # the problem set (type: sort | addition | dataset | calculator)
+  task: ProblemSet = dataclasses.field(default_factory=SortProblems)  # problem set: sort|addition|dataset|calculator
   rewards: tuple[str, ...] = ("exact_match",)  # reward plugins (registered names or "module:function"), summed
   reward_weights: tuple[float, ...] = ()  # one weight per reward (empty: all 1.0)
   model: RLModelConfig = dataclasses.field(default_factory=RLModelConfig)  # the policy (or model.hf)

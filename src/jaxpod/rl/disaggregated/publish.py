@@ -7,7 +7,8 @@ so the two jobs need nothing else in common and either may restart.
 
 `PublishPolicy` (transfer's `PublishWeightsHook`, every step) publishes the starting version at `on_start`
 and version k after step k; publish returns once version k can be fetched (transfer's commit), so a
-worker never waits on a version the trainer already reported. The workers' side is `worker.py` (`create_client` on the same config).
+worker never waits on a version the trainer already reported. The workers' side is `worker.py`
+(`create_client` on the same config).
 """
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ def run_episodes(generate, tokenizer, factory: Callable[[], Environment], proble
 
 
 def episode_group(episodes: Sequence[Episode]) -> Group:
-  """One problem's n episodes as a `rollouts.Group` (what admission and the trainer's batch take): every token
+  """One problem's n episodes as a `groups.Group` (what admission and the trainer's batch take): every token
   after the prompt, `from_policy` marking the policy's; the reward is the episode's, correct means solved."""
   return Group(problem=episodes[0].problem, prompt_ids=list(episodes[0].prompt_ids),
                sampled=[list(e.tokens) for e in episodes], logprobs=[list(e.logprobs) for e in episodes],
