@@ -2,11 +2,11 @@
 
 A field's own range is checked by its dataclass when the config is parsed (`RLConfig` and its sections;
 the rollout section's sampling options by `jaxpod.sample.SamplingOptions`, naming `rl.rollout.<field>`).
-Everything that depends on several fields, the hosts, the devices, files or the task is checked here,
+Everything that depends on several fields, the hosts, the devices, files or the problem set is checked here,
 in this order: the rewards resolve (a plugin not found); per job (the trainer, the rollout workers):
 rows per step split over its hosts in whole groups and over its data-parallel devices (the warm-up's
 batch and GRPO's prompts x samples), the engine's decode slots over its data-parallel devices; storage is
-reachable (and shared when several jobs or hosts use it); the starting checkpoint exists; the task's
+reachable (and shared when several jobs or hosts use it); the starting checkpoint exists; the problem set's
 prompts and answers fit the engine's context (prompts are never truncated; a multi-turn set: every
 turn of its teacher's episodes and every context a turn continues from). A multi-turn set runs
 colocated only and is scored by its environment (`check_environment`). Each error names the

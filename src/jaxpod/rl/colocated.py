@@ -51,7 +51,7 @@ def fill_batch(rounds, need: int, version: int, *, max_policy_lag: int, filter_g
   raise RuntimeError(f"rl colocated: only {len(chosen)} of the {examined} groups sampled for a batch have rewards "
                      f"that differ (grpo.filter_groups drops the others; {need} needed): the policy solves or fails "
                      "almost every problem; raise grpo.max_sampling_rounds, set grpo.filter_groups false or "
-                     "change the task")
+                     "change the problem set (--task)")
 
 
 class RolloutBuffer:

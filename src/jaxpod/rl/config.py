@@ -53,7 +53,7 @@ class RLModelConfig(LlamaConfig):
 
 @dataclasses.dataclass(frozen=True)
 class WarmupConfig:
-  """Supervised fine-tuning on the task's own problems before RL (next-token loss on answer + EOS)."""
+  """Supervised fine-tuning on the problem set's own problems before RL (next-token loss on answer + EOS)."""
 
   steps: int = 150  # optimizer steps (0: no warm-up; ignored when model.hf is set)
   batch_size: int = 128  # problems per step over all hosts
@@ -126,7 +126,7 @@ class RolloutConfig(SamplingOptions):
 
   section: ClassVar[str] = "rl.rollout"
   temperature: float = 0.5  # sampling temperature > 0 (the trainer recomputes log-probs under the same distribution)
-  max_prompt_len: int = 16  # prompt tokens (BOS included); longer task prompts are refused before compiling
+  max_prompt_len: int = 16  # prompt tokens (BOS included); longer prompts are refused before compiling
   max_new_tokens: int = 8  # tokens sampled per completion at most
   batch_size: int = 128  # decode slots of the engine (rows decoded together)
   steps_per_round: int = 4  # decode steps per device call between scheduling rounds

@@ -104,7 +104,7 @@ def group(scorer: Scorer, tokenizer, problem: Problem, prompt_ids: Sequence[int]
 
 @dataclasses.dataclass(frozen=True)
 class Episodes:
-  """How a multi-turn task's samples are made: episodes with fresh environments, turn and context limits."""
+  """How a multi-turn set's samples are made: episodes with fresh environments, turn and context limits."""
 
   factory: Callable[[], Environment]  # a fresh environment per episode
   max_turns: int  # policy turns per episode at most

@@ -2,7 +2,7 @@
 
 A `Group` is one problem's n samples as the engine returned them: every sampled token (the
 stop token included), its log-prob under the distribution it was drawn from, and the weights
-version that produced it (invariant 9), plus each sample's reward. A sample of a multi-turn task is
+version that produced it (invariant 9), plus each sample's reward. A sample of a multi-turn set is
 a whole episode (`episodes.episode_group`): its tokens after the prompt are the policy's turns and
 the environment's observations, and `from_policy` says which is which; an observation token has no
 log-prob (0), no version (`NO_VERSION`) and is never trained on.
