@@ -62,14 +62,14 @@ class TRLArm:
 def _problems(arm: TRLArm):
   from jaxpod.problems.dataset import DatasetProblems
   task = DatasetProblems(path=arm.prompts, prompt_column=arm.prompt_column, answer_column=arm.answer_column,
-                     verifier=arm.verifier, eval_size=arm.eval_size)
+                         verifier=arm.verifier, eval_size=arm.eval_size)
   train = task.train_problems(arm.seed, RL_STREAM, 0, arm.steps * arm.num_prompts_per_step)
   return task, train, task.eval_set(arm.seed)
 
 
 def _reward_fn(task, tokenizer):
-  from jaxpod.problems.rewards import resolve
   from jaxpod.problems.base import Problem
+  from jaxpod.problems.rewards import resolve
   verify = resolve(task.correct_reward, task)
   eos = set(tokenizer.all_special_ids) & {tokenizer.eos_token_id}
 
