@@ -57,9 +57,9 @@ def test_help_lists_every_section(capsys):
 def test_another_task_type_keeps_the_default_sections_but_not_its_task_fields():
   """`--task.type addition` on the embedded sort default: the addition task with its own defaults, the rest kept."""
   from jaxpod.cli.rl import load_config
-  from jaxpod.rl.tasks import AdditionTask
+  from jaxpod.problems.generated import AdditionProblems
   default, addition = load_config([]), load_config(["--task.type", "addition", "--task.digits", "2"])
-  assert isinstance(addition.task, AdditionTask) and addition.task.digits == 2
+  assert isinstance(addition.task, AdditionProblems) and addition.task.digits == 2
   assert addition.grpo == default.grpo and addition.warmup == default.warmup and addition.rollout == default.rollout
 
 

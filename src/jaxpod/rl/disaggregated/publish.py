@@ -5,18 +5,20 @@ trainer and every worker of a run find the publications from the run alone. The 
 `checkpoint` with the filesystem coordinator: both live in the run's shared storage (a bucket),
 so the two jobs need nothing else in common and either may restart.
 
-`PublishPolicy` publishes the starting version at `on_start` and version k after step k; publish
-returns once version k can be fetched (transfer's commit), so a worker never waits on a version the
-trainer already reported. The workers' side is `worker.py` (`create_client` on the same config).
+`PublishPolicy` (transfer's `PublishWeightsHook`, every step) publishes the starting version at `on_start`
+and version k after step k; publish returns once version k can be fetched (transfer's commit), so a
+worker never waits on a version the trainer already reported. The workers' side is `worker.py`
+(`create_client` on the same config).
 """
 from __future__ import annotations
 
 import dataclasses
 
 from jaxpod.runtime import storage
-from jaxpod.runtime.hooks import Hook, StepInfo
+from jaxpod.runtime.hooks import StepInfo
 from jaxpod.runtime.log import get_logger
 from jaxpod.transfer.config import TransferConfig
+from jaxpod.transfer.hooks import PublishWeightsHook
 
 log = get_logger("rl.trainer")
 
@@ -36,24 +38,19 @@ def describe(transfer: TransferConfig) -> str:
   return f"{transfer.mode} transfer at the {transfer.coordinator} coordinator {transfer.name!r}"
 
 
-class PublishPolicy(Hook):
-  """Publishes the policy as version `step`: at the start (the restored or first weights) and after every step."""
+class PublishPolicy(PublishWeightsHook):
+  """transfer's publish hook every step, and once at the start (the restored or first weights) as version `step`."""
 
   def __init__(self, transfer: TransferConfig):
-    from jaxpod.transfer.api import create_server
-    self.server = create_server(transfer)
-    self.seconds = 0.0
+    super().__init__(transfer, every=1)
 
-  def due(self, step: int, final: bool) -> bool:
-    return True
-
-  def on_start(self, info: StepInfo) -> dict:
+  def on_start(self, info: StepInfo) -> dict | None:
     return self(info)
 
-  def __call__(self, info: StepInfo) -> dict:
-    m = self.server.publish(int(info.step), info.state.params)
-    log.info("published policy version %d (%.1f MB, %.3f s)", info.step, m.nbytes / 1e6, m.seconds)
-    return {"rl/publish_s": m.seconds}
-
-  def close(self) -> None:
-    self.server.close()
+  def __call__(self, info: StepInfo) -> dict | None:
+    out = super().__call__(info)
+    if out is None:  # this version was published already
+      return None
+    m = self.history[-1]
+    log.info("published policy version %d (%.1f MB, %.3f s)", info.step, m["bytes"] / 1e6, m["seconds"])
+    return {"rl/publish_s": out["transfer/publish_s"]}
