@@ -191,7 +191,7 @@ class RLTrainerConfig(TrainerConfig):
 class RLTransferConfig(TransferConfig):
   """`jaxpod.transfer`'s config with RL's defaults: versions and records in the run's shared storage."""
 
-  mode: str = "checkpoint"  # checkpoint | arrow_flight | ray | jax_transfer (see the transfer section of the README)
+  mode: str = "checkpoint"  # checkpoint | arrow_flight | ray | jax_transfer (see docs/transfer.md)
   coordinator: str | None = "filesystem"  # where versions are registered; filesystem = in `folder`
   folder: str = "weights"  # relative: inside the run folder, so trainer and workers find it from the run alone
 
