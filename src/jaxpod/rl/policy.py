@@ -47,7 +47,7 @@ class PolicySpec:
 
 class Accuracy:
   """Greedy accuracy on the held-out problems, and pass@k with `eval.k` (the trainer's evaluator); for a multi-turn
-  set, the fraction of episodes solved."""
+  set, the fraction of episodes solved. The one held-out evaluator: the preference default uses it too."""
 
   def __init__(self, problems: VerifiedProblems, rollout: RolloutConfig, graphdef, mesh, tokenizer, stop_ids):
     from jaxpod.rl.rollout.episodes import samples_for

@@ -326,14 +326,14 @@ class PreferenceTask(LlamaTask):
   def evaluator(self, graphdef, mesh, ema_sh, buffer_sh, batch_sh):
     from jax.sharding import NamedSharding, PartitionSpec
     from jaxpod import runtime
-    from jaxpod.tasks.preference_start import ExactMatch
+    from jaxpod.tasks.preference_start import held_out_accuracy
     from jaxpod.train.state import batch_sharding
     from jaxpod.train.step import global_batch, host_metrics
     loss = self.loss_fn(graphdef)
     eval_sh = {**batch_sh, "valid": batch_sharding(mesh, 1)}
     fn = runtime.jit(lambda p, b, batch: loss(p, b, batch, None, ())[1][1], name="preference_eval_batch",
                      in_shardings=(ema_sh, buffer_sh, eval_sh), out_shardings=NamedSharding(mesh, PartitionSpec()))
-    exact = (ExactMatch(graphdef, mesh, self.pc.sort, self.tokenizer, self.cfg.trainer.seed)
+    exact = (held_out_accuracy(graphdef, mesh, self.pc.sort, self.tokenizer, self.cfg.trainer.seed)
              if self.pc.data.path is None else None)
 
     def evaluate(params, buffers) -> dict:
@@ -344,7 +344,10 @@ class PreferenceTask(LlamaTask):
         for k, v in host_metrics(m).items():
           raw[k] = raw.get(k, 0.0) + v
       out = {**self.normalize(raw, 0), "count": int(raw["pairs"])}
-      return out | exact(params) if exact is not None else out
+      if exact is not None:
+        acc = exact(params, buffers)
+        out |= {"accuracy": acc["accuracy"], "accuracy_count": acc["count"]}
+      return out
 
     return evaluate
 
