@@ -194,6 +194,7 @@ class RLTransferConfig(TransferConfig):
   mode: str = "checkpoint"  # checkpoint | arrow_flight | ray | jax_transfer (see docs/transfer.md)
   coordinator: str | None = "filesystem"  # where versions are registered; filesystem = in `folder`
   folder: str = "weights"  # relative: inside the run folder, so trainer and workers find it from the run alone
+  background: bool = True  # upload while the next step trains; a version is seen one step later (needs grpo.max_policy_lag >= 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,6 +231,10 @@ class RLConfig:
     if isinstance(self.task, DatasetProblems) and not self.task.chat_template and self.model.hf:
       # message prompts are rendered with the policy's own chat template unless another is named
       object.__setattr__(self, "task", dataclasses.replace(self.task, chat_template=self.model.hf))
+    if self.topology == "disaggregated" and self.transfer.background and self.grpo.max_policy_lag < 1:
+      raise ValueError("rl.transfer.background=true publishes version k while step k+1 trains, so workers sample "
+                       f"one version behind; rl.grpo.max_policy_lag={self.grpo.max_policy_lag} admits none: set "
+                       "--grpo.max_policy_lag 1 or more, or --transfer.background false")
     if self.rollout.groups_per_file > self.grpo.num_prompts_per_step:
       raise ValueError(f"rl.rollout.groups_per_file={self.rollout.groups_per_file} exceeds "
                        f"rl.grpo.num_prompts_per_step={self.grpo.num_prompts_per_step}; lower it")
