@@ -16,7 +16,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 RANK = {"cli": 6, "bench": 5, "tasks": 4, "rl": 4, "train": 3, "sample": 3, "extract": 3, "transfer": 3, "models": 2, "data": 2, "io": 2,
-        "configs": 2, "runtime": 1}
+        "configs": 2, "runtime": 1, "plan": 3}
 WORKLOADS = {"train", "sample", "extract", "transfer"}
 
 
