@@ -5,4 +5,4 @@
     restored = ckpt.restore(target_tree)             # (step, tree, data_state) or None
     verify("gs://bucket/runs/x/checkpoints")         # [(step, None or error)]: reads every byte
 """
-from jaxpod.io.checkpoints import CheckpointConfig, Checkpointer, verify
+from jaxpod.io.checkpoints import CheckpointConfig, CheckpointMismatch, Checkpointer, verify
