@@ -53,7 +53,8 @@ class PlanOptions(Workload):
     """The preset with any field given here replacing its value."""
     base = PodShape.named(self.pod) if self.pod else PodShape()
     given = {n: getattr(self, n) for n in ("hosts", "devices_per_host", "hbm_gb", "host_ram_gb") if getattr(self, n)}
-    return dataclasses.replace(base, **given, name=base.name if not given else f"{base.name}*")
+    name = base.name if not given else f"{self.pod} (changed)" if self.pod else "custom"
+    return dataclasses.replace(base, **given, name=name)
 
   def workload(self) -> Workload:
     """The Workload fields alone."""
