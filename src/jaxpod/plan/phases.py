@@ -17,7 +17,7 @@ Phases and what each assumes of the code (DESIGN.md invariant 10):
   export      HF safetensors files assigned to hosts by bytes (~model / hosts each), written tensor by
               tensor: working set the largest tensor, twice
   checkpoint  Orbax: each host copies the shards it writes to host RAM (async) and uploads them; replicas
-              spread; the bucket keeps keep_last of them
+              split each shard between them (replica-parallel save, Orbax's default off GPU platforms)
 """
 from __future__ import annotations
 
@@ -115,7 +115,8 @@ def make_plan(cfg: LlamaConfig, pod: PodShape, wl: Workload) -> Plan:
   item = pm.ITEMSIZE[cfg.dtype]
   total = sum(t.size for t in ts) * item
   params_dev = sum(device_elements(t, lay) for t in ts) * item
-  needed, served, largest_host = host_bytes(ts, lay, item)
+  hb = host_bytes(ts, lay, item)
+  needed, served, largest_host = hb.needed, hb.served, hb.largest
   largest = max(t.size for t in ts) * item
   hbm = int(pod.hbm_gb * GB * wl.memory_fraction)
   ram = int(pod.host_ram_gb * GB * wl.memory_fraction)
@@ -153,8 +154,10 @@ def make_plan(cfg: LlamaConfig, pod: PodShape, wl: Workload) -> Plan:
   phases.append(export)
 
   copies = 1 + slots + int(ema) + int(wl.reference)
-  ckpt_host = copies * int(served.max())
+  ckpt_host = copies * int(hb.split.max())
   checkpoint = Phase("checkpoint", resident, ckpt_host, 0, ckpt_host, dict(state_parts))
+  checkpoint.notes.append(f"the bucket keeps keep_last={wl.keep_last} x {_gb(copies * total)} (params x {copies}) = "
+                          f"{_gb(wl.keep_last * copies * total)}")
   phases.append(checkpoint)
 
   _check(cfg, pod, wl, lay, phases, hbm, ram, resident, acts, params_dev, total)
@@ -169,7 +172,7 @@ def make_plan(cfg: LlamaConfig, pod: PodShape, wl: Workload) -> Plan:
 
 
 def _gb(x: float) -> str:
-  return f"{x / GB:.1f} GB"
+  return f"{x / GB:.2f} GB" if x < 10 * GB else f"{x / GB:.1f} GB"
 
 
 def _check(cfg, pod: PodShape, wl: Workload, lay: Layout, phases: list[Phase], hbm: int, ram: int, resident: int,

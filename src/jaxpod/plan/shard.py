@@ -73,12 +73,22 @@ def _shard_ids(t: Tensor, layout: Layout) -> np.ndarray:
   return ids
 
 
-def host_bytes(tensors: list[Tensor], layout: Layout, itemsize: int) -> tuple[np.ndarray, np.ndarray, int]:
-  """(needed, served, largest) over `tensors`: bytes per host of the distinct shards held, of the shards served
-  (spread by bytes), and the most bytes one host holds of a single tensor."""
+@dataclasses.dataclass(frozen=True)
+class HostBytes:
+  """Per-host bytes of a set of tensors on a layout (arrays indexed by host)."""
+
+  needed: np.ndarray  # distinct shards this host's devices hold (what a ranged load reads)
+  served: np.ndarray  # whole shards served, each by one holder, by bytes round-robin (publish)
+  split: np.ndarray  # each shard split evenly over the hosts holding it (Orbax's replica-parallel save)
+  largest: int  # the most bytes one host holds of a single tensor
+
+
+def host_bytes(tensors: list[Tensor], layout: Layout, itemsize: int) -> HostBytes:
+  """Per-host bytes of `tensors` on `layout`: held, served whole, served split, and the largest tensor's part."""
   per_host = layout.devices // layout.hosts
   needed = np.zeros(layout.hosts, np.int64)
   served = np.zeros(layout.hosts, np.int64)
+  split_ = np.zeros(layout.hosts, np.int64)
   largest = 0
   cache: dict[tuple, tuple[np.ndarray, list[np.ndarray]]] = {}
   for t in tensors:
@@ -94,4 +104,5 @@ def host_bytes(tensors: list[Tensor], layout: Layout, itemsize: int) -> tuple[np
     largest = max(largest, int(counts.max()) * shard)
     for hs in holders:  # each shard once, by the least-loaded host that holds it
       served[hs[np.argmin(served[hs])]] += shard
-  return needed, served, largest
+      split_[hs] += shard // len(hs)
+  return HostBytes(needed, served, split_, largest)
