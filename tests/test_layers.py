@@ -5,6 +5,7 @@
     rl  tasks                            compositions: RL post-training (train + sample + transfer); what the
                                          trainer runs (TRM Sudoku, causal LM); they never import each other
     train  sample  extract  transfer     the workloads: never import each other
+    plan                                 `jaxpod plan` (beside the workloads; imports models and runtime)
     problems                             what is solved: problem sets, environments, rewards, verifiers, pass@k
                                          (imports no JAX)
     models  data  io  configs
@@ -22,7 +23,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 RANK = {"cli": 7, "bench": 6, "tasks": 5, "rl": 5, "train": 4, "sample": 4, "extract": 4, "transfer": 4, "problems": 3,
-        "models": 2, "data": 2, "io": 2, "configs": 2, "runtime": 1}
+        "plan": 4, "models": 2, "data": 2, "io": 2, "configs": 2, "runtime": 1}
 WORKLOADS = {"train", "sample", "extract", "transfer"}
 
 
