@@ -28,7 +28,7 @@ from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.models.llama.model import PAGE_AXES, SLOT_AXES, Llama, PagedKVCache, abstract
 from jaxpod.runtime import mesh as mesh_lib
 from jaxpod.runtime.mesh import device_memory_bytes
-from jaxpod.runtime.sharding import DEFAULT as DEFAULT_RULES, state_shardings
+from jaxpod.runtime.sharding import DEFAULT as DEFAULT_RULES, INFERENCE, state_shardings
 from jaxpod.sample.config import MODES, EngineConfig, SamplingParams
 from jaxpod.sample.paged import PagedRunner, PagedScheduler
 from jaxpod.sample.scheduler import Scheduler
@@ -51,13 +51,16 @@ def _per_device_bytes(shape, dtype, sharding) -> int:
 
 
 def memory_plan(cfg: LlamaConfig, ec: EngineConfig, mesh) -> dict[str, int]:
-  """Estimated bytes per device: weights, the KV cache (page pool or full-capacity slots) and prefill activations."""
+  """Estimated bytes per device: weights (in the engine's inference layout), the KV cache (its data shard's page
+  pool or full-capacity slots) and prefill activations."""
   _, abs_state = nnx.split(abstract(cfg))
-  shardings = state_shardings(abs_state, mesh)
+  shardings = state_shardings(abs_state, mesh, INFERENCE)
   weights = sum(_per_device_bytes(v.shape, v.dtype, s) for v, s in zip(
       jax.tree.leaves(abs_state), jax.tree.leaves(shardings)))
   if ec.kv_layout == "paged":
-    pool_shape = (cfg.num_hidden_layers, ec.pool_pages, ec.page_size, cfg.num_key_value_heads, cfg.head_dim_)
+    shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    pool_shape = (cfg.num_hidden_layers, shards, ec.shard_pages(shards), ec.page_size, cfg.num_key_value_heads,
+                  cfg.head_dim_)
     pool_sh = NamedSharding(mesh, DEFAULT_RULES.fitted_spec(PAGE_AXES, pool_shape, mesh, "kv_pool"))
     cache = 2 * _per_device_bytes(pool_shape, cfg.dtype, pool_sh)
   else:  # at the largest capacity
@@ -110,12 +113,17 @@ def check_memory(cfg: LlamaConfig, ec: EngineConfig, mesh, available: int | None
 
 
 def check_batch(ec: EngineConfig, mesh) -> None:
-  """The decode slots and the prefill rows split evenly over the mesh's data-parallel axes."""
+  """The decode slots and the prefill rows split evenly over the mesh's data-parallel axes; paged: each data
+  shard's pool holds one sequence at least."""
   dp = mesh.shape["data"] * mesh.shape["fsdp"]
   for name, value in (("batch_size", ec.batch_size), ("prefill_batch", ec.prefill_rows)):
     if value % dp:
       raise ValueError(f"sample.{name}={value} is not divisible by the mesh's data*fsdp={dp}; "
                        f"use a multiple of {dp} (or set mesh.data/mesh.fsdp)")
+  if ec.kv_layout == "paged" and ec.shard_pages(dp) - 1 < ec.pages_per_seq:
+    raise ValueError(f"sample.num_pages={ec.num_pages} splits into {ec.shard_pages(dp)} pages per data shard "
+                     f"(data*fsdp={dp}), too few for one sequence of {ec.cache_len} tokens ({ec.pages_per_seq} "
+                     f"pages + a scratch page); set num_pages >= {dp * (ec.pages_per_seq + 1)}")
 
 
 def check_prompts(ids: Sequence[Sequence[int]], ec: EngineConfig) -> None:

@@ -215,7 +215,7 @@ def _attend_cached(cfg: LlamaConfig, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, cache, lay
     ctx = jnp.einsum("bkgts,bkse->btkge", probs, v_BxKxTxE)
   else:
     if isinstance(cache, PagedKVCache):
-      kv_len = cache.table_BxM.shape[1] * cache.k.shape[2] if kv_len is None else kv_len
+      kv_len = cache.table_BxM.shape[1] * cache.k.shape[3] if kv_len is None else kv_len
     old_k_BxKxSxE, old_v_BxKxSxE = cache.read(layer, kv_len)
     s = old_k_BxKxSxE.shape[2]
     old = jnp.einsum("btkge,bkse->bkgts", q_BxTxKxGxE, old_k_BxKxSxE, preferred_element_type=jnp.float32) * scale
