@@ -1,18 +1,16 @@
-"""KV memory by data shard (DESIGN.md invariant 10: every host holds only its share): the paged pool splits over
-the data axes (a device holds its shard's pages, the same tokens come out), and the check of a train state plus
-every engine's KV cache against device memory refuses in one line naming the knob."""
+"""KV memory by data shard (DESIGN.md invariant 10: every host holds only its share): the memory plan counts one
+data shard's page pool, and the check of a train state plus every engine's KV cache against device memory
+refuses in one line naming the knob (the pool's arrays themselves: test_sample_layout.py)."""
 import dataclasses
 
 import jax
 import pytest
 
-from jaxpod.models.llama import hf_io, tiny
+from jaxpod.models.llama import tiny
 from jaxpod.models.llama.kv import PagedKVCache
 from jaxpod.runtime import make_mesh
-from jaxpod.sample import EngineConfig, Sampler, SamplingParams
-from jaxpod.sample.memory import EngineMemory, check_train_and_engines, engine_knob, kv_cache_bytes
-
-from sample_fixtures import EOS, IDS, SEEDS, SMALL, STOP, same, small_sampler
+from jaxpod.sample import EngineConfig
+from jaxpod.sample.memory import EngineMemory, check_train_and_engines, engine_knob
 
 MiB = 2 ** 20
 
@@ -36,27 +34,6 @@ def test_train_state_plus_engines_checked_in_one_line():
   assert "\n" not in str(e.value)
 
 
-def test_paged_pool_split_by_data_shard_same_tokens(model, tiny_ckpt):
-  """data=4: the pool is [L, 4, P, ...] with one shard per device (a quarter of the one-device pool's bytes, as
-  `kv_cache_bytes` predicts); a pool of 1 sequence per shard preempts, and n=2 samples share prompt
-  pages within their shard: the tokens equal the one-device engine's."""
-  sp = SamplingParams(temperature=0.8, top_k=20, top_p=0.9)
-  want = small_sampler(model, sp, kv_layout="paged").generate(IDS, SEEDS, n=2)
-  mesh = make_mesh(data=4, devices=jax.devices()[:4])
-  ec = EngineConfig(**(SMALL | dict(kv_layout="paged", batch_size=8, prefill_batch=4, num_pages=4 * 12)))
-  s = Sampler(hf_io.load(tiny_ckpt, mesh), mesh, ec, sp, [EOS, STOP])
-  same(s.generate(IDS, SEEDS, n=2), want)
-  assert s.last.preemptions > 0 and s.last.pool.free == 4 * 11
-  cfg = model.cfg
-  assert s.runner.k.shape == (cfg.num_hidden_layers, 4, 12, 4, cfg.num_key_value_heads, cfg.head_dim_)
-  shard = s.runner.k.addressable_shards[0].data
-  assert shard.shape == (cfg.num_hidden_layers, 1, 12, 4, cfg.num_key_value_heads, cfg.head_dim_)
-  per_device = 2 * shard.nbytes
-  one = make_mesh(devices=jax.devices()[:1])
-  assert per_device == kv_cache_bytes(cfg, ec, mesh) == kv_cache_bytes(cfg, ec, one) // 4
-  assert per_device == 12 * PagedKVCache.page_bytes(cfg, 4)
-
-
 def test_sample_memory_check_counts_a_shards_pool():
   """`jaxpod sample`'s check: the paged KV part per device shrinks by the data-axis size."""
   from jaxpod.sample import memory_plan
@@ -70,3 +47,16 @@ def test_sample_memory_check_counts_a_shards_pool():
                                        r"num_pages >= 36"):
     from jaxpod.sample import check_batch
     check_batch(dataclasses.replace(ec, num_pages=16), make_mesh(data=4, devices=jax.devices()[:4]))
+
+
+def test_tree_bytes_per_device_counts_one_shard():
+  """A train state's bytes per device: its arrays' shards, or abstract leaves by their shardings."""
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding, PartitionSpec
+  from jaxpod.sample.memory import tree_bytes_per_device
+  mesh = make_mesh(data=1, fsdp=4, devices=jax.devices()[:4])
+  split, whole = NamedSharding(mesh, PartitionSpec("fsdp")), NamedSharding(mesh, PartitionSpec())
+  state = {"w": jax.device_put(jnp.zeros((8, 4)), split), "b": jax.device_put(jnp.zeros((4,)), whole)}
+  assert tree_bytes_per_device(state) == 2 * 4 * 4 + 4 * 4
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+  assert tree_bytes_per_device(abstract, {"w": split, "b": whole}) == 48

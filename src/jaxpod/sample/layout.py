@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import re
+import weakref
 
 import jax
 from jaxpod.runtime.sharding import INFERENCE, state_shardings
@@ -47,14 +48,26 @@ def _movable(b, a) -> bool:
           and b.sharding.device_set == a.sharding.device_set)
 
 
+_recent: dict = {}  # (input leaf ids, shardings) -> (weak refs to the inputs, weak refs to their copies)
+
+
 def _move(tree, want):
-  """Leaves of `tree` placed with the shardings `want` (None: left as it is); one cached jit per layout."""
+  """Leaves of `tree` placed with the shardings `want` (None: left as it is); one cached jit per layout. The same
+  arrays moved to the same layout again while the first copy lives (two engines over one weight version: rollout
+  and evaluation) share that copy."""
   leaves, treedef = jax.tree.flatten(tree)
   todo = [i for i, (x, s) in enumerate(zip(leaves, want))
           if s is not None and not (isinstance(x, jax.Array) and x.sharding.is_equivalent_to(s, x.ndim))]
   if not todo:
     return tree
-  moved = _identity(tuple(want[i] for i in todo))(*[leaves[i] for i in todo])
+  key = (tuple(id(leaves[i]) for i in todo), tuple(want[i] for i in todo))
+  ins, outs = _recent.get(key, ((), ()))
+  moved = [r() for r in outs]
+  if not ins or any(r() is not leaves[i] for r, i in zip(ins, todo)) or any(x is None or x.is_deleted()
+                                                                         for x in moved):
+    moved = _identity(key[1])(*[leaves[i] for i in todo])
+    _recent.clear()  # one entry: the latest version
+    _recent[key] = (tuple(weakref.ref(leaves[i]) for i in todo), tuple(weakref.ref(x) for x in moved))
   for i, x in zip(todo, moved):
     leaves[i] = x
   return jax.tree.unflatten(treedef, leaves)

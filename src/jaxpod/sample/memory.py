@@ -3,7 +3,7 @@
     kv = kv_cache_bytes(cfg, ec, mesh)                       # one engine's KV cache, bytes per device
     w = engine_weight_bytes(cfg, mesh)                       # its weights in the inference layout, per device
     check_device_memory({"train_state": t, "rollout kv_cache": kv}, {"train_state": "...", ...}, available)
-    check_train_and_engines(t, [EngineMemory("rollout", kv, w, "lower rl.rollout.batch_size=128 ...")])
+    check_train_and_engines(tree_bytes_per_device(state), [EngineMemory("rollout", kv, w, engine_knob(...))])
 
 `check_device_memory` is the one comparison (parts in bytes per device against `fraction` of a
 device's memory) and names the knob of the largest part in one line; `jaxpod sample`'s
@@ -58,6 +58,15 @@ def engine_weight_bytes(cfg: LlamaConfig, mesh) -> int:
   _, abs_state = nnx.split(abstract(cfg))
   shardings = state_shardings(abs_state, mesh, INFERENCE)
   return sum(_per_device(v.shape, v.dtype, s) for v, s in zip(jax.tree.leaves(abs_state), jax.tree.leaves(shardings)))
+
+
+def tree_bytes_per_device(tree, shardings=None) -> int:
+  """Bytes one device holds of a tree (e.g. a train state): arrays by their own sharding, abstract leaves
+  (ShapeDtypeStruct) by the matching leaf of `shardings`."""
+  leaves = jax.tree.leaves(tree)
+  shs = jax.tree.leaves(shardings) if shardings is not None else [getattr(x, "sharding", None) for x in leaves]
+  return sum(_per_device(x.shape, x.dtype, s) if s is not None else math.prod(x.shape) * np.dtype(x.dtype).itemsize
+             for x, s in zip(leaves, shs))
 
 
 def check_device_memory(parts: Mapping[str, int], knobs: Mapping[str, str], available: int | None = None,
