@@ -74,7 +74,7 @@ class RolloutBuffer:
     self.tokenizer = policy.tokenizer()
     self.stop_ids = policy.stop_ids(self.tokenizer, policy.llama())
     g = grpo_cfg
-    self.num_generations, self.sampled_prompts, self.need = g.num_generations, g.sampled_prompts, g.num_prompts_per_step
+    self.num_generations, self.sampled_prompts = g.num_generations, g.sampled_prompts
     self.grpo = g
     self.trained = 0  # batches handed to the trainer (= optimizer steps taken on rollouts)
     self.ready: dict | None = None  # the global arrays of batch `trained`

@@ -5,11 +5,14 @@ Before step k+1 the trainer holds policy version k (the weights after k steps). 
 (`QueueSource`) takes `num_prompts_per_step` groups from the queue that `grpo.admit` admits (every
 token made by a version in [k - max_policy_lag, k], invariant 9; rewards that differ with
 filter_groups); the others are dropped and counted by reason (`rl/dropped_stale`, `_future`,
-`_uniform`). While a batch waits the leader logs a progress line every WAIT_LINE_S (groups taken and
-dropped by reason, per worker); `grpo.BatchFill` bounds the wait as in the colocated topology: after
-max_sampling_rounds x sample_prompts_per_step groups judged without filling the batch, every trainer host
-ends with the same one line (`grpo.Starved`, exit 2) and the workers are told to stop. The leader lists and picks; the pick (file names and group indices, never data) is broadcast; every
-host reads those files from storage and builds the same global batch, then takes its share.
+`_uniform`). The leader lists and picks; the pick (file names and group indices, never data) is broadcast;
+every host reads those files from storage and builds the same global batch, then takes its share.
+
+While a batch waits the leader logs a progress line every WAIT_LINE_S (groups taken, and dropped by
+reason, per worker). `grpo.BatchFill` bounds the wait as in the colocated topology: once
+max_sampling_rounds x sample_prompts_per_step groups were judged on their rewards without filling the
+batch, the leader tells the workers to stop (progress record: done, stopped) and broadcasts the one line;
+every trainer host raises it (`grpo.Starved`, exit 2).
 
 While it waits, the leader reads the workers' heartbeats: a worker whose heartbeat stops
 changing for `rollout.worker_timeout_s` is named as lost (once), one that comes back is named as
