@@ -15,7 +15,8 @@ A batch is filled in rounds: a round samples the next `sample_prompts_per_step` 
 training stream 2 and `grpo.take` admits groups in order (`grpo.admit`, the rule the disaggregated
 trainer applies to the queue: with filter_groups, groups whose rewards are all equal are dropped)
 until `num_prompts_per_step` are taken; at most `max_sampling_rounds` rounds per batch (DAPO's
-max_num_gen_batches; a policy that solves or fails almost every problem ends the run in one line).
+max_num_gen_batches; `grpo.BatchFill`, the bound the disaggregated trainer applies too: a policy that solves
+or fails almost every problem ends the run in one line).
 Request seeds are fixed by the run seed, so a rerun from a checkpoint regenerates exactly the rollouts
 it would have trained on: the data state is the number of batches trained and the stream position of the batch not yet
 trained (invariant 5 for RL: nothing trained twice, nothing lost).
@@ -50,23 +51,18 @@ def check_memory(state, mesh, rollout: RolloutConfig, model_cfg, available: int 
       available=available)
 
 
-def fill_batch(rounds, need: int, version: int, *, max_policy_lag: int, filter_groups: bool, max_rounds: int):
-  """(the `need` groups admitted, their drop counts by reason) from `rounds`, an iterator of lists of groups (each
-  drawn only when the previous ones did not fill the batch); RuntimeError after `max_rounds` rounds."""
-  chosen, dropped, examined = [], {}, 0
-  for _, groups in zip(range(max_rounds), rounds):
-    taken, drops = grpo.take(groups, need - len(chosen), version, max_policy_lag=max_policy_lag,
-                             filter_groups=filter_groups)
+def fill_batch(rounds, fill: grpo.BatchFill) -> list:
+  """The groups `fill` admits from `rounds`, an iterator of lists of groups (each drawn only when the previous ones
+  did not fill the batch); `grpo.Starved` once `fill` gives up (max_sampling_rounds rounds)."""
+  chosen = []
+  for groups in rounds:
+    taken, _ = fill.take(groups)
     chosen += [groups[i] for i in taken]
-    for _, why in drops:
-      dropped[why] = dropped.get(why, 0) + 1
-    examined += len(groups)
-    if len(chosen) == need:
-      return chosen, dropped
-  raise RuntimeError(f"rl colocated: only {len(chosen)} of the {examined} groups sampled for a batch have rewards "
-                     f"that differ (grpo.filter_groups drops the others; {need} needed): the policy solves or fails "
-                     "almost every problem; raise grpo.max_sampling_rounds, set grpo.filter_groups false or "
-                     "change the problem set (--task)")
+    if fill.full:
+      return chosen
+    if fill.starved():
+      raise fill.error()
+  raise RuntimeError("rl colocated: the rounds of a batch ran out")  # `rounds` is endless in a run
 
 
 class RolloutBuffer:
@@ -78,8 +74,8 @@ class RolloutBuffer:
     self.tokenizer = policy.tokenizer()
     self.stop_ids = policy.stop_ids(self.tokenizer, policy.llama())
     g = grpo_cfg
-    self.num_generations, self.sampled_prompts, self.need = g.num_generations, g.sampled_prompts, g.num_prompts_per_step
-    self.max_policy_lag, self.filter_groups, self.max_rounds = g.max_policy_lag, g.filter_groups, g.max_sampling_rounds
+    self.num_generations, self.sampled_prompts = g.num_generations, g.sampled_prompts
+    self.grpo = g
     self.trained = 0  # batches handed to the trainer (= optimizer steps taken on rollouts)
     self.ready: dict | None = None  # the global arrays of batch `trained`
     self.cursor: int | None = None  # stream position of the next round (None: the start of batch `trained`)
@@ -155,8 +151,8 @@ class ColocatedRollouts(Hook):
         sampled.extend(self.roller.run(batch))
         yield sampled[-len(batch):]
 
-    chosen, dropped = fill_batch(rounds(), buffer.need, version, max_policy_lag=buffer.max_policy_lag,
-                                 filter_groups=buffer.filter_groups, max_rounds=buffer.max_rounds)
+    fill = buffer.grpo.batch_fill(version)
+    chosen = fill_batch(rounds(), fill)
     buffer.ready = buffer.batcher(chosen)
     self.last_end = time.perf_counter()
     dt = self.last_end - t0
@@ -165,4 +161,4 @@ class ColocatedRollouts(Hook):
     return {"rl/rollout_s": dt, "rl/rollout_tok_s": tokens / max(dt, 1e-9), "rl/rollout_tokens": tokens,
             "rl/interval_s": interval, "rl/sampled_version": version, "rl/sampled_reward": sum(rewards) / len(rewards),
             "rl/mixed_groups": sum(grp.mixed for grp in sampled) / len(sampled),
-            **{f"rl/dropped_{why}": float(dropped.get(why, 0)) for why in grpo.DROP_REASONS}}
+            **{f"rl/dropped_{why}": float(fill.dropped(why)) for why in grpo.DROP_REASONS}}

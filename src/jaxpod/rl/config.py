@@ -16,7 +16,7 @@ from typing import ClassVar
 from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.problems import DatasetProblems, ProblemSet, SortProblems
 from jaxpod.problems.passk import EvalConfig
-from jaxpod.rl.grpo import LOSS_NORMS, SCALE_REWARDS
+from jaxpod.rl.grpo import LOSS_NORMS, SCALE_REWARDS, BatchFill
 from jaxpod.runtime.mesh import MeshConfig
 from jaxpod.runtime.state import RuntimeConfig
 from jaxpod.sample.config import EngineConfig, SamplingOptions, SamplingParams
@@ -72,7 +72,7 @@ class GRPOConfig:
   num_prompts_per_step: int = 32  # prompts (groups) per optimizer step
   filter_groups: bool = True  # DAPO's dynamic sampling: drop groups whose samples all got the same reward, draw others
   sample_prompts_per_step: int = 128  # colocated: prompts per sampling round (0: num_prompts_per_step), until a batch is full
-  max_sampling_rounds: int = 8  # colocated with filter_groups: rounds per batch at most, then a one-line error
+  max_sampling_rounds: int = 8  # filter_groups: a batch ends the run after this x sampled_prompts groups judged
   num_generations: int = 8  # samples per prompt, n (>= 2: the group baseline needs two)
   epsilon: float = 0.2  # lower clip: ratio >= 1 - epsilon
   epsilon_high: float = 0.28  # upper clip: ratio <= 1 + epsilon_high (DAPO's clip-higher; = epsilon is symmetric)
@@ -110,6 +110,11 @@ class GRPOConfig:
   def sampled_prompts(self) -> int:
     """Prompts sampled per step (colocated)."""
     return self.sample_prompts_per_step or self.num_prompts_per_step
+
+  def batch_fill(self, trainer_version: int) -> BatchFill:
+    """One batch's admissions for the trainer at `trainer_version`, with the bound on its wait (both topologies)."""
+    return BatchFill(self.num_prompts_per_step, trainer_version, max_policy_lag=self.max_policy_lag,
+                     filter_groups=self.filter_groups, limit=self.max_sampling_rounds * self.sampled_prompts)
 
   @property
   def rows(self) -> int:

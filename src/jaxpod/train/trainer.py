@@ -217,7 +217,7 @@ def _on_failure(e: BaseException, host, ckpt) -> None:
   """Name the root cause, then (one process only) commit finished checkpoints before going down."""
   if isinstance(e, runtime.PeerFailed):
     return
-  if isinstance(e, Exception):
+  if isinstance(e, Exception) and not getattr(e, "coordinated", False):  # coordinated: every host raises it
     runtime.check_peers("train loop")  # a failed peer explains a broken collective better than its error
   if not host.multi_process:
     ckpt.wait()  # with several hosts the peers may be gone: nothing collective on the way down
