@@ -32,7 +32,7 @@ from jaxpod.problems.rewards import VerifiedProblems
 from jaxpod.rl import grpo
 from jaxpod.rl.config import GRPOConfig, RolloutConfig
 from jaxpod.rl.policy import PolicySpec
-from jaxpod.rl.rollout.groups import Batcher
+from jaxpod.rl.rollout.groups import Batcher, BatchSource
 from jaxpod.runtime.hooks import Hook, StepInfo
 
 RL_STREAM = 2  # training stream of RL problems (the warm-up uses stream 1)
@@ -65,7 +65,7 @@ def fill_batch(rounds, fill: grpo.BatchFill) -> list:
   raise RuntimeError("rl colocated: the rounds of a batch ran out")  # `rounds` is endless in a run
 
 
-class RolloutBuffer:
+class RolloutBuffer(BatchSource):
   """The trainer's iterator: the next batch, put there by `ColocatedRollouts` with the latest weights."""
 
   def __init__(self, problems: VerifiedProblems, policy: PolicySpec, rollout: RolloutConfig, grpo_cfg: GRPOConfig,
@@ -81,14 +81,8 @@ class RolloutBuffer:
     self.cursor: int | None = None  # stream position of the next round (None: the start of batch `trained`)
     self.ready_from = 0  # stream position the ready batch's first round sampled
 
-  def __iter__(self):
-    return self
-
-  def __repr__(self) -> str:  # what the GRPO run's config.json shows for its source
+  def describe(self) -> str:
     return f"colocated RolloutBuffer (stream {RL_STREAM}, {self.sampled_prompts} prompts per round)"
-
-  def __deepcopy__(self, memo) -> "RolloutBuffer":  # dataclasses.asdict of the config that carries it: not copied
-    return self
 
   def __next__(self) -> dict:
     if self.ready is None:

@@ -29,7 +29,7 @@ from jaxpod import runtime
 from jaxpod.rl import grpo
 from jaxpod.rl.config import GRPOConfig, RolloutConfig
 from jaxpod.rl.disaggregated.queue import Consumed, Queue, from_bytes, parse_name
-from jaxpod.rl.rollout.groups import Batcher
+from jaxpod.rl.rollout.groups import Batcher, BatchSource
 from jaxpod.runtime.hooks import Hook, StepInfo
 from jaxpod.runtime.log import get_logger
 from jaxpod.transfer.config import TransferConfig
@@ -82,7 +82,7 @@ class WorkerMonitor:
                      for w, s in sorted(self.seen.items()))
 
 
-class QueueSource:
+class QueueSource(BatchSource):
   """The trainer's iterator over the rollout queue (see the module docstring); its state is `Consumed`."""
 
   def __init__(self, run_dir: str, transfer: TransferConfig | None, grpo_cfg: GRPOConfig, rollout: RolloutConfig,
@@ -100,14 +100,8 @@ class QueueSource:
     self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rl-progress")
     self._last_report: dict | None = None
 
-  def __iter__(self):
-    return self
-
-  def __repr__(self) -> str:  # what the GRPO run's config.json shows for its source
+  def describe(self) -> str:
     return f"QueueSource ({self.queue.root})"
-
-  def __deepcopy__(self, memo) -> "QueueSource":  # dataclasses.asdict of the config that carries it: not copied
-    return self
 
   def _groups(self, name: str) -> list:
     if name not in self.files:
