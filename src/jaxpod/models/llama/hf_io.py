@@ -202,6 +202,9 @@ def save(model: model_lib.Llama, url: str, dtype: str | None = None, max_shard_b
   """Write `config.json` + safetensors in HF layout (shards + index past max_shard_bytes); every host calls it,
   the leader writes."""
   from safetensors.numpy import save as st_save
+  from jaxpod.models.llama import lora
+  if lora.lora_config(model) is not None:  # LoRA adapters: export the merged W + s * A B (a plain HF checkpoint)
+    model = lora.merged(model)
   cfg = model.cfg
   tensors = {}
   for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
