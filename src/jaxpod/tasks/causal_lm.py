@@ -11,6 +11,9 @@
   `tokenizer.json` trained offline (`jaxpod.models.llama.load_tokenizer`).
 - Model: `task.model` (random init; any family's switches, see `models/llama/families/`), or
   `task.init_from`, a HF checkpoint of any family whose config.json and weights the run starts from.
+- LoRA (`task.lora`, e.g. `--task.lora.rank 8`): adapters (`models/llama/lora.py`) on the attention and
+  MLP projections are the state's `params` (the only gradients, optimizer state and EMA); the base is
+  frozen in its `buffers`, held once, sharded by its logical axes. Off (None) by default.
 - Loss: mean next-token cross-entropy over the global batch (`models/llama/loss.py`);
   logged as loss and perplexity. AdamW with warmup + cosine, global-norm clipping.
 - Eval: held-out rows (the tail of the stream), loss and perplexity with the EMA weights.
@@ -30,6 +33,7 @@ from typing import Callable
 import numpy as np
 
 from jaxpod.models.llama.config import LlamaConfig
+from jaxpod.models.llama.lora import LoraConfig
 from jaxpod.runtime import storage
 from jaxpod.sample.config import SamplingOptions
 from jaxpod.train.config import DataConfig, TaskConfig, TrainConfig
@@ -99,6 +103,7 @@ class CausalLMConfig(TaskConfig):
   data: TextData = dataclasses.field(default_factory=TextData)
   model: LlamaConfig = dataclasses.field(default_factory=byte_llama)
   init_from: str = ""  # HF checkpoint (folder or URL, any family) to start from; its config.json replaces model
+  lora: LoraConfig | None = None  # train LoRA adapters only (base frozen); None: train every weight
   optim: AdamWConfig = dataclasses.field(default_factory=AdamWConfig)
   sample: SamplingOptions = dataclasses.field(default_factory=SamplingOptions)  # SampleHook's options
   sample_every: int = 0  # SampleHook cadence in steps (0: only at the end; no prompts: no sampling)
@@ -150,7 +155,7 @@ def tokenizer_from(spec: str):
   return load_tokenizer(spec)
 
 
-def sample_hooks(task_cfg, tokenizer, graphdef, mesh) -> list:
+def sample_hooks(task_cfg, tokenizer, graphdef, mesh, **hook_kwargs) -> list:
   """[SampleHook] completing `task_cfg.prompts` every `task_cfg.sample_every` steps ([] without prompts)."""
   if not task_cfg.prompts:
     return []
@@ -158,7 +163,7 @@ def sample_hooks(task_cfg, tokenizer, graphdef, mesh) -> list:
   dp = math.prod(mesh.shape[a] for a in mesh.axis_names if a in ("data", "fsdp"))
   rows = -(-len(task_cfg.prompts) // dp) * dp
   options = dataclasses.replace(task_cfg.sample, batch_size=rows)
-  hook = SampleHook(task_cfg.sample_every, task_cfg.prompts, tokenizer, graphdef, options=options)
+  hook = SampleHook(task_cfg.sample_every, task_cfg.prompts, tokenizer, graphdef, options=options, **hook_kwargs)
   longest = max(len(ids) for ids in hook._prompt_ids())  # leader tokenizes, every host gets the ids: now
   if longest > options.max_prompt_len:                  # (before training), not at the first sampling step
     raise ValueError(f"task.prompts: a prompt has {longest} tokens but task.sample.max_prompt_len="
@@ -235,25 +240,43 @@ class LMTask:
     return self.loader.train_iter()
 
   # ---------------------------------------------------------------- model and loss
+  def _split(self, model):
+    """(graphdef, trained, frozen): every weight and {}, or with task.lora the adapters and the base."""
+    from flax import nnx
+    if self.lm.lora is None:
+      return (*nnx.split(model), {})
+    return nnx.split(model, nnx.LoRAParam, ...)
+
+  def _model(self, seed: int):
+    """A random model (traced: inside the state's jitted init, or under eval_shape), adapters attached."""
+    from flax import nnx
+    from jaxpod.models.llama import Llama, lora
+    model = Llama(self.model_cfg, rngs=nnx.Rngs(params=seed))
+    return model if self.lm.lora is None else lora.attach(model, self.lm.lora, seed, traced=True)
+
   def abstract_model(self, seed: int):
     from flax import nnx
-    from jaxpod.models.llama import abstract
-    graphdef, params = nnx.split(abstract(self.model_cfg))
-    return graphdef, params, {}
+    return self._split(nnx.eval_shape(lambda: self._model(seed)))
 
   def init_model(self, seed: int):
+    return self._split(self._model(seed))[1:]
+
+  def weights(self, params, buffers):
+    """The whole model's state from the train state's halves (with LoRA: base + adapters)."""
     from flax import nnx
-    from jaxpod.models.llama import Llama
-    return nnx.split(Llama(self.model_cfg, rngs=nnx.Rngs(params=seed)))[1], {}
+    return params if self.lm.lora is None else nnx.merge_state(buffers, params)
 
   def initial_params(self, mesh, shardings):
     """task.init_from's weights placed like the trainer's params; None: random init."""
     if not self.lm.init_from:
       return None
     import jax
-    from flax import nnx
-    from jaxpod.models.llama import hf_io
-    return jax.device_put(nnx.split(hf_io.load(self.lm.init_from, mesh, cfg=self.model_cfg))[1], shardings.params), {}
+    from jaxpod.models.llama import hf_io, lora
+    model = hf_io.load(self.lm.init_from, mesh, cfg=self.model_cfg)
+    if self.lm.lora is not None:
+      lora.attach(model, self.lm.lora, self.cfg.trainer.seed, mesh=mesh)
+    _, params, buffers = self._split(model)
+    return jax.device_put(params, shardings.params), jax.device_put(buffers, shardings.buffers)
 
   def init_carry(self, global_batch: int):
     return ()
@@ -266,7 +289,7 @@ class LMTask:
     from jaxpod.models.llama.loss import next_token_loss
 
     def loss(params, buffers, batch, rng, carry):
-      value, sums = next_token_loss(graphdef, params, batch["tokens"], batch["mask"] > 0)
+      value, sums = next_token_loss(graphdef, self.weights(params, buffers), batch["tokens"], batch["mask"] > 0)
       return value, (carry, {"loss_sum": sums["loss_sum"], "tokens": sums["tokens"].astype(jnp.float32)})
 
     return loss
@@ -303,7 +326,10 @@ class LMTask:
     return evaluate
 
   def hooks(self, graphdef, mesh, tcfg) -> list:
-    return sample_hooks(self.lm, self.tokenizer, graphdef, mesh)
+    if self.lm.lora is None:
+      return sample_hooks(self.lm, self.tokenizer, graphdef, mesh)
+    return sample_hooks(self.lm, self.tokenizer, graphdef, mesh,
+                        params_of=lambda state: self.weights(state.params, state.buffers))
 
   def eval_summary(self, ev: dict) -> list[tuple[str, str]]:
     return [("eval loss", f"{ev.get('loss', float('nan')):.4f} on {ev.get('count', 0)} held-out tokens"),

@@ -93,9 +93,9 @@ class Adapter(nnx.Module):
     return self.lora(x_BxTxF) * jnp.asarray(self.scale, x_BxTxF.dtype)
 
 
-def _build(model: model_lib.Llama, lcfg: LoraConfig, seed: int) -> None:
-  """Attach fresh adapters to every block of `model` (in place); A drawn with numpy (no compile per shape),
-  from the same U(+-1/sqrt(in)) that `Adapter`'s default initializer draws inside a jit."""
+def _build(model: model_lib.Llama, lcfg: LoraConfig, seed: int, traced: bool) -> None:
+  """Attach fresh adapters to every block of `model` (in place). A is U(+-1/sqrt(in)): drawn with numpy
+  eagerly (no compile per shape), with jax.random when traced (numpy would bake constants into the program)."""
   cfg, rngs, rng = model.cfg, nnx.Rngs(params=seed), np.random.default_rng(seed)
 
   def a_init(_, shape, dtype):
@@ -105,15 +105,17 @@ def _build(model: model_lib.Llama, lcfg: LoraConfig, seed: int) -> None:
     for name in lcfg.target_modules:
       n_in, n_out, a_in, a_out = table[name]
       setattr(getattr(block, owner(name)), f"{name}_lora",
-              Adapter(n_in, n_out, (a_in, a_out), lcfg, cfg.jnp_dtype, rngs=rngs, a_init=a_init))
+              Adapter(n_in, n_out, (a_in, a_out), lcfg, cfg.jnp_dtype, rngs=rngs, a_init=None if traced else a_init))
 
 
-def attach(model: model_lib.Llama, lcfg: LoraConfig, seed: int = 0, mesh=None, rules=None) -> model_lib.Llama:
+def attach(model: model_lib.Llama, lcfg: LoraConfig, seed: int = 0, mesh=None, rules=None,
+           traced: bool = False) -> model_lib.Llama:
   """Add LoRA adapters (B = 0: the output is unchanged) to `model` in place and return it; with `mesh`,
-  the adapters are placed in their shardings (the base is not touched)."""
+  the adapters are placed in their shardings (the base is not touched). traced: called inside a jit or
+  eval_shape (a train state's init)."""
   if lora_config(model) is not None:
     raise ValueError("this model already has LoRA adapters; attach once (or start from lora.merged(model))")
-  _build(model, lcfg, seed)
+  _build(model, lcfg, seed, traced)
   model.lora_config = lcfg
   if mesh is not None:
     from jaxpod.runtime.sharding import DEFAULT, state_shardings
