@@ -14,6 +14,8 @@
 - LoRA (`task.lora`, e.g. `--task.lora.rank 8`): adapters (`models/llama/lora.py`) on the attention and
   MLP projections are the state's `params` (the only gradients, optimizer state and EMA); the base is
   frozen in its `buffers`, held once, sharded by its logical axes. Off (None) by default.
+  `task.adapter_from` starts them from a PEFT adapter folder (with `init_from`, its base); the run's
+  final EMA adapters are written as PEFT's files to `<run>/adapter` (`peft` loads them on the HF base).
 - Loss: mean next-token cross-entropy over the global batch (`models/llama/loss.py`);
   logged as loss and perplexity. AdamW with warmup + cosine, global-norm clipping.
 - Eval: held-out rows (the tail of the stream), loss and perplexity with the EMA weights.
@@ -35,6 +37,7 @@ import numpy as np
 from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.models.llama.lora import LoraConfig
 from jaxpod.runtime import storage
+from jaxpod.runtime.hooks import Hook
 from jaxpod.sample.config import SamplingOptions
 from jaxpod.train.config import DataConfig, TaskConfig, TrainConfig
 
@@ -104,6 +107,7 @@ class CausalLMConfig(TaskConfig):
   model: LlamaConfig = dataclasses.field(default_factory=byte_llama)
   init_from: str = ""  # HF checkpoint (folder or URL, any family) to start from; its config.json replaces model
   lora: LoraConfig | None = None  # train LoRA adapters only (base frozen); None: train every weight
+  adapter_from: str = ""  # PEFT adapter (folder or URL) the adapters start from; sets lora; needs init_from
   optim: AdamWConfig = dataclasses.field(default_factory=AdamWConfig)
   sample: SamplingOptions = dataclasses.field(default_factory=SamplingOptions)  # SampleHook's options
   sample_every: int = 0  # SampleHook cadence in steps (0: only at the end; no prompts: no sampling)
@@ -129,11 +133,24 @@ class CausalLMConfig(TaskConfig):
       raise ValueError(f"task.sample.max_prompt_len + task.sample.max_new_tokens = "
                        f"{smp.max_prompt_len + smp.max_new_tokens} exceeds task.model.max_position_embeddings="
                        f"{m.max_position_embeddings}; lower one of them")
+    if self.adapter_from:
+      self._adapter_lora(m)
     if self.sample_every < 0:
       raise ValueError(f"task.sample_every={self.sample_every}: expected >= 0 (0: only at the end)")
     if d.tokenizer == "byte" and m.vocab_size < 259:
       raise ValueError(f"task.model.vocab_size={m.vocab_size} is too small for the byte tokenizer; "
                        "set it to at least 259")
+
+  def _adapter_lora(self, model: LlamaConfig) -> None:
+    """task.lora from adapter_from's files, checked against the model (one line naming what does not fit)."""
+    from jaxpod.models.llama import peft_io
+    if not self.init_from:
+      raise ValueError(f"task.adapter_from={self.adapter_from} needs task.init_from: the base it was trained on")
+    lcfg = peft_io.check_adapter(self.adapter_from, model)
+    if self.lora is not None and self.lora != lcfg:
+      raise ValueError(f"task.lora={self.lora} differs from task.adapter_from's adapter_config.json ({lcfg}); "
+                       "drop task.lora (the adapter's files set it)")
+    object.__setattr__(self, "lora", lcfg)
 
   def check(self, cfg: TrainConfig) -> None:
     if self.optim.warmup_steps >= cfg.trainer.steps:
@@ -272,8 +289,11 @@ class LMTask:
       return None
     import jax
     from jaxpod.models.llama import hf_io, lora
+    from jaxpod.models.llama import peft_io
     model = hf_io.load(self.lm.init_from, mesh, cfg=self.model_cfg)
-    if self.lm.lora is not None:
+    if self.lm.adapter_from:
+      peft_io.load_adapter(model, self.lm.adapter_from, mesh=mesh)
+    elif self.lm.lora is not None:
       lora.attach(model, self.lm.lora, self.cfg.trainer.seed, mesh=mesh)
     _, params, buffers = self._split(model)
     return jax.device_put(params, shardings.params), jax.device_put(buffers, shardings.buffers)
@@ -328,9 +348,27 @@ class LMTask:
   def hooks(self, graphdef, mesh, tcfg) -> list:
     if self.lm.lora is None:
       return sample_hooks(self.lm, self.tokenizer, graphdef, mesh)
-    return sample_hooks(self.lm, self.tokenizer, graphdef, mesh,
-                        params_of=lambda state: self.weights(state.params, state.buffers))
+    return [*sample_hooks(self.lm, self.tokenizer, graphdef, mesh,
+                          params_of=lambda state: self.weights(state.params, state.buffers)),
+            AdapterExportHook(graphdef, self.weights, self.lm.init_from)]
 
   def eval_summary(self, ev: dict) -> list[tuple[str, str]]:
     return [("eval loss", f"{ev.get('loss', float('nan')):.4f} on {ev.get('count', 0)} held-out tokens"),
             ("eval perplexity", f"{ev.get('perplexity', float('nan')):.3f}")]
+
+
+class AdapterExportHook(Hook):
+  """At the final step, the EMA adapters as PEFT's files in `<run>/adapter` (every host gathers; the leader writes)."""
+
+  def __init__(self, graphdef, weights: Callable, base_model: str):
+    self.graphdef, self.weights, self.base_model = graphdef, weights, base_model
+
+  def due(self, step: int, final: bool) -> bool:
+    return final
+
+  def __call__(self, info) -> None:
+    from flax import nnx
+    from jaxpod.models.llama import peft_io
+    model = nnx.merge(self.graphdef, self.weights(info.state.ema_params, info.state.buffers))
+    peft_io.save_adapter(model, storage.join(info.run_dir, "adapter"), base_model=self.base_model)
+    return None

@@ -67,3 +67,29 @@ def test_lora_causal_lm_learns_and_trains_only_adapters(tmp_path):
   assert len(stored) == len(want) == 2 + 9 * 2 + 1  # embed, norm, lm_head + 9 per block (7 linear, 2 norms)
   for (path, x), w in zip(stored, want):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(w), err_msg=jax.tree_util.keystr(path))
+  # the run wrote its EMA adapters as PEFT's files; a new run starts from them (adapter_from), well below the start
+  adapter = Path(result.run_dir, "adapter")
+  assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 8
+  again = train(_lm_config(tmp_path, "again", steps=2, task__optim__warmup_steps=1, task__prompts="[]",
+                           task__init_from=str(tmp_path / "base"), task__adapter_from=str(adapter)))
+  resumed = _losses(again.run_dir)[0][1]
+  print(f"from the exported adapter: first loss {resumed:.3f}")
+  assert resumed < first - 2.0, (resumed, first)
+
+
+def test_adapter_from_is_checked_before_jax(tmp_path, capsys):
+  """task.adapter_from without init_from, or with a task.lora that differs from its files: one line, at parse."""
+  from jaxpod.cli.args import UsageError
+  from jaxpod.models.llama import init, lora, peft_io, tiny
+  from tests.models.llama.hf_checkpoints import write_hf_checkpoint
+  write_hf_checkpoint(tmp_path / "base")
+  peft_io.save_adapter(lora.attach(init(tiny()), lora.LoraConfig(rank=2)), str(tmp_path / "adapter"))
+  capsys.readouterr()
+  both = dict(task__adapter_from=str(tmp_path / "adapter"), task__init_from=str(tmp_path / "base"))
+  for overrides, msg in (({"task__adapter_from": both["task__adapter_from"]}, "needs task.init_from"),
+                         ({**both, "task__lora__rank": 4}, "differs from task.adapter_from's adapter_config.json")):
+    with pytest.raises(UsageError):
+      _lm_config(tmp_path, "x", **overrides)
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(err) == 1 and msg in err[0], err
+  assert _lm_config(tmp_path, "x", **both).task.lora == lora.LoraConfig(rank=2)
