@@ -93,3 +93,38 @@ def test_adapter_from_is_checked_before_jax(tmp_path, capsys):
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(err) == 1 and msg in err[0], err
   assert _lm_config(tmp_path, "x", **both).task.lora == lora.LoraConfig(rank=2)
+
+
+@pytest.mark.slow
+def test_lora_on_two_hosts_matches_one_host(launch_hosts, bucket, tmp_path):
+  """Invariants 1, 8 and 10 for LoRA fine-tuning from a HF base in the bucket: 1 host x 1 device and 2 hosts x
+  2 devices (fsdp 2: base and adapters split) take the same losses; each writes its adapter export to the bucket
+  once, and the two exports agree and load onto the base."""
+  import json
+  from pathlib import Path
+  from jaxpod.models.llama import hf_io, lora, peft_io
+  from jaxpod.runtime import make_mesh, storage
+  from tests.conftest import host_lines
+  from tests.models.llama.hf_checkpoints import write_hf_checkpoint
+  from tests.train.test_lm_task import _lm_args
+  write_hf_checkpoint(tmp_path / "base", initializer_range=0.2)
+  base = storage.join(bucket, "base")
+  storage.upload(str(tmp_path / "base"), base)
+  worker = Path(__file__).parents[2] / "train" / "workers" / "train_worker.py"
+  runs, adapters = {}, {}
+  for hosts, dph, mesh in ((1, 1, []), (2, 2, ["--mesh.fsdp=2"])):
+    args = _lm_args(storage.join(bucket, "runs"), f"h{hosts}", steps=4, task__lora__rank=4, task__init_from=base,
+                    task__prompts="[]", task__optim__lr=3e-2) + mesh
+    r = launch_hosts(worker, hosts=hosts, devices_per_host=dph, args=["run", *args])
+    assert r.returncode == 0, r.transcript
+    runs[hosts] = json.loads(host_lines(r, 0, "SUMMARY")[0])
+    url = storage.join(runs[hosts]["run_dir"], "adapter")
+    model = peft_io.load_adapter(hf_io.load(base, make_mesh(devices=jax.devices()[:1])), url)
+    adapters[hosts] = {k: (np.asarray(a), np.asarray(b)) for k, (a, b) in lora.adapters(model).items()}
+  one, two = (_losses(runs[h]["run_dir"]) for h in (1, 2))
+  assert [s for s, _, _ in one] == [s for s, _, _ in two] == [1, 2, 3, 4]
+  np.testing.assert_allclose([l for _, l, _ in two], [l for _, l, _ in one], rtol=2e-4)
+  for k, (a, b) in adapters[1].items():
+    np.testing.assert_allclose(adapters[2][k][0], a, atol=1e-4, err_msg=str(k))
+    np.testing.assert_allclose(adapters[2][k][1], b, atol=1e-4, err_msg=str(k))
+  assert any(np.abs(b).max() > 1e-3 for _, b in adapters[1].values())  # B moved away from zero

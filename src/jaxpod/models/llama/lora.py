@@ -120,8 +120,15 @@ def attach(model: model_lib.Llama, lcfg: LoraConfig, seed: int = 0, mesh=None, r
   if mesh is not None:
     from jaxpod.runtime.sharding import DEFAULT, state_shardings
     adapters = nnx.state(model, nnx.LoRAParam)
-    nnx.update(model, jax.device_put(adapters, state_shardings(adapters, mesh, rules or DEFAULT)))
+    flat, shardings = nnx.to_flat_state(adapters), jax.tree.leaves(state_shardings(adapters, mesh, rules or DEFAULT))
+    nnx.update(model, nnx.from_flat_state([(p, v.replace(_place(np.asarray(v.get_value()), sh)))
+                                           for (p, v), sh in zip(flat, shardings)]))
   return model
+
+
+def _place(w: np.ndarray, sharding) -> jax.Array:
+  """The same host array on every host -> a global array in `sharding` (each host fills only its own shards)."""
+  return jax.make_array_from_callback(w.shape, sharding, lambda idx: np.ascontiguousarray(w[idx]))
 
 
 def lora_config(model: model_lib.Llama) -> LoraConfig | None:
@@ -143,13 +150,13 @@ def adapters(model: model_lib.Llama) -> dict[tuple[int, str], tuple[jax.Array, j
 
 
 def set_adapters(model: model_lib.Llama, values: Mapping[tuple[int, str], tuple]) -> None:
-  """Overwrite adapters in place from (layer, projection) -> (A [in, r], B [r, out]), keeping each one's
-  dtype and sharding."""
+  """Overwrite adapters in place from (layer, projection) -> (A [in, r], B [r, out]) host arrays (the same on
+  every host), keeping each one's dtype and sharding."""
   for (i, name), (a, b) in values.items():
     lora = getattr(getattr(model.layers[i], owner(name)), f"{name}_lora").lora
     for var, w in ((lora.lora_a, a), (lora.lora_b, b)):
       old = var[...]
-      var.set_value(jax.device_put(jnp.asarray(w, old.dtype), old.sharding))
+      var.set_value(_place(np.asarray(w, old.dtype), old.sharding))
 
 
 def merged(model: model_lib.Llama) -> model_lib.Llama:
