@@ -22,6 +22,7 @@ def _randomize(model, seed=1, b_scale=0.05):
   return model
 
 
+@pytest.mark.slow
 def test_adapters_start_at_zero_and_are_the_only_gradients():
   """B = 0: logits equal the base's bit for bit; grads taken w.r.t. nnx.LoRAParam hold adapters only, and an
   optimizer built on them holds no base-shaped state."""
@@ -63,6 +64,7 @@ def test_scale_and_merge_match_the_formula():
   np.testing.assert_allclose(_logits(plain, tokens), _logits(model, tokens), atol=TOL)
 
 
+@pytest.mark.slow
 def test_merged_export_is_a_plain_hf_checkpoint_with_the_adapted_logits(hf_family, tmp_path):
   """hf_io.save of an adapted Qwen3 writes W + s * A B: transformers (no peft) and jaxpod read back the adapted
   model's logits."""
@@ -119,6 +121,7 @@ def test_an_adapter_for_another_base_names_the_tensor_and_both_shapes(tmp_path):
       peft_io.read_config(str(tmp_path))
 
 
+@pytest.mark.slow
 def test_adapter_round_trips_through_a_bucket(bucket):
   """save_adapter / load_adapter on gs:// (the test GCS server): the same adapters and logits come back."""
   model = _randomize(lora.attach(init(tiny()), lora.LoraConfig(rank=3, alpha=5)))
