@@ -29,7 +29,7 @@ def _isolated_compile_cache(tmp_path_factory):
 def gcs():
   """A real GCS-API server (fake-gcs-server) on 127.0.0.1 for the session; every GCS client in this
   process and in launched hosts talks to it (gcsfs, TensorStore under Orbax, JAX's compile cache)."""
-  from tests.gcs_server import GCSServer
+  from jaxpod.runtime.gcs_emulator import GCSServer
   with GCSServer() as server:
     saved = {k: os.environ.get(k) for k in server.env()}
     os.environ.update(server.env())

@@ -5,18 +5,25 @@
     rl  tasks                            compositions: RL post-training (train + sample + transfer); what the
                                          trainer runs (TRM Sudoku, causal LM); they never import each other
     train  sample  extract  transfer     the workloads: never import each other
+    plan                                 `jaxpod plan` (beside the workloads; imports models and runtime)
+    problems                             what is solved: problem sets, environments, rewards, verifiers, pass@k
+                                         (imports no JAX)
     models  data  io  configs
     runtime                              bottom
+
+and no import cycle anywhere among the modules of src/jaxpod.
 """
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-RANK = {"cli": 6, "bench": 5, "tasks": 4, "rl": 4, "train": 3, "sample": 3, "extract": 3, "transfer": 3, "models": 2, "data": 2, "io": 2,
-        "configs": 2, "runtime": 1}
+RANK = {"cli": 7, "bench": 6, "tasks": 5, "rl": 5, "train": 4, "sample": 4, "extract": 4, "transfer": 4, "problems": 3,
+        "plan": 4, "models": 2, "data": 2, "io": 2, "configs": 2, "runtime": 1}
 WORKLOADS = {"train", "sample", "extract", "transfer"}
 
 
@@ -72,7 +79,8 @@ def test_no_module_imports_upward():
         continue
       if RANK[dst] > RANK[src]:
         bad.append(f"{module} ({src}) imports {target} ({dst})")
-  assert not bad, "imports must flow downward (cli > bench > tasks > workloads > models/data/io > runtime):\n" + \
+  assert not bad, ("imports must flow downward (cli > bench > rl/tasks > workloads > problems > models/data/io > "
+                   "runtime):\n") + \
       "\n".join(bad)
 
 
@@ -120,3 +128,95 @@ def test_the_transfer_hook_is_the_runtime_hook():
   from jaxpod.runtime.hooks import Hook
   from jaxpod.transfer.hooks import PublishWeightsHook
   assert issubclass(PublishWeightsHook, Hook)
+
+
+JAX_FAMILY = ("jax", "jaxlib", "flax", "optax", "orbax")
+
+
+def test_problems_import_no_jax():
+  """The problems layer is what is solved, not how: it names no JAX library in any import (lazy ones too), and
+  importing every module of it in a fresh interpreter loads none."""
+  modules = sorted(m for m in GRAPH if _room(m) == "problems")
+  named = []
+  for path in sorted((SRC / "jaxpod" / "problems").rglob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+      names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+          [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+      named += [f"{path.name}: {n}" for n in names if n.split(".")[0] in JAX_FAMILY]
+  assert not named, named
+  code = (f"import sys; import {', '.join(modules)}; "
+          f"print(sorted(m for m in sys.modules if m.split('.')[0] in {JAX_FAMILY}))")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": str(SRC)},
+                       check=True)
+  assert out.stdout.strip() == "[]", f"importing {modules} loaded {out.stdout.strip()}"
+
+
+def _edges(path: Path) -> set[str]:
+  """The jaxpod modules whose code runs when this file's imports run: `from pkg import mod` names the module
+  `pkg.mod`, `from pkg import name` the package `pkg`; a module's own ancestors (their face runs first) left out."""
+  me = _module_name(path)
+  package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+  out = set()
+  for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    if isinstance(node, ast.Import):
+      out |= {a.name for a in node.names}
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+        base = ".".join(anchor + ([base] if base else []))
+      out |= {f"{base}.{a.name}" if _exists(f"{base}.{a.name}") else base for a in node.names}
+  ancestors = {".".join(me.split(".")[:i]) for i in range(1, len(me.split(".")))}
+  return {m for m in out if m.startswith("jaxpod.") and _exists(m) and m != me and m not in ancestors}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+  """Every strongly connected group of two or more modules (each can reach the others by imports), sorted."""
+  order: dict[str, int] = {}  # discovery order
+  low: dict[str, int] = {}  # the earliest module on the stack reachable from here
+  stack: list[str] = []
+  cycles = []
+  for root in sorted(graph):
+    if root in order:
+      continue
+    work = [(root, iter(sorted(graph[root])))]
+    order[root] = low[root] = len(order)
+    stack.append(root)
+    while work:
+      node, targets = work[-1]
+      target = next(targets, None)
+      if target is not None:
+        if target not in order:
+          order[target] = low[target] = len(order)
+          stack.append(target)
+          work.append((target, iter(sorted(graph.get(target, ())))))
+        elif target in stack:
+          low[node] = min(low[node], order[target])
+        continue
+      work.pop()
+      if work:
+        low[work[-1][0]] = min(low[work[-1][0]], low[node])
+      if low[node] == order[node]:
+        group = []
+        while True:
+          member = stack.pop()
+          group.append(member)
+          if member == node:
+            break
+        if len(group) > 1:
+          cycles.append(sorted(group))
+  return sorted(cycles)
+
+
+def test_import_cycles_are_found():
+  assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+  assert import_cycles({"a": {"b"}, "b": set(), "c": {"d"}, "d": {"c", "a"}}) == [["c", "d"]]
+
+
+def test_no_import_cycle_among_the_modules():
+  """A cycle, module-level or through a function's import, makes two modules one: neither can be read, tested or
+  moved without the other."""
+  graph = {_module_name(p): _edges(p) for p in sorted(SRC.rglob("*.py"))}
+  cycles = import_cycles(graph)
+  assert not cycles, "import cycles:\n" + "\n".join(
+      " <-> ".join(c) + ": " + "; ".join(f"{m} -> {t}" for m in c for t in sorted(graph[m] & set(c))) for c in cycles)

@@ -3,7 +3,7 @@ question, and a teacher whose only mistakes are its habits (a take-away read as 
 import json
 
 from jaxpod.data.word_problems import WordProblemConfig, build
-from jaxpod.rl.verifiers import gsm8k_correct
+from jaxpod.problems.verifiers import gsm8k_correct
 
 
 def _read(path) -> list[dict]:

@@ -25,6 +25,8 @@ from jaxpod.cli.main import main
      "whole groups and the data-parallel size 3"),
     (["--warmup.batch_size", "100", "--runtime.devices_per_host", "8"], "rl.warmup.batch_size=100 does not split"),
     (["--rollout.batch_size", "100", "--runtime.devices_per_host", "8"], "rl.rollout.batch_size=100 (decode slots)"),
+    (["--topology", "disaggregated", "--grpo.max_policy_lag", "0"],
+     "rl.transfer.background=true publishes version k while step k+1 trains"),  # the background upload needs lag
 ])
 def test_bad_config_is_one_line_before_jax(argv, message, capsys, tmp_path):
   code = main(["rl", "--trainer.runs_dir", str(tmp_path / "runs"), *argv])
@@ -57,9 +59,9 @@ def test_help_lists_every_section(capsys):
 def test_another_task_type_keeps_the_default_sections_but_not_its_task_fields():
   """`--task.type addition` on the embedded sort default: the addition task with its own defaults, the rest kept."""
   from jaxpod.cli.rl import load_config
-  from jaxpod.rl.tasks import AdditionTask
+  from jaxpod.problems.generated import AdditionProblems
   default, addition = load_config([]), load_config(["--task.type", "addition", "--task.digits", "2"])
-  assert isinstance(addition.task, AdditionTask) and addition.task.digits == 2
+  assert isinstance(addition.task, AdditionProblems) and addition.task.digits == 2
   assert addition.grpo == default.grpo and addition.warmup == default.warmup and addition.rollout == default.rollout
 
 

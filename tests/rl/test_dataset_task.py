@@ -7,7 +7,7 @@ import draccus
 import pytest
 
 from jaxpod.rl.config import RLConfig
-from jaxpod.rl.dataset_task import DatasetTask
+from jaxpod.problems.dataset import DatasetProblems
 from tests.rl.clusters import TINY
 
 WORKERS = Path(__file__).parent / "workers"
@@ -38,7 +38,7 @@ def test_task_type_dataset_parses_from_the_command_line(tmp_path):
   path = _addition_file(tmp_path / "p.jsonl")
   cfg = draccus.parse(RLConfig, args=["--task.type", "dataset", "--task.path", path, "--task.prompt_column", "prompt",
                                       "--task.verifier", "gsm8k"])
-  assert isinstance(cfg.task, DatasetTask) and cfg.task.path == path and cfg.task.correct_reward == "gsm8k"
+  assert isinstance(cfg.task, DatasetProblems) and cfg.task.path == path and cfg.task.correct_reward == "gsm8k"
 
 
 @pytest.mark.parametrize("fields, message", [({"path": ""}, "rl.task.path is empty"),
@@ -46,11 +46,11 @@ def test_task_type_dataset_parses_from_the_command_line(tmp_path):
                                              ({"verifier": "regex"}, "rl.task.verifier='regex'")])
 def test_bad_dataset_fields_fail_in_one_line_naming_the_field(fields, message):
   with pytest.raises(ValueError, match=message):
-    DatasetTask(**{"path": "p.jsonl", **fields})
+    DatasetProblems(**{"path": "p.jsonl", **fields})
 
 
 def test_training_streams_walk_every_training_row_once_per_epoch_and_never_a_held_out_one(tmp_path):
-  task = DatasetTask(path=_addition_file(tmp_path / "p.jsonl"), eval_size=20)
+  task = DatasetProblems(path=_addition_file(tmp_path / "p.jsonl"), eval_size=20)
   held = {p.prompt for p in task.eval_set(seed=0)}
   epoch = task.train_problems(seed=0, stream=2, start=0, count=80)
   assert len(held) == 20 and len({p.prompt for p in epoch}) == 80 and not held & {p.prompt for p in epoch}
@@ -60,13 +60,13 @@ def test_training_streams_walk_every_training_row_once_per_epoch_and_never_a_hel
 
 
 def test_the_verifier_decides_what_held_out_accuracy_counts(tmp_path):
-  from jaxpod.rl.rewards import Scorer
-  from jaxpod.rl.tasks import Problem
-  task = DatasetTask(path=_addition_file(tmp_path / "p.jsonl"), verifier="gsm8k")
+  from jaxpod.problems.rewards import Scorer
+  from jaxpod.problems.base import Problem
+  task = DatasetProblems(path=_addition_file(tmp_path / "p.jsonl"), verifier="gsm8k")
   problem = Problem("3+4=", "7")
   scorer = Scorer(["gsm8k"], [], task)
   assert scorer.correct(problem, "3+4=7\n#### 7", True) and not scorer.correct(problem, "7", True)
-  assert Scorer(["exact_match"], [], DatasetTask(path=task.path)).correct(problem, "7", True)
+  assert Scorer(["exact_match"], [], DatasetProblems(path=task.path)).correct(problem, "7", True)
 
 
 def test_message_prompts_use_model_hf_chat_template_unless_one_is_named(tmp_path):

@@ -13,7 +13,7 @@ import signal
 
 import pytest
 
-from jaxpod.rl.queue import Queue, parse_name
+from jaxpod.rl.disaggregated.queue import Queue, parse_name
 from jaxpod.runtime import storage
 
 from tests.rl.clusters import TINY, Cluster

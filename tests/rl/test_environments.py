@@ -1,16 +1,19 @@
 """Multi-turn environments: the calculator tool, episodes that continue after each observation, and a
 loss that never trains on the environment's tokens."""
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxpod.models.llama import ByteTokenizer
+from jaxpod.problems.base import Problem
+from jaxpod.problems.calculator import Calculator, calculate
+from jaxpod.problems.environments import NO_VERSION, Episode, environment_factory
 from jaxpod.rl import grpo
-from jaxpod.rl.environments import (NO_VERSION, Calculator, Episode, calculate, environment_factory, episode_group,
-                                    run_episodes)
-from jaxpod.rl.rollouts import to_batch
-from jaxpod.rl.tasks import Problem
+from jaxpod.rl.rollout.episodes import episode_group, run_episodes
+from jaxpod.rl.rollout.groups import to_batch
 from jaxpod.sample import SamplingParams
 
 TOK = ByteTokenizer()
@@ -34,7 +37,7 @@ def test_the_calculator_answers_tool_calls_and_rewards_only_the_right_final_answ
 
 def test_environments_resolve_by_name_or_import_path_and_name_the_registered_ones():
   assert environment_factory("calculator") is Calculator
-  assert environment_factory("jaxpod.rl.environments:Calculator") is Calculator
+  assert environment_factory("jaxpod.problems.calculator:Calculator") is Calculator
   with pytest.raises(ValueError, match=r"'chess' is not a registered environment \(calculator\)"):
     environment_factory("chess")
 
@@ -155,8 +158,8 @@ def test_an_episode_ends_on_the_policys_turn_when_the_next_context_would_not_fit
 
 
 def test_the_calculator_teacher_calls_the_tool_or_guesses_wrong_at_its_rate():
-  from jaxpod.rl.calculator_task import CalculatorTask
-  task = CalculatorTask(digits=3, teacher_skip_tool=0.6)
+  from jaxpod.problems.calculator import CalculatorProblems
+  task = CalculatorProblems(digits=3, teacher_skip_tool=0.6)
   problems = task.train_problems(0, 1, 0, 400)
   turns = [task.demonstration_turns(p) for p in problems]
   skipped = [t for t in turns if len(t) == 1]
@@ -170,10 +173,10 @@ def test_the_calculator_teacher_calls_the_tool_or_guesses_wrong_at_its_rate():
 
 
 def test_a_warmup_demonstration_is_a_whole_episode_with_the_loss_on_the_teachers_turns_only():
-  from jaxpod.rl.calculator_task import CalculatorTask
-  from jaxpod.rl.environments import demonstration
-  problem = CalculatorTask(digits=4).problem(0, 1, 0)
-  e = demonstration(CalculatorTask(digits=4), TOK, problem, stop_id=257)
+  from jaxpod.problems.calculator import CalculatorProblems
+  from jaxpod.problems.environments import demonstration
+  problem = CalculatorProblems(digits=4).problem(0, 1, 0)
+  e = demonstration(CalculatorProblems(digits=4), TOK, problem, stop_id=257)
   a, b = problem.prompt.removeprefix("Compute ").removesuffix(".\n").split("*")
   assert TOK.decode(e.context()) == f"{problem.prompt}calc: {a}*{b}= {problem.answer}\n{problem.answer}"
   policy = [t for t, mine in zip(e.tokens, e.from_policy) if mine]
@@ -182,8 +185,8 @@ def test_a_warmup_demonstration_is_a_whole_episode_with_the_loss_on_the_teachers
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--topology", "disaggregated"], "rl.topology='disaggregated': multi-turn tasks (CalculatorTask) run colocated only"),
-    (["--rewards", "[format]"], "rl.rewards=['format']: the episodes of a multi-turn task (CalculatorTask) are scored"),
+    (["--topology", "disaggregated"], "rl.topology='disaggregated': multi-turn problem sets (CalculatorProblems) run colocated only"),
+    (["--rewards", "[format]"], "rl.rewards=['format']: the episodes of a multi-turn problem set (CalculatorProblems) are scored"),
     (["--rollout.max_new_tokens", "12"], "rl.task turns need 16 tokens with EOS (e.g. on 'Compute "),
     (["--rollout.max_prompt_len", "40"], "rl.task episodes continue from 47 tokens (prompt, turns and observations"),
     (["--task.environment_name", "chess"], "rl.task.environment_name: 'chess' is not a registered environment")])
@@ -227,3 +230,27 @@ def test_jaxpod_rl_on_the_calculator_raises_the_reward_of_its_episodes(tmp_path)
   passes = summary["pass_at_k"]  # sampled held-out episodes: pass@1 <= pass@2, both counting episodes solved
   for when in ("start", "end"):
     assert 0 < passes["pass@1"][when] <= passes["pass@2"][when] <= 1
+
+
+def test_a_single_turn_sample_is_a_one_turn_request_and_a_multi_turn_one_an_episode():
+  """The roller and the evaluator never ask which: `samples_for` picks once, both answer `groups(...)`; the one-turn
+  groups are scored by the reward plugins, with the engine's n samples of one request per problem."""
+  from jaxpod.problems import AdditionProblems, CalculatorProblems
+  from jaxpod.problems.rewards import VerifiedProblems
+  from jaxpod.rl.rollout.episodes import Episodes, OneTurn, request_seed, samples_for
+  one = samples_for(VerifiedProblems(AdditionProblems(), ("exact_match",), (), 0), max_context=16)
+  many = samples_for(VerifiedProblems(CalculatorProblems(max_turns=4), ("exact_match",), (), 0), max_context=48)
+  assert isinstance(one, OneTurn) and isinstance(many, Episodes)
+  assert many.factory is Calculator and many.max_turns == 4 and many.max_context == 48
+  calls = []
+
+  def generate(ids, seeds, n=1):
+    calls.append((len(ids), list(seeds), n))
+    return [types.SimpleNamespace(sample=j, tokens=TOK.encode("3")[1:] if j else [], sampled=[51, 257],
+                                  logprobs=[-.1, -.2], versions=[0, 0], finish_reason="stop")
+            for _ in ids for j in range(n)]
+
+  problems = [Problem("1+2=", "3", 1, 0), Problem("2+2=", "4", 1, 1)]
+  groups = one.groups(generate, TOK, problems, n=2, seed=5)
+  assert calls == [(2, [request_seed(5, p) for p in problems], 2)]
+  assert [g.rewards for g in groups] == [[0.0, 1.0], [0.0, 0.0]] and groups[0].correct == [False, True]

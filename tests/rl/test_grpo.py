@@ -106,8 +106,8 @@ def test_token_logprobs_renormalise_over_the_tokens_the_filter_keeps(sp):
 
 
 def _group(versions, rewards):
-  from jaxpod.rl.rollouts import Group
-  from jaxpod.rl.tasks import Problem
+  from jaxpod.rl.rollout.groups import Group
+  from jaxpod.problems.base import Problem
   n, k = len(rewards), len(versions)  # every sample: one token per version
   return Group(Problem("1+1=", "2"), [256], [[50] * k] * n, [[-0.5] * k] * n, [list(versions)] * n, [True] * n,
                [float(r) for r in rewards], [r > 0 for r in rewards])
@@ -130,16 +130,17 @@ def test_both_topologies_take_and_drop_the_same_groups(tmp_path):
   same groups and drop the others for the same reasons, in the same order."""
   import dataclasses
   from jaxpod.rl.colocated import fill_batch
-  from jaxpod.rl.queue import file_name, to_bytes
-  from jaxpod.rl.queue_source import QueueSource
+  from jaxpod.rl.disaggregated.queue import file_name, to_bytes
+  from jaxpod.rl.config import GRPOConfig, RolloutConfig
+  from jaxpod.rl.disaggregated.queue_source import QueueSource
   groups = [_group(v, r) for v, r in [((5, 5), (1, 1)), ((4, 5), (0, 1)), ((1, 5), (0, 1)), ((5, 6), (1, 0)),
                                       ((3, 3), (0, 1)), ((5, 5), (0, 0)), ((5, 5), (1, 0)), ((5, 5), (0, 1))]]
   for i, g in enumerate(groups):
     g.problem = dataclasses.replace(g.problem, index=i)
   colocated, dropped = fill_batch(iter([groups[:4], groups[4:]]), 3, 5, max_policy_lag=2, filter_groups=True,
                                   max_rounds=2)
-  source = QueueSource(None, str(tmp_path / "run"), None, need=3, max_policy_lag=2, filter_groups=True,
-                       worker_timeout_s=15.0, rollout_timeout_s=900.0)
+  grpo_cfg = GRPOConfig(num_prompts_per_step=3, max_policy_lag=2, filter_groups=True)
+  source = QueueSource(str(tmp_path / "run"), None, grpo_cfg, RolloutConfig(), batcher=None)
   for seq in range(3):
     source.queue.put(0, seq, to_bytes(groups[3 * seq:3 * seq + 3], {}))
   pick = source._pick(version=5)

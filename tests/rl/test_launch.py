@@ -28,7 +28,7 @@ while True:
 """
 SUPERVISE = """
 import sys
-from jaxpod.rl import launch
+from jaxpod.rl.disaggregated import launch
 from jaxpod.runtime.launcher import LaunchConfig
 launch.WORKERS_GRACE_S = 3600.0  # a supervisor that waits for the workers after a preempted trainer hangs here
 root, trainer_args = sys.argv[1], sys.argv[2:]

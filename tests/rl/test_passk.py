@@ -3,7 +3,7 @@ import itertools
 
 import pytest
 
-from jaxpod.rl.passk import mean_pass_at_k, pass_at_k
+from jaxpod.problems.passk import mean_pass_at_k, pass_at_k
 
 
 @pytest.mark.parametrize("n,c,k", [(n, c, k) for n in (1, 4, 7) for c in range(n + 1) for k in range(1, n + 1)])

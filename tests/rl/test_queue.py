@@ -1,9 +1,9 @@
 """The rollout queue's bookkeeping: what the trainer took survives a restart exactly (invariant 9)."""
 import numpy as np
 
-from jaxpod.rl.queue import Consumed, Queue, file_name, from_bytes, to_bytes
-from jaxpod.rl.rollouts import Group, to_batch
-from jaxpod.rl.tasks import Problem
+from jaxpod.rl.disaggregated.queue import Consumed, Queue, file_name, from_bytes, to_bytes
+from jaxpod.rl.rollout.groups import Group, to_batch
+from jaxpod.problems.base import Problem
 
 
 def _group(i, versions=(3, 4), n=2):
@@ -58,9 +58,10 @@ def test_queue_files_listing_and_numbering(tmp_path):
 def test_trainer_takes_only_groups_within_the_policy_lag(tmp_path):
   """Invariant 9: at version 5 with max_policy_lag 2, a group with a token from version 1 is dropped as stale and
   one with a token from version 6 (weights this trainer never made) as future; both are named, neither trained on."""
-  from jaxpod.rl.queue_source import QueueSource
-  source = QueueSource(None, str(tmp_path / "run"), None, need=1, max_policy_lag=2, filter_groups=False,
-                       worker_timeout_s=15.0, rollout_timeout_s=900.0)
+  from jaxpod.rl.config import GRPOConfig, RolloutConfig
+  from jaxpod.rl.disaggregated.queue_source import QueueSource
+  grpo_cfg = GRPOConfig(num_prompts_per_step=1, max_policy_lag=2, filter_groups=False)
+  source = QueueSource(str(tmp_path / "run"), None, grpo_cfg, RolloutConfig(), batcher=None)
   source.queue.put(0, 0, to_bytes([_group(0, versions=(1, 4)), _group(1, versions=(5, 6)), _group(2, versions=(3, 5))],
                                   {}))
   pick = source._pick(version=5)

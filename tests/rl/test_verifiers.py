@@ -3,7 +3,7 @@ import threading
 
 import pytest
 
-from jaxpod.rl.verifiers import boxed_correct, gsm8k_answer, gsm8k_correct, last_boxed, normalise
+from jaxpod.problems.verifiers import boxed_correct, gsm8k_answer, gsm8k_correct, last_boxed, normalise
 
 
 @pytest.mark.parametrize("completion", [
@@ -88,9 +88,9 @@ def test_verifiers_work_off_the_main_thread():
 
 @pytest.mark.parametrize("name,completion", [("gsm8k", "so 12.\n#### 12"), ("boxed", r"so \boxed{12}.")])
 def test_verifier_rewards_score_only_stopped_samples(name, completion):
-  from jaxpod.rl.rewards import resolve
-  from jaxpod.rl.tasks import AdditionTask, Problem
-  reward = resolve(name, AdditionTask())
+  from jaxpod.problems.rewards import resolve
+  from jaxpod.problems import AdditionProblems, Problem
+  reward = resolve(name, AdditionProblems())
   problem = Problem(prompt="5+7=", answer="12")
   assert reward(problem, completion, True) == 1.0
   assert reward(problem, completion, False) == 0.0  # cut by the length limit: not an answer

@@ -5,7 +5,7 @@
 Runs in its own process (torch and TRL never share a process with JAX). TRL generates with HF
 `generate` (no vLLM) on the CPU. What is matched to jaxpod's `jaxpod rl --model.hf DIR --task.type
 dataset` run with the same options:
-  prompts      the same training problems in the same order (`DatasetTask.train_problems` of jaxpod's
+  prompts      the same training problems in the same order (`DatasetProblems.train_problems` of jaxpod's
                colocated stream; TRL's own shuffling off) and the same held-out split
   reward       the same verifier (exact_match | gsm8k | boxed) on the decoded completion, 0 when the
                completion was cut at max_completion_length (jaxpod rewards only finished samples)
@@ -60,16 +60,16 @@ class TRLArm:
 
 
 def _problems(arm: TRLArm):
-  from jaxpod.rl.dataset_task import DatasetTask
-  task = DatasetTask(path=arm.prompts, prompt_column=arm.prompt_column, answer_column=arm.answer_column,
-                     verifier=arm.verifier, eval_size=arm.eval_size)
+  from jaxpod.problems.dataset import DatasetProblems
+  task = DatasetProblems(path=arm.prompts, prompt_column=arm.prompt_column, answer_column=arm.answer_column,
+                         verifier=arm.verifier, eval_size=arm.eval_size)
   train = task.train_problems(arm.seed, RL_STREAM, 0, arm.steps * arm.num_prompts_per_step)
   return task, train, task.eval_set(arm.seed)
 
 
 def _reward_fn(task, tokenizer):
-  from jaxpod.rl.rewards import resolve
-  from jaxpod.rl.tasks import Problem
+  from jaxpod.problems.base import Problem
+  from jaxpod.problems.rewards import resolve
   verify = resolve(task.correct_reward, task)
   eos = set(tokenizer.all_special_ids) & {tokenizer.eos_token_id}
 
@@ -83,7 +83,7 @@ def _reward_fn(task, tokenizer):
 def held_out_accuracy(model, tokenizer, task, problems, max_new_tokens: int, batch: int = 64) -> float:
   """Greedy accuracy of the HF model on `problems` with the task's verifier (left-padded batches)."""
   import torch
-  from jaxpod.rl.rewards import resolve
+  from jaxpod.problems.rewards import resolve
   verify = resolve(task.correct_reward, task)
   tokenizer.padding_side = "left"
   right = 0

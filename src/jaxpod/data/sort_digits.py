@@ -7,8 +7,9 @@
 A problem is a pure function of (seed, stream, index), so every host rebuilds any problem from three
 integers. The teacher sorts correctly but drops each repeated digit with probability `dedup`, a habit
 that supervised imitation copies and that only a signal from the verifier (the true sorted digits)
-can remove. (tasks/ and rl/ sit on one floor and never import each other, so what both use lives
-here, a floor below: `jaxpod rl`'s sort task takes its teacher from `teacher_habit`.)
+can remove. This is the one sort stream: `jaxpod rl`'s `sort` problem set (`jaxpod.problems.generated`)
+draws its problems with `sort_digits` and its teacher with `teacher_habit`; the streams are walked by
+`jaxpod.data.streams` for both.
 """
 from __future__ import annotations
 
@@ -16,13 +17,21 @@ import functools
 
 import numpy as np
 
-HELD_OUT_STREAM = 0  # stream of the held-out problems; training streams are 1, 2, ...
+from jaxpod.data import streams
+from jaxpod.data.streams import HELD_OUT_STREAM
+
+
+def sort_digits(rng: np.random.Generator, length: int, min_length: int = 0) -> tuple[str, str]:
+  """("sort:<digits>=", the digits in ascending order): `length` random digits, or a uniform count in
+  min_length..length when min_length is set."""
+  n = int(rng.integers(min_length, length + 1)) if min_length else length
+  digits = rng.integers(0, 10, n)
+  return "sort:" + "".join(str(d) for d in digits) + "=", "".join(str(d) for d in np.sort(digits))
 
 
 def sort_problem(seed: int, stream: int, index: int, length: int = 6) -> tuple[str, str]:
   """("sort:<digits>=", the digits in ascending order) for problem `index` of `stream`."""
-  digits = np.random.default_rng([seed, stream, index]).integers(0, 10, length)
-  return "sort:" + "".join(str(d) for d in digits) + "=", "".join(str(d) for d in np.sort(digits))
+  return sort_digits(np.random.default_rng([seed, stream, index]), length)
 
 
 def teacher_habit(answer: str, rng: np.random.Generator, dedup: float) -> str:
@@ -37,13 +46,7 @@ def teacher_habit(answer: str, rng: np.random.Generator, dedup: float) -> str:
 @functools.lru_cache(maxsize=8)
 def held_out(seed: int, count: int, length: int = 6) -> tuple[tuple[str, str], ...]:
   """The first `count` distinct problems of the held-out stream (never trained on)."""
-  seen: dict[str, str] = {}
-  index = 0
-  while len(seen) < count:
-    prompt, answer = sort_problem(seed, HELD_OUT_STREAM, index, length)
-    seen.setdefault(prompt, answer)
-    index += 1
-  return tuple(seen.items())
+  return tuple(streams.held_out(lambda i: sort_problem(seed, HELD_OUT_STREAM, i, length), count, _prompt))
 
 
 def training_problems(seed: int, stream: int, count: int, held_out_count: int,
@@ -52,10 +55,9 @@ def training_problems(seed: int, stream: int, count: int, held_out_count: int,
   if stream == HELD_OUT_STREAM:
     raise ValueError(f"stream {HELD_OUT_STREAM} holds the held-out problems; training streams start at 1")
   skip = {p for p, _ in held_out(seed, held_out_count, length)}
-  out, index = [], 0
-  while len(out) < count:
-    prompt, answer = sort_problem(seed, stream, index, length)
-    if prompt not in skip:
-      out.append((index, prompt, answer))
-    index += 1
-  return out
+  return [(i, *p) for i, p in streams.training(lambda i: sort_problem(seed, stream, i, length), skip, 0, count,
+                                                _prompt)]
+
+
+def _prompt(problem: tuple[str, str]) -> str:
+  return problem[0]

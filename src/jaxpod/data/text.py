@@ -2,22 +2,30 @@
 
     text = grammar_text(seed=0, num_chars=300_000)   # the same string on every machine, no network
     train_bpe_tokenizer(text, 512, "tok/")           # optional: a BPE trained offline (lm.tokenizer: tok/)
-    loader = TextLoader(token_docs, seq_len=128, global_batch_size=32, eval_batch_size=32,
-                        shard_index=host, shard_count=hosts, pad_id=258)
+    writer = RowWriter(url)                          # leader (jaxpod.io.rows): rows of 128 tokens, in chunks
+    for rows in packed_rows(token_batches(lines, tokenizer, eos_id), seq_len=128):
+      writer.append(tokens=rows)                     # [K, 128] int32 per batch of documents
+    sha256 = writer.close()
+    loader = TextLoader(RowStore(url, sha256), seq_len=128, global_batch_size=32, eval_batch_size=32,
+                        shard_index=host, shard_count=hosts, pad_id=258)   # every host: reads only its rows
     it = loader.train_iter(); batch = next(it)       # {"tokens", "mask"}: [per_host, seq_len] each
     it.get_state() / it.set_state(state)             # {"step": n}: the checkpoint stores it
 
-The token stream (documents concatenated) is cut into fixed-length rows; a held-out tail
-of rows is the eval split. Train batch k is a slice of an epoch-wise permutation drawn from
-(seed, epoch), so it depends only on k: any host count sees the same global batches, and
-resuming needs only the step.
+Documents (lines) are tokenized in batches (the tokenizers library's `encode_batch`) into numpy arrays
+and concatenated into one stream, cut into fixed-length rows; a held-out tail of rows is the eval
+split. `rows` is a row source (`jaxpod.io.rows`: a RowStore in shared storage, read by byte range) or,
+in one process, the token stream itself. Train batch k is a slice of an epoch-wise permutation drawn
+from (seed, epoch), so it depends only on k: any host count sees the same global batches, each host
+reads only its rows of them, and resuming needs only the step.
 """
 from __future__ import annotations
 
 import random
-from typing import Iterator, Sequence
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
+
+from jaxpod.io.rows import ArrayRows
 
 _NAMES = ("the old king", "the young queen", "a tired farmer", "the small girl", "a quiet monk", "the brave knight",
           "an old sailor", "the clever fox", "a grey wolf", "the little boy", "a kind baker", "the wise woman")
@@ -58,15 +66,49 @@ def grammar_text(seed: int = 0, num_chars: int = 300_000) -> str:
   return "\n".join(lines) + "\n"
 
 
-def tokenize_documents(text: str, encode, eos_id: int | None) -> np.ndarray:
-  """One int32 stream: each non-empty line encoded (the tokenizer adds BOS if it does), then EOS."""
-  out: list[int] = []
-  for line in text.splitlines():
+def batch_encoder(tokenizer) -> Callable[[list[str]], list[np.ndarray]]:
+  """lines -> each line's ids (int32 arrays, BOS as the tokenizer adds it): the tokenizers library's
+  `encode_batch` when the tokenizer wraps one, UTF-8 bytes for the byte tokenizer, else `encode` per line."""
+  from jaxpod.models.llama.tokenizer import ByteTokenizer
+  raw = getattr(tokenizer, "tok", None)
+  if callable(getattr(raw, "encode_batch", None)):
+    return lambda lines: [np.asarray(e.ids, np.int32) for e in raw.encode_batch(lines)]
+  if isinstance(tokenizer, ByteTokenizer):
+    bos = np.asarray([tokenizer.bos_id] if tokenizer.add_bos else [], np.int32)
+    return lambda lines: [np.concatenate([bos, np.frombuffer(l.encode("utf-8"), np.uint8)]) for l in lines]
+  encode = tokenizer.encode if hasattr(tokenizer, "encode") else tokenizer
+  return lambda lines: [np.asarray(encode(l), np.int32) for l in lines]
+
+
+def token_batches(lines: Iterable[str], tokenizer, eos_id: int | None, batch_lines: int = 4096) -> Iterator[np.ndarray]:
+  """Int32 token streams, one per batch of `batch_lines` lines: each non-empty line encoded, then EOS."""
+  encode, eos = batch_encoder(tokenizer), np.asarray([] if eos_id is None else [eos_id], np.int32)
+  batch: list[str] = []
+  for line in lines:
     if line.strip():
-      out.extend(encode(line))
-      if eos_id is not None:
-        out.append(eos_id)
-  return np.asarray(out, np.int32)
+      batch.append(line)
+    if len(batch) == batch_lines:
+      yield np.concatenate([p for ids in encode(batch) for p in (ids, eos)])
+      batch = []
+  if batch:
+    yield np.concatenate([p for ids in encode(batch) for p in (ids, eos)])
+
+
+def tokenize_documents(text: str, tokenizer, eos_id: int | None) -> np.ndarray:
+  """One int32 stream: each non-empty line encoded (the tokenizer adds BOS if it does), then EOS."""
+  parts = list(token_batches(text.splitlines(), tokenizer, eos_id))
+  return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+
+
+def packed_rows(batches: Iterable[np.ndarray], seq_len: int) -> Iterator[np.ndarray]:
+  """Token streams -> [K, seq_len] rows of their concatenation (the tail shorter than a row is dropped)."""
+  carry = np.zeros(0, np.int32)
+  for tokens in batches:
+    carry = np.concatenate([carry, tokens])
+    k = len(carry) // seq_len
+    if k:
+      yield carry[:k * seq_len].reshape(k, seq_len)
+      carry = carry[k * seq_len:]
 
 
 def train_bpe_tokenizer(text: str, vocab_size: int, folder: str) -> str:
@@ -114,18 +156,20 @@ class StepIterator:
 
 
 class TextLoader:
-  """This host's rows of every global batch over a packed token stream."""
+  """This host's rows of every global batch over a packed token stream (read from `rows` as needed)."""
 
-  def __init__(self, tokens: np.ndarray, seq_len: int, global_batch_size: int, eval_batch_size: int, *,
+  def __init__(self, rows, seq_len: int, global_batch_size: int, eval_batch_size: int, *,
                eval_fraction: float = 0.05, seed: int = 0, shard_index: int = 0, shard_count: int = 1,
                pad_id: int = 0):
-    rows = len(tokens) // seq_len
-    num_eval = max(1, int(round(rows * eval_fraction)))
-    if rows - num_eval < global_batch_size:
-      raise ValueError(f"the text gives {rows} rows of {seq_len} tokens ({num_eval} held out): fewer than "
+    if isinstance(rows, np.ndarray):  # one process: the whole token stream, packed here
+      rows = ArrayRows({"tokens": np.asarray(rows[:len(rows) // seq_len * seq_len], np.int32).reshape(-1, seq_len)})
+    total = rows.num_rows
+    num_eval = max(1, int(round(total * eval_fraction)))
+    if total - num_eval < global_batch_size:
+      raise ValueError(f"the text gives {total} rows of {seq_len} tokens ({num_eval} held out): fewer than "
                        f"data.global_batch_size={global_batch_size}; use a longer text or lower the batch")
-    packed = np.asarray(tokens[:rows * seq_len], np.int32).reshape(rows, seq_len)
-    self.train_rows, self.eval_rows = packed[:rows - num_eval], packed[rows - num_eval:]
+    self.rows = rows
+    self.train_rows, self.eval_rows = range(total - num_eval), range(total - num_eval, total)
     self.seq_len, self.gb, self.eb, self.seed, self.pad_id = seq_len, global_batch_size, eval_batch_size, seed, pad_id
     self.index, self.count = shard_index, shard_count
     self.steps_per_epoch = len(self.train_rows) // global_batch_size
@@ -139,26 +183,29 @@ class TextLoader:
     per = batch // self.count
     return rows[self.index * per:(self.index + 1) * per]
 
+  def _read(self, ids: np.ndarray) -> np.ndarray:
+    return np.asarray(self.rows.read(ids)["tokens"], np.int32)
+
   def train_batch(self, step: int) -> dict:
     """Global batch `step` (this host's rows): a slice of epoch step // steps_per_epoch's permutation."""
     epoch, j = divmod(step, self.steps_per_epoch)
     if self._perm is None or self._perm[0] != epoch:
       self._perm = (epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self.train_rows)))
     ids = self._perm[1][j * self.gb:(j + 1) * self.gb]
-    tokens = self.train_rows[self._host_slice(ids, self.gb)]
+    tokens = self._read(self._host_slice(ids, self.gb))
     return {"tokens": tokens, "mask": np.ones(tokens.shape, bool)}
 
   def train_iter(self) -> StepIterator:
     return StepIterator(self)
 
   def eval_iter(self) -> Iterator[dict]:
-    """The whole held-out split in order; the last batch padded with masked rows."""
-    for start in range(0, len(self.eval_rows), self.eb):
-      rows = self.eval_rows[start:start + self.eb]
-      mask = np.ones(rows.shape, bool)
-      if len(rows) < self.eb:
-        fill = self.eb - len(rows)
-        rows = np.concatenate([rows, np.full((fill, self.seq_len), self.pad_id, np.int32)])
-        mask = np.concatenate([mask, np.zeros((fill, self.seq_len), bool)])
-      yield {"tokens": self._host_slice(rows, self.eb), "mask": self._host_slice(mask, self.eb)}
-
+    """The whole held-out split in order (this host's rows of each batch); the last batch padded with masked rows."""
+    per = self.eb // self.count
+    for start in range(self.eval_rows.start, self.eval_rows.stop, self.eb):
+      mine = np.arange(start + self.index * per, start + (self.index + 1) * per)
+      real = mine[mine < self.eval_rows.stop]
+      tokens = np.full((per, self.seq_len), self.pad_id, np.int32)
+      tokens[:len(real)] = self._read(real)
+      mask = np.zeros((per, self.seq_len), bool)
+      mask[:len(real)] = True
+      yield {"tokens": tokens, "mask": mask}

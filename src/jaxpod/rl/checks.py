@@ -2,13 +2,13 @@
 
 A field's own range is checked by its dataclass when the config is parsed (`RLConfig` and its sections;
 the rollout section's sampling options by `jaxpod.sample.SamplingOptions`, naming `rl.rollout.<field>`).
-Everything that depends on several fields, the hosts, the devices, files or the task is checked here,
+Everything that depends on several fields, the hosts, the devices, files or the problem set is checked here,
 in this order: the rewards resolve (a plugin not found); per job (the trainer, the rollout workers):
 rows per step split over its hosts in whole groups and over its data-parallel devices (the warm-up's
 batch and GRPO's prompts x samples), the engine's decode slots over its data-parallel devices; storage is
-reachable (and shared when several jobs or hosts use it); the starting checkpoint exists; the task's
-prompts and answers fit the engine's context (prompts are never truncated; a multi-turn task: every
-turn of its teacher's episodes and every context a turn continues from). A multi-turn task runs
+reachable (and shared when several jobs or hosts use it); the starting checkpoint exists; the problem set's
+prompts and answers fit the engine's context (prompts are never truncated; a multi-turn set: every
+turn of its teacher's episodes and every context a turn continues from). A multi-turn set runs
 colocated only and is scored by its environment (`check_environment`). Each error names the
 field the user typed and the fix. The trainer and the engine check again at run time (a library's own
 guard); with these checks passed they never fire.
@@ -25,7 +25,7 @@ SAMPLE_PROBLEMS = 256  # training problems per stream tokenized by the length ch
 
 def before_jax(cfg: RLConfig) -> None:
   """Raise ValueError (one line, naming the field and the fix) for anything wrong with `cfg`."""
-  from jaxpod.rl.rewards import Scorer
+  from jaxpod.problems.rewards import Scorer
   Scorer(cfg.rewards, cfg.reward_weights, cfg.task)
   check_environment(cfg)
   hosts = cfg.runtime.hosts()
@@ -41,16 +41,16 @@ def before_jax(cfg: RLConfig) -> None:
 
 
 def check_environment(cfg: RLConfig) -> None:
-  """A multi-turn task: its environment resolves, it runs colocated, and its environment is what scores it."""
+  """A multi-turn problem set: its environment resolves, it runs colocated, and its environment is what scores it."""
   name = type(cfg.task).__name__
   if cfg.task.environment() is None:  # resolves the environment: a one-line error naming the field if it cannot
     return
   if cfg.topology != "colocated":
-    raise ValueError(f"rl.topology={cfg.topology!r}: multi-turn tasks ({name}) run colocated only (rollout workers "
-                     "sample single turns); drop --topology or use --topology colocated")
+    raise ValueError(f"rl.topology={cfg.topology!r}: multi-turn problem sets ({name}) run colocated only (rollout "
+                     "workers sample single turns); drop --topology or use --topology colocated")
   if tuple(cfg.rewards) != ("exact_match",) or cfg.reward_weights:
-    raise ValueError(f"rl.rewards={list(cfg.rewards)}: the episodes of a multi-turn task ({name}) are scored by its "
-                     "environment's rewards; leave rl.rewards and rl.reward_weights at their defaults")
+    raise ValueError(f"rl.rewards={list(cfg.rewards)}: the episodes of a multi-turn problem set ({name}) are scored "
+                     "by its environment's rewards; leave rl.rewards and rl.reward_weights at their defaults")
 
 
 def jobs(cfg: RLConfig, process_count: int) -> list[tuple[str, int]]:
@@ -96,8 +96,8 @@ def check_rows(cfg: RLConfig, job: str, hosts: int, devices_per_host: int | None
 
 def check_lengths(cfg: RLConfig) -> None:
   """Prompts within rollout.max_prompt_len, answers + EOS within max_new_tokens, both within the model's positions."""
+  from jaxpod.problems.environments import answer_ids
   from jaxpod.rl.policy import PolicySpec
-  from jaxpod.rl.rollouts import answer_ids
   r = cfg.rollout
   policy = PolicySpec(cfg.model, cfg.model.hf or None)
   tok = policy.tokenizer()
@@ -130,10 +130,10 @@ def check_lengths(cfg: RLConfig) -> None:
 
 
 def check_turns(cfg: RLConfig, tok, problems, stop_id: int) -> None:
-  """A multi-turn task: each turn of the teacher's episodes (with EOS) within rollout.max_new_tokens, and the
+  """A multi-turn problem set: each turn of the teacher's episodes (with EOS) within rollout.max_new_tokens, and the
   context each turn continues from (prompt, earlier turns, observations) within rollout.max_prompt_len."""
   import itertools
-  from jaxpod.rl.environments import demonstration
+  from jaxpod.problems.environments import demonstration
   r = cfg.rollout
   turn, context = (0, None), (0, None)
   for p in problems:

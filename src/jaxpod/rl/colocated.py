@@ -17,17 +17,20 @@ max_num_gen_batches; a policy that solves or fails almost every problem ends the
 Request seeds are fixed by the run seed, so a rerun from a checkpoint regenerates exactly the rollouts
 it would have trained on: the data state is the number of batches trained and the stream position of the batch not yet
 trained (invariant 5 for RL: nothing trained twice, nothing lost).
+
+`run.py` builds the `RolloutBuffer` and hands it to the GRPO task as its batch source; the buffer brings
+its hook (`ColocatedRollouts`), which samples with the trainer's weights when the trainer calls it.
 """
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
+from jaxpod.problems.rewards import VerifiedProblems
 from jaxpod.rl import grpo
+from jaxpod.rl.config import GRPOConfig, RolloutConfig
+from jaxpod.rl.policy import PolicySpec
+from jaxpod.rl.rollout.groups import Batcher
 from jaxpod.runtime.hooks import Hook, StepInfo
-
-if TYPE_CHECKING:
-  from jaxpod.rl.train_tasks import GRPOTask
 
 RL_STREAM = 2  # training stream of RL problems (the warm-up uses stream 1)
 
@@ -48,17 +51,20 @@ def fill_batch(rounds, need: int, version: int, *, max_policy_lag: int, filter_g
   raise RuntimeError(f"rl colocated: only {len(chosen)} of the {examined} groups sampled for a batch have rewards "
                      f"that differ (grpo.filter_groups drops the others; {need} needed): the policy solves or fails "
                      "almost every problem; raise grpo.max_sampling_rounds, set grpo.filter_groups false or "
-                     "change the task")
+                     "change the problem set (--task)")
 
 
 class RolloutBuffer:
   """The trainer's iterator: the next batch, put there by `ColocatedRollouts` with the latest weights."""
 
-  def __init__(self, task: GRPOTask, *, num_generations: int, sampled_prompts: int, need: int, max_policy_lag: int,
-               filter_groups: bool, max_rounds: int):
-    self.task = task
-    self.num_generations, self.sampled_prompts, self.need = num_generations, sampled_prompts, need
-    self.max_policy_lag, self.filter_groups, self.max_rounds = max_policy_lag, filter_groups, max_rounds
+  def __init__(self, problems: VerifiedProblems, policy: PolicySpec, rollout: RolloutConfig, grpo_cfg: GRPOConfig,
+               batcher: Batcher):
+    self.problems, self.rollout, self.batcher = problems, rollout, batcher
+    self.tokenizer = policy.tokenizer()
+    self.stop_ids = policy.stop_ids(self.tokenizer, policy.llama())
+    g = grpo_cfg
+    self.num_generations, self.sampled_prompts, self.need = g.num_generations, g.sampled_prompts, g.num_prompts_per_step
+    self.max_policy_lag, self.filter_groups, self.max_rounds = g.max_policy_lag, g.filter_groups, g.max_sampling_rounds
     self.trained = 0  # batches handed to the trainer (= optimizer steps taken on rollouts)
     self.ready: dict | None = None  # the global arrays of batch `trained`
     self.cursor: int | None = None  # stream position of the next round (None: the start of batch `trained`)
@@ -67,12 +73,18 @@ class RolloutBuffer:
   def __iter__(self):
     return self
 
+  def __repr__(self) -> str:  # what the GRPO run's config.json shows for its source
+    return f"colocated RolloutBuffer (stream {RL_STREAM}, {self.sampled_prompts} prompts per round)"
+
+  def __deepcopy__(self, memo) -> "RolloutBuffer":  # dataclasses.asdict of the config that carries it: not copied
+    return self
+
   def __next__(self) -> dict:
     if self.ready is None:
       raise RuntimeError("colocated rollouts: no batch was generated for the next step (ColocatedRollouts missing?)")
     batch, self.ready = self.ready, None
     self.trained += 1
-    return self.task.local(batch)
+    return batch
 
   def get_state(self) -> dict:
     """Batches trained and where the batch not yet trained starts (regenerated on resume)."""
@@ -104,13 +116,14 @@ class ColocatedRollouts(Hook):
     t0 = time.perf_counter()
     interval = t0 - self.last_end if self.last_end is not None else 0.0
     buffer = self.buffer
-    task, problems = buffer.task, buffer.task.problems
+    problems = buffer.problems
     params, version = info.state.params, int(info.step)
     if self.roller is None:
-      from jaxpod.rl.roller import Roller, make_sampler
-      sampler = make_sampler(self.graphdef, params, self.mesh, task.rollout, task.stop_ids, version=version)
-      self.roller = Roller(sampler, task.tokenizer, problems.scorer(), buffer.num_generations, problems.seed,
-                           problems.episodes(task.rollout.max_prompt_len))
+      from jaxpod.rl.rollout.episodes import samples_for
+      from jaxpod.rl.rollout.roller import Roller, make_sampler
+      sampler = make_sampler(self.graphdef, params, self.mesh, buffer.rollout, buffer.stop_ids, version=version)
+      self.roller = Roller(sampler, buffer.tokenizer, problems.scorer(), buffer.num_generations, problems.seed,
+                           samples_for(problems, buffer.rollout.max_prompt_len))
     else:
       self.roller.sampler.update_params(params, version)  # in memory, no copy
     if buffer.cursor is None:
@@ -127,7 +140,7 @@ class ColocatedRollouts(Hook):
 
     chosen, dropped = fill_batch(rounds(), buffer.need, version, max_policy_lag=buffer.max_policy_lag,
                                  filter_groups=buffer.filter_groups, max_rounds=buffer.max_rounds)
-    buffer.ready = task.batch_arrays(chosen)
+    buffer.ready = buffer.batcher(chosen)
     self.last_end = time.perf_counter()
     dt = self.last_end - t0
     tokens = self.roller.tokens - before

@@ -3,10 +3,10 @@
     jaxpod rl                                        # the built-in default (addition, colocated)
     jaxpod rl --grpo.num_generations 8 --trainer.steps 300 --topology disaggregated
 
-Sections: task (the verifiable problems), rewards, model (architecture, or `model.hf` to start from
-a HF checkpoint), warmup (supervised steps on the task's own data before RL), grpo (the algorithm),
-rollout (the engine and the workers), transfer (weights between clusters when disaggregated),
-trainer / tracker / runtime / mesh (as in `jaxpod train`).
+Sections: task (the problem set, `jaxpod.problems`: what the policy solves), rewards, model (architecture,
+or `model.hf` to start from a HF checkpoint), warmup (supervised steps on the problem set's own data before
+RL), grpo (the algorithm), rollout (the engine and the workers), transfer (weights between clusters when
+disaggregated), trainer / tracker / runtime / mesh (as in `jaxpod train`).
 """
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ import dataclasses
 from typing import ClassVar
 
 from jaxpod.models.llama.config import LlamaConfig
-from jaxpod.rl.calculator_task import CalculatorTask  # noqa: F401 - registers task type "calculator"
-from jaxpod.rl.dataset_task import DatasetTask  # registers task type "dataset"
+from jaxpod.problems import DatasetProblems, ProblemSet, SortProblems
+from jaxpod.problems.passk import EvalConfig
 from jaxpod.rl.grpo import LOSS_NORMS, SCALE_REWARDS
-from jaxpod.rl.tasks import RLTaskConfig, SortTask
 from jaxpod.runtime.mesh import MeshConfig
 from jaxpod.runtime.state import RuntimeConfig
 from jaxpod.sample.config import EngineConfig, SamplingOptions, SamplingParams
@@ -54,7 +53,7 @@ class RLModelConfig(LlamaConfig):
 
 @dataclasses.dataclass(frozen=True)
 class WarmupConfig:
-  """Supervised fine-tuning on the task's own problems before RL (next-token loss on answer + EOS)."""
+  """Supervised fine-tuning on the problem set's own problems before RL (next-token loss on answer + EOS)."""
 
   steps: int = 150  # optimizer steps (0: no warm-up; ignored when model.hf is set)
   batch_size: int = 128  # problems per step over all hosts
@@ -127,7 +126,7 @@ class RolloutConfig(SamplingOptions):
 
   section: ClassVar[str] = "rl.rollout"
   temperature: float = 0.5  # sampling temperature > 0 (the trainer recomputes log-probs under the same distribution)
-  max_prompt_len: int = 16  # prompt tokens (BOS included); longer task prompts are refused before compiling
+  max_prompt_len: int = 16  # prompt tokens (BOS included); longer prompts are refused before compiling
   max_new_tokens: int = 8  # tokens sampled per completion at most
   batch_size: int = 128  # decode slots of the engine (rows decoded together)
   steps_per_round: int = 4  # decode steps per device call between scheduling rounds
@@ -173,28 +172,6 @@ class RolloutConfig(SamplingOptions):
     return SamplingParams() if greedy else super().sampling()
 
 
-@dataclasses.dataclass(frozen=True)
-class RLEvalConfig:
-  """Held-out evaluation beside greedy accuracy: pass@k from `samples` samples per problem at the rollout temperature."""
-
-  k: int = 0  # pass@k on the held-out split, with pass@1 (0: greedy accuracy only)
-  samples: int = 0  # samples per held-out problem, n >= k (0: k); the unbiased estimator uses all n
-
-  def __post_init__(self):
-    if self.k < 0 or self.samples < 0:
-      raise ValueError(f"rl.eval: k={self.k} and samples={self.samples} must be >= 0")
-    if self.samples and self.samples < self.k:
-      raise ValueError(f"rl.eval.samples={self.samples} is below eval.k={self.k}; pass@k needs n >= k samples per "
-                       "problem")
-    if self.samples and not self.k:
-      raise ValueError(f"rl.eval.samples={self.samples} without eval.k; set --eval.k (e.g. 4)")
-
-  @property
-  def n(self) -> int:
-    """Samples drawn per held-out problem."""
-    return self.samples or self.k
-
-
 # Sections with RL's own defaults are subclasses, not default_factory values: draccus rebuilds a
 # section from its class defaults as soon as one of its fields is given on the command line.
 @dataclasses.dataclass(frozen=True)
@@ -214,23 +191,24 @@ class RLTrainerConfig(TrainerConfig):
 class RLTransferConfig(TransferConfig):
   """`jaxpod.transfer`'s config with RL's defaults: versions and records in the run's shared storage."""
 
-  mode: str = "checkpoint"  # checkpoint | arrow_flight | ray | jax_transfer (see the transfer section of the README)
+  mode: str = "checkpoint"  # checkpoint | arrow_flight | ray | jax_transfer (see docs/transfer.md)
   coordinator: str | None = "filesystem"  # where versions are registered; filesystem = in `folder`
   folder: str = "weights"  # relative: inside the run folder, so trainer and workers find it from the run alone
+  background: bool = True  # upload while the next step trains; a version is seen one step later (needs grpo.max_policy_lag >= 1)
 
 
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
   """`jaxpod rl`: warm-up, then GRPO with rollouts from the continuous engine (see the module docstring)."""
 
-  task: RLTaskConfig = dataclasses.field(default_factory=SortTask)  # verifiable problems (type: sort | addition | dataset | calculator)
+  task: ProblemSet = dataclasses.field(default_factory=SortProblems)  # problem set: sort|addition|dataset|calculator
   rewards: tuple[str, ...] = ("exact_match",)  # reward plugins (registered names or "module:function"), summed
   reward_weights: tuple[float, ...] = ()  # one weight per reward (empty: all 1.0)
   model: RLModelConfig = dataclasses.field(default_factory=RLModelConfig)  # the policy (or model.hf)
   warmup: WarmupConfig = dataclasses.field(default_factory=WarmupConfig)  # supervised steps before RL
   grpo: GRPOConfig = dataclasses.field(default_factory=GRPOConfig)  # the algorithm
   rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)  # engine + workers
-  eval: RLEvalConfig = dataclasses.field(default_factory=RLEvalConfig)  # pass@k next to greedy accuracy
+  eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)  # pass@k next to greedy accuracy
   topology: str = "colocated"  # colocated: one cluster, trainer and engine alternate | disaggregated: two clusters
   role: str = "auto"  # auto: everything here (disaggregated: launches the clusters) | trainer | rollout
   trainer_hosts: int = 1  # disaggregated, role auto: hosts of the trainer cluster it launches
@@ -250,9 +228,13 @@ class RLConfig:
       raise ValueError(f"rl.role={self.role!r} needs --topology disaggregated (colocated runs one job: role auto)")
     if self.trainer_hosts < 1:
       raise ValueError(f"rl.trainer_hosts={self.trainer_hosts} must be >= 1")
-    if isinstance(self.task, DatasetTask) and not self.task.chat_template and self.model.hf:
+    if isinstance(self.task, DatasetProblems) and not self.task.chat_template and self.model.hf:
       # message prompts are rendered with the policy's own chat template unless another is named
       object.__setattr__(self, "task", dataclasses.replace(self.task, chat_template=self.model.hf))
+    if self.topology == "disaggregated" and self.transfer.background and self.grpo.max_policy_lag < 1:
+      raise ValueError("rl.transfer.background=true publishes version k while step k+1 trains, so workers sample "
+                       f"one version behind; rl.grpo.max_policy_lag={self.grpo.max_policy_lag} admits none: set "
+                       "--grpo.max_policy_lag 1 or more, or --transfer.background false")
     if self.rollout.groups_per_file > self.grpo.num_prompts_per_step:
       raise ValueError(f"rl.rollout.groups_per_file={self.rollout.groups_per_file} exceeds "
                        f"rl.grpo.num_prompts_per_step={self.grpo.num_prompts_per_step}; lower it")

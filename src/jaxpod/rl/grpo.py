@@ -49,7 +49,7 @@ DROP_REASONS = ("future", "stale", "uniform")
 
 def admit(group, trainer_version: int, *, max_policy_lag: int, filter_groups: bool) -> str:
   """TAKE, or the reason (one of DROP_REASONS) the trainer at `trainer_version` must not train on `group` (a
-  `rollouts.Group`: its tokens' versions and its samples' rewards); see the module docstring."""
+  `rollout.groups.Group`: its tokens' versions and its samples' rewards); see the module docstring."""
   if group.newest_version() > trainer_version:
     return "future"
   if group.oldest_version() < trainer_version - max_policy_lag:

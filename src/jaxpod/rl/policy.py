@@ -4,6 +4,7 @@
 Llama config and the stop ids, the same in the trainer, the rollout workers and the checks.
 `PolicyTask` is what the two trainer tasks (`train_tasks.py`) share: the Llama policy, its optimizer
 shape, the held-out accuracy evaluator (`Accuracy`) and the HF export at the end (`HFExportHook`).
+`check_same_problems` is the setup check every job of a run makes on the problems its hosts read.
 """
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import numpy as np
 
 from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.models.llama.tokenizer import Tokenizer
+from jaxpod.problems.base import ProblemSet
+from jaxpod.problems.rewards import VerifiedProblems
 from jaxpod.rl.config import RLModelConfig, RolloutConfig
-from jaxpod.rl.rewards import VerifiedTask
 from jaxpod.runtime.hooks import Hook, StepInfo
 from jaxpod.train.config import TrainConfig
 
@@ -60,33 +62,33 @@ class HFExportHook(Hook):
 
 class Accuracy:
   """Greedy accuracy on the held-out problems, and pass@k with `eval.k` (the trainer's evaluator); for a multi-turn
-  task, the fraction of episodes solved."""
+  set, the fraction of episodes solved."""
 
-  def __init__(self, problems: VerifiedTask, rollout: RolloutConfig, graphdef, mesh, tokenizer, stop_ids):
+  def __init__(self, problems: VerifiedProblems, rollout: RolloutConfig, graphdef, mesh, tokenizer, stop_ids):
+    from jaxpod.rl.rollout.episodes import samples_for
     self.rollout, self.graphdef, self.mesh, self.tokenizer, self.stop_ids = rollout, graphdef, mesh, tokenizer, stop_ids
-    self.problems, self.scorer = problems.eval_set(), problems.scorer()
+    self.problems = problems.eval_set()
     self.evaluation, self.seed = problems.evaluation, problems.seed
-    self.episodes = problems.episodes(rollout.max_prompt_len)  # a multi-turn task: greedy episodes, solved or not
+    self.samples = samples_for(problems, rollout.max_prompt_len)  # one turn, or a multi-turn set's episodes
     self.sampler = None
     self.sampling = None  # pass@k: the rollout engine's shapes and temperature (its programs are the rollouts')
 
   def __call__(self, params, buffers) -> dict:
     import time
-    from jaxpod.rl.roller import accuracy, make_sampler, pass_at_k
+    from jaxpod.rl.rollout.roller import accuracy, make_sampler, pass_at_k
     t0 = time.perf_counter()
     if self.sampler is None:
       self.sampler = make_sampler(self.graphdef, params, self.mesh, self.rollout, self.stop_ids, greedy=True)
     else:
       self.sampler.update_params(params, self.sampler.version + 1)
-    out = accuracy(self.sampler, self.tokenizer, self.scorer, self.problems, self.episodes)
+    out = accuracy(self.sampler, self.tokenizer, self.problems, self.samples)
     ev = self.evaluation
     if ev.k:
       if self.sampling is None:
         self.sampling = make_sampler(self.graphdef, params, self.mesh, self.rollout, self.stop_ids)
       else:
         self.sampling.update_params(params, self.sampling.version + 1)
-      out |= pass_at_k(self.sampling, self.tokenizer, self.scorer, self.problems, ev.n, ev.k, self.seed,
-                       self.episodes)
+      out |= pass_at_k(self.sampling, self.tokenizer, self.problems, ev.n, ev.k, self.seed, self.samples)
     return out | {"seconds": time.perf_counter() - t0}
 
 
@@ -95,7 +97,7 @@ class PolicyTask:
 
   headline = "accuracy"
 
-  def __init__(self, cfg: TrainConfig, policy: PolicySpec, problems: VerifiedTask, rollout: RolloutConfig,
+  def __init__(self, cfg: TrainConfig, policy: PolicySpec, problems: VerifiedProblems, rollout: RolloutConfig,
                export_to: str | None):
     self.cfg, self.policy, self.problems, self.rollout, self.export_to = cfg, policy, problems, rollout, export_to
     self.tokenizer = policy.tokenizer()
@@ -108,9 +110,8 @@ class PolicyTask:
     return {}
 
   def setup(self, prepared, host_index: int, host_count: int) -> None:
-    from jaxpod.rl.tasks import check_same_problems
     self.host, self.hosts = host_index, host_count
-    check_same_problems(self.problems.task, "trainer")
+    check_same_problems(self.problems.problem_set, "trainer")
 
   def _buffers(self, params) -> dict:
     return {}
@@ -158,6 +159,26 @@ class PolicyTask:
 
   def local(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """This host's contiguous share of the global rows."""
-    rows = next(iter(arrays.values())).shape[0]
-    share = rows // self.hosts
-    return {k: v[self.host * share:(self.host + 1) * share] for k, v in arrays.items()}
+    from jaxpod.rl.rollout.groups import host_share
+    return host_share(arrays, self.host, self.hosts)
+
+
+def check_same_problems(problem_set: ProblemSet, job: str) -> None:
+  """Every host of this job holds the same problems, or a one-line ValueError naming the hosts that differ.
+
+  Hosts refer to problems by (stream, index) and the engine runs the same prompts on every host (invariant 1):
+  a prompt file that differs between hosts' disks, or was rewritten between their reads, would have them
+  train on different data without any error. One allgather of a digest at setup; nothing when the problems
+  are a pure function of the config."""
+  from jaxpod.runtime import control, state
+  digest = problem_set.fingerprint()
+  if not digest or not state.in_multi_process_job():
+    return
+  seen = control.allgather(digest, f"rl.task.fingerprint.{job}")
+  differ = [h for h, d in enumerate(seen) if d != seen[0]]
+  if differ:
+    source = getattr(problem_set, "path", "the problem set's source")
+    raise ValueError(f"rl.task: {job} host(s) {differ} read other problems from {source} than host 0 (digests "
+                     f"{seen[differ[0]][:12]} vs {seen[0][:12]}); every host must read the same file: put it in "
+                     "the bucket (gs://...) or copy the same version to every host, and do not rewrite it while "
+                     "a job starts")

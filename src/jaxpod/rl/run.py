@@ -19,18 +19,20 @@ same command resumes it. Inside:
                    role auto: both, as `jaxpod launch` clusters on this machine.
 
 `RLConfig` is checked once (`checks.before_jax`) and resolved here into typed slices; each part gets
-only its own: the policy (`PolicySpec`), the problems and rewards (`VerifiedTask`), `GRPOConfig`, the
+only its own: the policy (`PolicySpec`), the problems and rewards (`VerifiedProblems`), `GRPOConfig`, the
 engine's sampling options (`RolloutConfig`, a `jaxpod.sample.SamplingOptions`), the queue (the run
-folder) and the transport (`TransferConfig`, its folder resolved in the run folder).
+folder) and the transport (`TransferConfig`, its folder resolved in the run folder). The topology is
+decided here: the GRPO task is handed the batch source it trains from (`batch_source`).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 
+from jaxpod.problems import ProblemSet
+from jaxpod.problems.rewards import VerifiedProblems
 from jaxpod.rl.config import RLConfig
 from jaxpod.rl.policy import PolicySpec
-from jaxpod.rl.rewards import VerifiedTask
 from jaxpod.runtime import storage
 from jaxpod.transfer.config import TransferConfig
 from jaxpod.runtime.log import get_logger
@@ -48,7 +50,7 @@ def run_id(cfg: RLConfig) -> str:
   """`rl-<12 hex>`: a hash of the config without RUN_ID_IGNORES (the same for every job of one run)."""
   from jaxpod.train.config import config_hash
   tree = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
-  tree["task"]["type"] = type(cfg.task).__name__  # two tasks with equal fields are different runs
+  tree["task"]["type"] = ProblemSet.get_choice_name(type(cfg.task))  # two sets with equal fields: different runs
   return "rl-" + config_hash(tree, RUN_ID_IGNORES)
 
 
@@ -63,14 +65,14 @@ def run(cfg: RLConfig) -> dict | None:
   checks.before_jax(cfg)  # invariant 7: everything that can fail does so here, in one line
   folder = run_dir(cfg)
   if cfg.topology == "disaggregated" and cfg.role == "auto":
-    from jaxpod.rl.launch import run_clusters
+    from jaxpod.rl.disaggregated.launch import run_clusters
     return run_clusters(cfg, folder)
   from jaxpod import runtime
   runtime.init(cfg.runtime, runs_dir=cfg.trainer.runs_dir)
   if cfg.role == "rollout":
-    from jaxpod.rl.worker import run_worker
+    from jaxpod.rl.disaggregated.worker import run_worker
     with runtime.guard():
-      run_worker(policy_spec(cfg, cfg.model.hf or None), verified_task(cfg), cfg.rollout,
+      run_worker(policy_spec(cfg, cfg.model.hf or None), verified_problems(cfg), cfg.rollout,
                  num_generations=cfg.grpo.num_generations, mesh=cfg.mesh, transfer=transfer_config(cfg, folder),
                  run_dir=folder)
     return None
@@ -92,13 +94,12 @@ def train_policy(cfg: RLConfig, folder: str) -> dict | None:
     warm = train(warmup_config(cfg, folder))
     start = storage.join(folder, "warmup", "hf")
   t_warm = time.monotonic() - t0
-  source = "colocated" if cfg.topology == "colocated" else "queue"
-  rl_summary = train(grpo_config(cfg, folder, start, source))
+  rl_summary = train(grpo_config(cfg, folder, start, batch_source(cfg, folder, start)))
   out = None
   if runtime.is_leader():
     workers = None
-    if source == "queue":
-      from jaxpod.rl.queue import Queue
+    if cfg.topology == "disaggregated":
+      from jaxpod.rl.disaggregated.queue import Queue
       workers = {str(w): rec for w, rec in Queue(folder).heartbeats().items()}
     out = summary_lib.write(cfg.topology, cfg.grpo.rows, folder, warm, rl_summary, warmup_s=t_warm,
                             wall_s=time.monotonic() - t0, workers=workers)
@@ -111,15 +112,29 @@ def policy_spec(cfg: RLConfig, start_from: str | None) -> PolicySpec:
   return PolicySpec(cfg.model, start_from)
 
 
-def verified_task(cfg: RLConfig) -> VerifiedTask:
-  """The problems slice: the task, its rewards, the run seed."""
-  return VerifiedTask(cfg.task, tuple(cfg.rewards), tuple(cfg.reward_weights), cfg.trainer.seed, cfg.eval)
+def verified_problems(cfg: RLConfig) -> VerifiedProblems:
+  """The problems slice: the problem set (`task`), its rewards, the run seed, the held-out evaluation."""
+  return VerifiedProblems(cfg.task, tuple(cfg.rewards), tuple(cfg.reward_weights), cfg.trainer.seed, cfg.eval)
 
 
 def transfer_config(cfg: RLConfig, folder: str) -> TransferConfig:
   """The transport slice: `transfer` with a relative folder placed in the run folder."""
-  from jaxpod.rl.publish import transfer_config as resolve
+  from jaxpod.rl.disaggregated.publish import transfer_config as resolve
   return resolve(cfg.transfer, folder)
+
+
+def batch_source(cfg: RLConfig, folder: str, start_from: str | None):
+  """What the GRPO task trains from, by topology: this job's engine between steps (colocated), or the rollout
+  queue the workers fill (disaggregated); every host of the trainer builds its own."""
+  from jaxpod.rl.rollout.groups import Batcher
+  policy = policy_spec(cfg, start_from)
+  batcher = Batcher(cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens, policy.tokenizer().pad_id,
+                    cfg.grpo.scale_rewards)
+  if cfg.topology == "colocated":
+    from jaxpod.rl.colocated import RolloutBuffer
+    return RolloutBuffer(verified_problems(cfg), policy, cfg.rollout, cfg.grpo, batcher)
+  from jaxpod.rl.disaggregated.queue_source import QueueSource
+  return QueueSource(folder, transfer_config(cfg, folder), cfg.grpo, cfg.rollout, batcher)
 
 
 def _trainer_cfg(cfg: RLConfig, folder: str, name: str, **changes):
@@ -136,20 +151,19 @@ def warmup_config(cfg: RLConfig, folder: str):
   trainer, common, TrainConfig = _trainer_cfg(cfg, folder, "warmup", steps=w.steps, eval_every=0, eval_at_start=False,
                                               checkpoint_every=0)
   data = DataConfig(global_batch_size=w.batch_size, eval_batch_size=w.batch_size, seed=cfg.trainer.seed)
-  task = WarmupTaskConfig(data=data, policy=policy_spec(cfg, None), problems=verified_task(cfg), warmup=w,
+  task = WarmupTaskConfig(data=data, policy=policy_spec(cfg, None), problems=verified_problems(cfg), warmup=w,
                           rollout=cfg.rollout, export_to=storage.join(folder, "warmup", "hf"))
   return TrainConfig(task=task, trainer=trainer, **common)
 
 
-def grpo_config(cfg: RLConfig, folder: str, start_from: str | None, source: str):
-  """The TrainConfig of the GRPO run (`<run>/train`, exported to `<run>/hf`)."""
+def grpo_config(cfg: RLConfig, folder: str, start_from: str | None, source):
+  """The TrainConfig of the GRPO run (`<run>/train`, exported to `<run>/hf`), training from `source`."""
   from jaxpod.rl.train_tasks import GRPOTaskConfig
   from jaxpod.train.config import DataConfig
   trainer, common, TrainConfig = _trainer_cfg(cfg, folder, "train")
   rows = cfg.grpo.rows
   data = DataConfig(global_batch_size=rows, eval_batch_size=rows, seed=cfg.trainer.seed)
-  task = GRPOTaskConfig(data=data, policy=policy_spec(cfg, start_from), problems=verified_task(cfg), grpo=cfg.grpo,
-                        rollout=cfg.rollout, source=source, run_dir=folder,
-                        transfer=transfer_config(cfg, folder) if source == "queue" else None,
+  task = GRPOTaskConfig(data=data, policy=policy_spec(cfg, start_from), problems=verified_problems(cfg), grpo=cfg.grpo,
+                        rollout=cfg.rollout, source=source,
                         export_to=storage.join(folder, "hf") if cfg.export_hf else None)
   return TrainConfig(task=task, trainer=trainer, **common)

@@ -19,16 +19,15 @@ from __future__ import annotations
 import json
 
 from jaxpod.runtime import storage
-
-METRICS = "metrics.jsonl"
+from jaxpod.train import tracker
 
 
 def read_metrics(run_dir: str) -> list[dict]:
-  """The records of a run's metrics.jsonl ([] if there is none)."""
-  url = storage.join(run_dir, METRICS)
-  if not storage.exists(url):
+  """The records of a run's metrics.jsonl, a torn last line skipped (`train.tracker.read_metrics`); [] if there is
+  none (a run that has not logged yet)."""
+  if not storage.exists(storage.join(run_dir, tracker.METRICS_FILE)):
     return []
-  return [json.loads(line) for line in storage.read_text(url).splitlines() if line.strip()]
+  return tracker.read_metrics(run_dir)
 
 
 def by_step(records: list[dict]) -> list[dict]:

@@ -3,11 +3,12 @@
 Both train the same Llama policy (`policy.PolicyTask`) and report the same held-out metric
 (greedy exact-match accuracy, `eval/accuracy`). They differ in data and loss:
 
-  rl_warmup  rows BOS + prompt + answer + EOS from the task's own generator (stream 1),
-             next-token loss on the answer and EOS only (a multi-turn task: the teacher's whole
+  rl_warmup  rows BOS + prompt + answer + EOS from the problem set's own generator (stream 1),
+             next-token loss on the answer and EOS only (a multi-turn set: the teacher's whole
              episode, the loss on its turns, not on the environment's observations);
-  rl_grpo    rows of rollouts (`rollouts.to_batch`) from a `source` iterator: the colocated
-             engine (`colocated.py`) or the rollout queue (`queue_source.py`); the GRPO loss
+  rl_grpo    rows of rollouts (`rollout.groups.to_batch`) from the batch source it is handed, built
+             where the topology is decided (`run.py`): the colocated engine (`colocated.RolloutBuffer`)
+             or the rollout queue (`disaggregated.queue_source.QueueSource`); the GRPO loss
              (`grpo.policy_loss`) against the engine's behaviour log-probs, with the trainer's
              log-probs under the engine's sampling distribution (`grpo.token_logprobs`).
 
@@ -18,16 +19,15 @@ export). RL starts from the warm-up's export or `model.hf`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
+from jaxpod.problems import SortProblems
+from jaxpod.problems.rewards import VerifiedProblems
 from jaxpod.rl.config import GRPOConfig, RLModelConfig, RolloutConfig, WarmupConfig
 from jaxpod.rl.policy import PolicySpec, PolicyTask
-from jaxpod.rl.rewards import VerifiedTask
-from jaxpod.rl.tasks import SortTask
 from jaxpod.train.config import DataConfig, TaskConfig, TrainConfig
-from jaxpod.transfer.config import TransferConfig
 
 WARMUP_STREAM = 1  # training stream of the warm-up's problems (RL samples stream 2, workers 100 + w)
 
@@ -36,19 +36,19 @@ def _policy() -> PolicySpec:
   return PolicySpec(RLModelConfig())
 
 
-def _problems() -> VerifiedTask:
-  return VerifiedTask(SortTask(), ("exact_match",), (), 0)
+def _problems() -> VerifiedProblems:
+  return VerifiedProblems(SortProblems(), ("exact_match",), (), 0)
 
 
 # ----------------------------------------------------------------------------- warm-up
 @TaskConfig.register_subclass("rl_warmup")
 @dataclasses.dataclass(frozen=True)
 class WarmupTaskConfig(TaskConfig):
-  """Supervised warm-up of an RL policy on its task's problems (built by `jaxpod rl`, not by hand)."""
+  """Supervised warm-up of an RL policy on its problem set (built by `jaxpod rl`, not by hand)."""
 
   data: DataConfig = dataclasses.field(default_factory=DataConfig)
   policy: PolicySpec = dataclasses.field(default_factory=_policy)  # the architecture (random init here)
-  problems: VerifiedTask = dataclasses.field(default_factory=_problems)  # what is demonstrated and evaluated
+  problems: VerifiedProblems = dataclasses.field(default_factory=_problems)  # what is demonstrated and evaluated
   warmup: WarmupConfig = dataclasses.field(default_factory=WarmupConfig)  # steps, batch, lr
   rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)  # row length; the evaluation engine
   export_to: str | None = None  # HF checkpoint written at the end
@@ -84,7 +84,7 @@ class WarmupIterator:
 
 
 class WarmupTask(PolicyTask):
-  """Next-token loss on answer + EOS of the task's own problems."""
+  """Next-token loss on answer + EOS of the problem set's own problems."""
 
   name = "warmup"
   batch_ndims = {"tokens": 2, "loss_mask": 2}
@@ -95,12 +95,12 @@ class WarmupTask(PolicyTask):
 
   def rows(self, problems) -> dict[str, np.ndarray]:
     """tokens [B, T] and the target-aligned loss mask over the teacher's turns, each with its EOS (a multi-turn
-    task's demonstration is a whole episode: the environment's observations between turns get no loss)."""
-    from jaxpod.rl.environments import demonstration
+    set's demonstration is a whole episode: the environment's observations between turns get no loss)."""
+    from jaxpod.problems.environments import demonstration
     tokens = np.full((len(problems), self.row_len), self.tokenizer.pad_id, np.int32)
     mask = np.zeros((len(problems), self.row_len), np.int32)
     for i, p in enumerate(problems):
-      e = demonstration(self.problems.task, self.tokenizer, p, self.stop_ids[0])
+      e = demonstration(self.problems.problem_set, self.tokenizer, p, self.stop_ids[0])
       row, start = e.context(), len(e.prompt_ids) - 1  # position t predicts token t+1
       tokens[i, :len(row)] = row
       mask[i, start:len(row) - 1] = e.from_policy
@@ -140,13 +140,11 @@ class GRPOTaskConfig(TaskConfig):
 
   data: DataConfig = dataclasses.field(default_factory=DataConfig)
   policy: PolicySpec = dataclasses.field(default_factory=_policy)  # the architecture and starting weights
-  problems: VerifiedTask = dataclasses.field(default_factory=_problems)  # what is sampled, scored and evaluated
+  problems: VerifiedProblems = dataclasses.field(default_factory=_problems)  # what is sampled, scored and evaluated
   grpo: GRPOConfig = dataclasses.field(default_factory=GRPOConfig)  # the algorithm
   rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)  # the engine's sampling options
   export_to: str | None = None  # HF checkpoint written at the end
-  source: str = "colocated"  # where rollouts come from: colocated (this job's engine) | queue (rollout workers)
-  run_dir: str = ""  # queue: the RL run folder (its queue/)
-  transfer: TransferConfig | None = None  # queue: where the trainer publishes its weights (folder resolved)
+  source: Any = None  # the batch source, built by run.py: colocated.RolloutBuffer | disaggregated QueueSource
   bar_metrics: tuple[str, ...] = ("reward", "loss")
   plot_metrics: tuple[str, ...] = ("reward", "accuracy")
 
@@ -157,29 +155,18 @@ class GRPOTaskConfig(TaskConfig):
 
 
 class GRPOTask(PolicyTask):
-  """The clipped-ratio GRPO loss on rollout batches from the colocated engine or the queue."""
+  """The clipped-ratio GRPO loss on the rollout batches of the source it is handed (an iterator of this host's
+  rows with `get_state` / `set_state`, and `hooks(graphdef, mesh)`: what keeps it filled)."""
 
   name = "grpo"
   batch_ndims = {"tokens": 2, "loss_mask": 2, "behaviour": 2, "advantages": 1, "reward": 1, "correct": 1}
 
   def __init__(self, cfg: TrainConfig, tc: GRPOTaskConfig):
     super().__init__(cfg, tc.policy, tc.problems, tc.rollout, tc.export_to)
-    self.tc, self.grpo = tc, tc.grpo
-    self.source = None  # made in setup: the iterator the trainer pulls batches from
-
-  def setup(self, prepared, host_index: int, host_count: int) -> None:
-    super().setup(prepared, host_index, host_count)
-    g, r = self.grpo, self.rollout
-    if self.tc.source == "colocated":
-      from jaxpod.rl.colocated import RolloutBuffer
-      self.source = RolloutBuffer(self, num_generations=g.num_generations, sampled_prompts=g.sampled_prompts,
-                                  need=g.num_prompts_per_step, max_policy_lag=g.max_policy_lag,
-                                  filter_groups=g.filter_groups, max_rounds=g.max_sampling_rounds)
-    else:
-      from jaxpod.rl.queue_source import QueueSource
-      self.source = QueueSource(self, self.tc.run_dir, self.tc.transfer, need=g.num_prompts_per_step,
-                                max_policy_lag=g.max_policy_lag, filter_groups=g.filter_groups,
-                                worker_timeout_s=r.worker_timeout_s, rollout_timeout_s=r.rollout_timeout_s)
+    if tc.source is None:
+      raise ValueError("rl_grpo: no batch source; jaxpod rl builds one (colocated.RolloutBuffer or QueueSource) "
+                       "and passes it as GRPOTaskConfig.source")
+    self.grpo, self.source = tc.grpo, tc.source
 
   def _buffers(self, params) -> dict:
     return {"ref": params} if self.grpo.beta > 0 else {}
@@ -226,10 +213,3 @@ class GRPOTask(PolicyTask):
 
   def hooks(self, graphdef, mesh, tcfg) -> list:
     return self.source.hooks(graphdef, mesh) + super().hooks(graphdef, mesh, tcfg)
-
-  def batch_arrays(self, groups) -> dict[str, np.ndarray]:
-    """The global batch of these groups (every host builds the same one)."""
-    from jaxpod.rl.rollouts import to_batch
-    arrays = to_batch(groups, self.row_len, self.tokenizer.pad_id, self.grpo.scale_rewards)
-    del arrays["versions"]  # admission already placed every token's version; the loss does not read them
-    return arrays

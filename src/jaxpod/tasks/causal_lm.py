@@ -2,11 +2,13 @@
 
     jaxpod train --config_path configs/lm_tiny.yaml      # task: {type: causal_lm, data, model, optim, sample}
 
-- Tokens: the leader reads the text (`data.text_path`, or the built-in toy-grammar text from
-  `jaxpod.data.text`), encodes every line with the tokenizer (BOS from the tokenizer, EOS
-  appended) and writes the stream once into shared storage (`<data cache>/lm-tokens-<key>.npy`,
-  named by the text and tokenizer, so a rerun reuses it); only its URL and sha256 travel over
-  the control plane (invariant 2). Every host reads it, checks the hash, packs the same rows.
+- Tokens: the leader streams the text (`data.text_path`, or the built-in toy-grammar text from
+  `jaxpod.data.text`), encodes its lines in batches (BOS from the tokenizer, EOS appended), packs
+  them into rows of `seq_len` tokens and writes them once into shared storage as a row store
+  (`<data cache>/lm-rows-<key>/`, chunk files with a sha256 each, named by the text, tokenizer and
+  seq_len, so a rerun reuses it; `jaxpod.io.rows`); only its URL and the manifest's sha256 travel
+  over the control plane (invariant 2). Every host reads only the rows of its share of each batch,
+  by byte range, and checks them against their chunk's hash (invariant 10).
 - Tokenizer (`data.tokenizer`): `byte` (ids 0..255, BOS 256, EOS 257, PAD 258) or a folder holding a
   `tokenizer.json` trained offline (`jaxpod.models.llama.load_tokenizer`).
 - Model: `task.model` (random init; any family's switches, see `models/llama/families/`), or
@@ -27,10 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import math
-from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -53,12 +53,15 @@ class TextData(DataConfig):
   tokenizer: str = "byte"  # "byte" (ids 0..255, BOS 256, EOS 257, PAD 258) or a folder with tokenizer.json
   seq_len: int = 128  # tokens per training row
   eval_fraction: float = 0.05  # share of the rows held out for eval loss / perplexity
+  chunk_rows: int = 0  # rows per chunk file of the tokenized corpus, each with its own sha256 (0: ~64 MiB chunks)
 
   def __post_init__(self):
     super().__post_init__()
     for name in ("seq_len", "text_chars"):
       if getattr(self, name) < 1:
         raise ValueError(f"task.data.{name}={getattr(self, name)}: expected a positive integer")
+    if self.chunk_rows < 0:
+      raise ValueError(f"task.data.chunk_rows={self.chunk_rows}: expected >= 0 (0: ~64 MiB chunks)")
     if not 0.0 < self.eval_fraction < 1.0:
       raise ValueError(f"task.data.eval_fraction={self.eval_fraction}: expected a value in (0, 1)")
 
@@ -203,53 +206,85 @@ class LMTask:
 
   # ---------------------------------------------------------------- data
   def read_text(self) -> str:
-    """The training text (leader only)."""
+    """The training text (leader only; whole: for tests and small texts, `documents()` streams it)."""
     d = self.lm.data
     if d.text_path:
       return storage.read_text(d.text_path)
     from jaxpod.data.text import grammar_text
     return grammar_text(d.seed, d.text_chars)
 
+  def documents(self) -> Iterator[str]:
+    """The training text's lines (leader only), streamed from `data.text_path` or the built-in text."""
+    if not self.lm.data.text_path:
+      yield from self.read_text().splitlines()
+      return
+    fs, path = storage.filesystem(self.lm.data.text_path)
+    with fs.open(path, "r", encoding="utf-8") as f:
+      for line in f:
+        yield from line.splitlines()
+
+  def _text_sha256(self) -> str:
+    digest = hashlib.sha256()
+    if not self.lm.data.text_path:
+      digest.update(self.read_text().encode())
+      return digest.hexdigest()
+    fs, path = storage.filesystem(self.lm.data.text_path)
+    with fs.open(path, "rb") as f:
+      for block in iter(lambda: f.read(8 << 20), b""):
+        digest.update(block)
+    return digest.hexdigest()
+
   def _tokenizer_key(self) -> str:
     if self.lm.data.tokenizer == "byte":
       return "byte"
-    return hashlib.sha256(Path(self.lm.data.tokenizer, "tokenizer.json").read_bytes()).hexdigest()
+    return hashlib.sha256(storage.read_bytes(storage.join(self.lm.data.tokenizer, "tokenizer.json"))).hexdigest()
 
   def prepare(self) -> dict:
-    """Leader: tokenize once into shared storage; returns {"url", "sha256", "tokens"} (what every host receives)."""
+    """Leader: tokenize once, in batches, into a row store in shared storage; {"url", "sha256", "tokens"} for
+    every host (the manifest's sha256; the tokens in its rows)."""
+    from jaxpod.data.text import packed_rows
+    from jaxpod.io.rows import RowStore, RowWriter, manifest_sha256
     from jaxpod.train.data import cache_root
-    text = self.read_text()
-    key = hashlib.sha256(f"{self._tokenizer_key()}\n{self.tokenizer.eos_ids}\n".encode() + text.encode()).hexdigest()
-    url = storage.join(cache_root(self.lm.data, self.cfg.trainer.runs_dir), f"lm-tokens-{key[:16]}.npy")
-    if storage.exists(url):
-      blob = storage.read_bytes(url)  # built by an earlier run: reuse it
-    else:
-      buf = io.BytesIO()
-      np.save(buf, self.tokenize(text), allow_pickle=False)
-      blob = buf.getvalue()
-      storage.write_bytes(url, blob)
-    return {"url": url, "sha256": hashlib.sha256(blob).hexdigest(), "tokens": int(np.load(io.BytesIO(blob)).size)}
+    d = self.lm.data
+    key = hashlib.sha256(f"{self._tokenizer_key()}\n{self.tokenizer.eos_ids}\n{d.seq_len}\n{self._text_sha256()}"
+                         .encode()).hexdigest()
+    url = storage.join(cache_root(d, self.cfg.trainer.runs_dir), f"lm-rows-{key[:16]}")
+    sha256 = manifest_sha256(url)  # built by an earlier run: reuse it
+    if sha256 is None:
+      dtype = np.uint16 if self.model_cfg.vocab_size <= 2 ** 16 else np.int32
+      writer = RowWriter(url, d.chunk_rows)
+      for rows in packed_rows(self._token_batches(self.documents()), d.seq_len):
+        writer.append(tokens=rows.astype(dtype))
+      if writer.dtype is None:
+        raise ValueError(f"task.data: the text gives fewer than seq_len={d.seq_len} tokens; use a longer text or "
+                         "lower task.data.seq_len")
+      sha256 = writer.close()
+    return {"url": url, "sha256": sha256, "tokens": RowStore(url, sha256).num_rows * d.seq_len}
+
+  def _token_batches(self, lines) -> Iterator[np.ndarray]:
+    """The lines as int32 token streams, a batch of documents each; ids beyond the model's vocab raise."""
+    from jaxpod.data.text import token_batches
+    eos = self.tokenizer.eos_ids[0] if self.tokenizer.eos_ids else None
+    for tokens in token_batches(lines, self.tokenizer, eos):
+      top = int(tokens.max()) if len(tokens) else 0
+      if top >= self.model_cfg.vocab_size:
+        raise ValueError(f"the tokenizer produced id {top} but task.model.vocab_size={self.model_cfg.vocab_size}; "
+                         f"set task.model.vocab_size >= {top + 1}")
+      yield tokens
 
   def tokenize(self, text: str | None = None) -> np.ndarray:
-    """The text (default: `read_text()`) as one token stream, uint16 when the ids fit."""
-    from jaxpod.data.text import tokenize_documents
-    eos = self.tokenizer.eos_ids[0] if self.tokenizer.eos_ids else None
-    tokens = tokenize_documents(self.read_text() if text is None else text, self.tokenizer.encode, eos)
+    """The text (default: the configured one) as one token stream, uint16 when the ids fit (one process: tests)."""
+    parts = list(self._token_batches(self.documents() if text is None else text.splitlines()))
+    tokens = np.concatenate(parts) if parts else np.zeros(0, np.int32)
     top = int(tokens.max()) if len(tokens) else 0
-    if top >= self.model_cfg.vocab_size:
-      raise ValueError(f"the tokenizer produced id {top} but task.model.vocab_size={self.model_cfg.vocab_size}; "
-                       f"set task.model.vocab_size >= {top + 1}")
     return tokens.astype(np.uint16) if top < 2 ** 16 else tokens
 
   def setup(self, prepared: dict, host_index: int, host_count: int) -> None:
+    """Every host: a loader reading only this host's rows of the leader's row store (checked by chunk)."""
     from jaxpod.data.text import TextLoader
-    blob = storage.read_bytes(prepared["url"])
-    if hashlib.sha256(blob).hexdigest() != prepared["sha256"]:
-      raise ValueError(f"{prepared['url']} changed since the leader wrote it (sha256 differs); another run is "
-                       "writing the same data cache? rerun, or set task.data.cache_dir to a folder of this run's own")
-    tokens = np.load(io.BytesIO(blob), allow_pickle=False)
+    from jaxpod.io.rows import RowStore
     d = self.lm.data
-    self.loader = TextLoader(np.asarray(tokens, np.int32), d.seq_len, d.global_batch_size,
+    self.loader = TextLoader(RowStore(prepared["url"], prepared["sha256"]), d.seq_len, d.global_batch_size,
                              d.eval_batch_size, eval_fraction=d.eval_fraction, seed=d.seed,
                              shard_index=host_index, shard_count=host_count, pad_id=self.tokenizer.pad_id)
 
@@ -358,7 +393,7 @@ class LMTask:
 
 
 class AdapterExportHook(Hook):
-  """At the final step, the EMA adapters as PEFT's files in `<run>/adapter` (every host gathers; the leader writes)."""
+  """At the final step, the evaluated (EMA) adapters as PEFT's files in `<run>/adapter` (the leader writes)."""
 
   def __init__(self, graphdef, weights: Callable, base_model: str):
     self.graphdef, self.weights, self.base_model = graphdef, weights, base_model
@@ -369,6 +404,6 @@ class AdapterExportHook(Hook):
   def __call__(self, info) -> None:
     from flax import nnx
     from jaxpod.models.llama import peft_io
-    model = nnx.merge(self.graphdef, self.weights(info.state.ema_params, info.state.buffers))
+    model = nnx.merge(self.graphdef, self.weights(info.state.eval_params, info.state.buffers))
     peft_io.save_adapter(model, storage.join(info.run_dir, "adapter"), base_model=self.base_model)
     return None

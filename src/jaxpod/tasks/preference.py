@@ -9,8 +9,9 @@
   answer's tokens (EOS included); the prompt never counts. Losses sum (DPO) or average (SimPO, IPO)
   over those tokens as each defines (`preference_loss.py`).
 - Data: `data.path` names a file HF `datasets` reads (JSONL, Parquet, Arrow; local or gs://), read by
-  the leader, tokenized once into shared storage (`jaxpod.data.preference_files`); every host reads
-  the arrays and takes its rows of each batch. Without `data.path`, the built-in default makes its
+  the leader, tokenized once into shared storage (`jaxpod.data.preference_files`) as a row store
+  (chunks with a sha256 each, `jaxpod.io.rows`); every host reads only its rows of each batch, by
+  byte range, and checks them against their chunk's hash (invariant 10). Without `data.path`, the built-in default makes its
   pairs itself (`preference_start.py`): a small Llama imitates a flawed digit-sorting teacher, then
   its own wrong samples become the rejected answers and the verifier's answers the chosen ones.
 - Reference (DPO, IPO): `reference: in_step` (default) keeps the starting weights as a frozen copy
@@ -32,7 +33,7 @@ from typing import Callable
 
 import numpy as np
 
-from jaxpod.data.pairs import read_pairs, write_pairs
+from jaxpod.data.pairs import open_pairs, write_pairs
 from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.runtime import storage
 from jaxpod.sample.config import SamplingOptions
@@ -189,13 +190,15 @@ class PreferenceTask:
       return {"sort_key": _sha([dataclasses.asdict(self.pc.sort), dataclasses.asdict(self.pc.model), d.max_length,
                                 self.cfg.trainer.seed])}
     from jaxpod.data.preference_files import read_pair_file
+    from jaxpod.io.rows import manifest_sha256
     if not storage.exists(d.path):
       raise FileNotFoundError(f"task.data.path={d.path}: no such file; give a .jsonl, .parquet or .arrow pair file")
     key = _sha([d.path, hashlib.sha256(storage.read_bytes(d.path)).hexdigest(), d.max_prompt_length, d.max_length,
                 d.max_bad_fraction, self.tokenizer_dir])
-    url = storage.join(self._cache(), f"pref-pairs-{key}.npz")
+    url = storage.join(self._cache(), f"pref-pairs-{key}")
     report_url = url + ".report.json"
-    if not storage.exists(url):
+    sha256 = manifest_sha256(url)  # tokenized by an earlier run: only its hash is needed here
+    if sha256 is None:
       template = tokens = None
       if self.tokenizer_dir != "byte":
         from jaxpod.data.chat import load_chat_template, load_special_tokens
@@ -204,28 +207,28 @@ class PreferenceTask:
                                       chat_template=template, special_tokens=tokens)
       storage.write_text(report_url, json.dumps(report))
       sha256 = write_pairs(url, arrays)
-    else:  # tokenized by an earlier run: only its hash is needed here
-      sha256 = hashlib.sha256(storage.read_bytes(url)).hexdigest()
     return {"url": url, "sha256": sha256, "report": json.loads(storage.read_text(report_url))}
 
   def setup(self, prepared: dict, host_index: int, host_count: int) -> None:
-    """Every host: the pairs (the default makes them here, SPMD), the precomputed reference, this host's loader."""
+    """Every host: the pairs (the default makes them here, SPMD), the precomputed reference, this host's loader
+    (which reads only this host's rows of each batch)."""
     from jaxpod import runtime
     from jaxpod.data.pairs import PairLoader
+    from jaxpod.io.rows import WithColumns
     if "sort_key" in prepared:
-      arrays = self._sort_pairs(storage.join(self._cache(), f"pref-sort-{prepared['sort_key']}"))
+      rows = self._sort_pairs(storage.join(self._cache(), f"pref-sort-{prepared['sort_key']}"))
     else:
-      arrays = read_pairs(prepared["url"], prepared["sha256"])
+      rows = open_pairs(prepared["url"], prepared["sha256"])
       self.pair_counts = prepared["report"]
     if "ref" in self.batch_ndims:
-      arrays["ref"] = self._reference(prepared.get("url") or self.start_url, arrays)
-    eval_pairs = min(self.pc.data.eval_pairs, len(arrays["tokens"]) // 4)
-    self.loader = PairLoader(arrays, self.pc.data.global_batch_size, eval_pairs, seed=self.pc.data.seed,
+      rows = WithColumns(rows, {"ref": self._reference(prepared.get("url") or self.start_url, rows)})
+    eval_pairs = min(self.pc.data.eval_pairs, rows.num_rows // 4)
+    self.loader = PairLoader(rows, self.pc.data.global_batch_size, eval_pairs, seed=self.pc.data.seed,
                              shard_index=host_index, shard_count=host_count)
     if runtime.is_leader():
       from jaxpod.runtime.log import get_logger
-      get_logger("preference").info("%d training pairs, %d held out (%s)", len(self.loader.train["tokens"]),
-                                    eval_pairs, self.pair_counts)
+      get_logger("preference").info("%d training pairs, %d held out (%s)", self.loader.num_train, eval_pairs,
+                                    self.pair_counts)
 
   def _mesh(self):
     from jaxpod import runtime
@@ -236,40 +239,42 @@ class PreferenceTask:
     from jaxpod.models.llama import hf_io
     return nnx.split(hf_io.load(url, mesh, cfg=self.llama))
 
-  def _sort_pairs(self, folder: str) -> dict:
+  def _sort_pairs(self, folder: str):
     """The default's warm-up (HF checkpoint) and pairs in shared storage; made by every host when missing."""
     from flax import nnx
     from jaxpod import runtime
     from jaxpod.models.llama import hf_io
     from jaxpod.tasks import preference_start as start
     d, sort, seed = self.pc.data, self.pc.sort, self.cfg.trainer.seed
-    warm, pairs = storage.join(folder, "warmup"), storage.join(folder, "pairs.npz")
+    warm, pairs = storage.join(folder, "warmup"), storage.join(folder, "pairs")
     mesh = self._mesh()
     if not runtime.broadcast_call(lambda: storage.exists(storage.join(warm, "config.json")), "pref.has_warmup"):
       graphdef, params = start.warm_up(self.llama, sort, mesh, seed, self.tokenizer, d.max_length)
       hf_io.save(nnx.merge(graphdef, params), warm)
       runtime.barrier("pref.warmup_saved", timeout_s=600)
     self.start_url = warm
-    if not runtime.broadcast_call(lambda: storage.exists(pairs), "pref.has_pairs"):
+    if not runtime.broadcast_call(lambda: storage.exists(storage.join(pairs, "manifest.json")), "pref.has_pairs"):
       graphdef, params = self._load(warm, mesh)
       arrays, counts = start.sort_pairs(graphdef, params, mesh, sort, self.tokenizer, seed, d.max_length)
       runtime.broadcast_call(lambda: (write_pairs(pairs, arrays),
                                       storage.write_text(pairs + ".counts.json", json.dumps(counts))), "pref.pairs")
     self.pair_counts = json.loads(storage.read_text(pairs + ".counts.json"))
-    return read_pairs(pairs)
+    return open_pairs(pairs)
 
-  def _reference(self, key_url: str | None, arrays: dict) -> np.ndarray:
-    """[N, 2] reference log-probs of every pair, computed once (every host) and stored beside the pairs."""
+  def _reference(self, key_url: str | None, rows) -> np.ndarray:
+    """[N, 2] reference log-probs of every pair, computed once (every host, over every pair) and stored beside
+    the pairs; 8 bytes a pair, so every host holds them whole."""
     from jaxpod import runtime
     from jaxpod.tasks.preference_start import reference_logps
     if not self.start_url:
       raise ValueError("task.reference=precomputed needs starting weights (task.hf, or the built-in default's "
                        "warm-up); with a random init use task.reference=in_step")
-    url = storage.join(self._cache(), f"pref-ref-{_sha([key_url, self.start_url, arrays['tokens'].shape])}.npy")
+    shape = (rows.num_rows, *rows.dtype["tokens"].shape)
+    url = storage.join(self._cache(), f"pref-ref-{_sha([key_url, self.start_url, shape])}.npy")
     if not runtime.broadcast_call(lambda: storage.exists(url), "pref.has_reference"):
       mesh = self._mesh()
       graphdef, params = self._load(self.start_url, mesh)
-      ref = reference_logps(graphdef, params, arrays, mesh, self.pc.data.global_batch_size)
+      ref = reference_logps(graphdef, params, rows.read_all(), mesh, self.pc.data.global_batch_size)
       buf = io.BytesIO()
       np.save(buf, ref, allow_pickle=False)
       runtime.broadcast_call(lambda: storage.write_bytes(url, buf.getvalue()), "pref.reference_written")

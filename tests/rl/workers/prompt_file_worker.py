@@ -5,8 +5,8 @@ import json
 import sys
 
 from jaxpod import runtime
-from jaxpod.rl.dataset_task import DatasetTask
-from jaxpod.rl.tasks import check_same_problems
+from jaxpod.problems.dataset import DatasetProblems
+from jaxpod.rl.policy import check_same_problems
 
 host = runtime.init(runtime.RuntimeConfig(control_timeout_s=60))
 rows = [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(20)]
@@ -15,7 +15,7 @@ if sys.argv[1] == "stale" and host.process_index == 1:
 with open("problems.jsonl", "w") as f:
   f.writelines(json.dumps(r) + "\n" for r in rows)
 try:
-  check_same_problems(DatasetTask(path="problems.jsonl", eval_size=4), "trainer")
+  check_same_problems(DatasetProblems(path="problems.jsonl", eval_size=4), "trainer")
   print("AGREED", flush=True)
 except ValueError as e:
   print(f"REFUSED {e}", flush=True)

@@ -1,40 +1,45 @@
 """Hugging Face checkpoints of every family in `families/` <-> jaxpod `Llama`, straight into a target sharding.
 
 `load(path, mesh)` reads `config.json` and `model.safetensors` (or the shards listed in
-`model.safetensors.index.json`) from a local folder or any fsspec URL, and places every
-tensor directly into the sharding that `runtime.state_shardings` gives it: each host reads
-a tensor once and keeps only the shards its devices own. Missing or mis-shaped tensors
-raise naming the tensor, the expected shape (from config.json) and the one found; so does
-a checkpoint tensor the model would not use (a family feature jaxpod lacks must not be
-dropped silently).
+`model.safetensors.index.json`) from a local folder or any fsspec URL by byte range, and places every
+tensor directly into the sharding that `runtime.state_shardings` gives it: each host reads only the
+rows its devices hold (HF rows are contiguous); a tensor whose target splits HF columns is read as a
+1/devices block of rows per device and moved into place by one jitted call. No file is copied whole,
+not even to list a single file's keys (two ranged reads give its header). Missing or mis-shaped tensors
+raise naming the tensor, the expected shape (from config.json) and the one found; so does a checkpoint
+tensor the model would not use (a family feature jaxpod lacks must not be dropped silently).
 
-`save(model, path)` writes the HF layout back (config.json + model.safetensors, or shards
-plus an index with `max_shard_bytes`); every host takes part in gathering sharded arrays,
-the leader alone writes.
+`save(model, path)` writes the HF layout back: config.json + shards of at most `max_shard_bytes`
+(default 5 GB, HF's) + `model.safetensors.index.json`, or one `model.safetensors` when it all fits.
+Every host calls it; files go to hosts by bytes, each host streams its files (header first, computed
+from shapes) and receives each of their tensors whole, one at a time (`io/owner_gather.py`), so no
+host holds the model. The hosts then wait for the slowest upload with a deadline that scales with bytes.
 
 Layout: HF linear weights are [out, in]; jaxpod keeps [in..., out...] so einsums read
 naturally (q_proj [D, H, E], o_proj [H, E, D], gate_proj [D, I], lm_head [D, V]).
 """
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
 import math
-import os
-import tempfile
-from typing import Iterator
 
 import fsspec
 import jax
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxpod.io import owner_gather, safetensors_io
 from jaxpod.models.llama import model as model_lib
 from jaxpod.models.llama.config import LlamaConfig
+from jaxpod.runtime import control, state
 from jaxpod.runtime.sharding import DEFAULT as DEFAULT_RULES, ShardingRules, state_shardings
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+DEFAULT_SHARD_BYTES = 5 * 10 ** 9  # HF's save_pretrained default ("5GB")
+UPLOAD_FLOOR_BPS = 10 * 10 ** 6  # slowest upload rate a save waits for before naming the slow host
 # Leading "in" dims of each linear weight in jaxpod layout; absent names are copied as is.
 _LINEAR_IN_DIMS = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2,
                    "gate_proj": 1, "up_proj": 1, "down_proj": 1, "lm_head": 1}
@@ -96,46 +101,140 @@ def _check_names(url: str, cfg: LlamaConfig, wanted: set[str], stored: set[str])
                      f"{cfg.model_type} model with this config.json does not use; {fix}")
 
 
-@contextlib.contextmanager
-def _local_folder(url: str, names: list[str]) -> Iterator[str]:
-  """A local folder holding `names` from `url`: the folder itself if local, else a temporary copy."""
+def _root(url: str) -> tuple:
+  """(fsspec filesystem, folder path without a trailing slash)."""
   fs, root = fsspec.core.url_to_fs(url)
-  if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
-    yield root
-    return
-  with tempfile.TemporaryDirectory(prefix="jaxpod-hf-") as tmp:
-    for n in names:
-      fs.get(f"{root.rstrip('/')}/{n}", os.path.join(tmp, n))
-    yield tmp
+  return fs, root.rstrip("/")
 
 
-def _weight_map(url: str) -> dict[str, str]:
-  """tensor name -> file name, from the index file or the single-file checkpoint."""
-  fs, root = fsspec.core.url_to_fs(url)
-  index = f"{root.rstrip('/')}/{INDEX_FILE}"
+def _headers(url: str) -> dict[str, tuple[str, safetensors_io.TensorInfo]]:
+  """tensor name -> (file path, where it lies): the index file (if any) and each file's header, by ranged
+  reads; no file is downloaded whole."""
+  fs, root = _root(url)
+  index = f"{root}/{INDEX_FILE}"
   if fs.exists(index):
-    with fs.open(index, "r") as f:
-      return dict(json.load(f)["weight_map"])
-  single = f"{root.rstrip('/')}/{SINGLE_FILE}"
-  if not fs.exists(single):
+    raw = safetensors_io.cat(fs, index, 0, fs.size(index))
+    files = sorted(set(json.loads(raw)["weight_map"].values()))
+  elif fs.exists(f"{root}/{SINGLE_FILE}"):
+    files = [SINGLE_FILE]
+  else:
     raise FileNotFoundError(f"{url}: neither {SINGLE_FILE} nor {INDEX_FILE} found; point --model at a HF "
                             "checkpoint folder saved with safetensors")
-  from safetensors import safe_open
-  with _local_folder(url, [SINGLE_FILE]) as local, safe_open(os.path.join(local, SINGLE_FILE), "numpy") as f:
-    return {k: SINGLE_FILE for k in f.keys()}
+  out = {}
+  for f in files:
+    out.update({k: (f"{root}/{f}", info) for k, info in safetensors_io.read_header(fs, f"{root}/{f}").items()})
+  return out
 
 
-def _tied_copy(url: str, wmap: dict[str, str]) -> bool:
-  """Whether the checkpoint's lm_head.weight equals its embedding (a tied head stored twice)."""
-  from safetensors import safe_open
+def _tied_copy(url: str, where: dict, mesh) -> bool:
+  """Whether the checkpoint's lm_head.weight equals its embedding (a tied head stored twice): when the mesh spans
+  every host, each compares its 1/hosts of the rows and the answers are gathered over the control plane."""
   names = ("lm_head.weight", "model.embed_tokens.weight")
-  if names[1] not in wmap:
+  if names[1] not in where:
     return False
-  files = sorted({wmap[n] for n in names})
-  with _local_folder(url, files) as local, contextlib.ExitStack() as stack:
-    handles = {f: stack.enter_context(safe_open(os.path.join(local, f), "numpy")) for f in files}
-    head, embed = (handles[wmap[n]].get_tensor(n) for n in names)
-    return head.shape == embed.shape and bool(np.array_equal(head, embed))
+  (ph, head), (pe, emb) = where[names[0]], where[names[1]]
+  if head.shape != emb.shape or head.dtype != emb.dtype:
+    return False
+  spread = len({d.process_index for d in mesh.devices.flat}) == jax.process_count() > 1
+  rows = head.shape[0]
+  hosts, me = (jax.process_count(), jax.process_index()) if spread else (1, 0)
+  r = (me * rows // hosts, (me + 1) * rows // hosts)
+  fs, _ = _root(url)
+  same = bool(np.array_equal(safetensors_io.read_rows(fs, ph, head, [r])[0],
+                             safetensors_io.read_rows(fs, pe, emb, [r])[0]))
+  return all(control.allgather(same, "hf_io.load.tied_copy")) if spread else same
+
+
+def _index_shape(index: tuple, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+  """(start, stop) per dimension of a device's slice."""
+  return tuple(s.indices(n)[:2] for s, n in zip(index, shape))
+
+
+def _flat_range(spans, dims) -> tuple[int, int] | None:
+  """[start, stop) of the row-major flattening of a box, if contiguous: every dim after the last partial one
+  whole, every dim before it a single index."""
+  partial = [i for i, ((a, b), n) in enumerate(zip(spans, dims)) if (a, b) != (0, n)]
+  if not partial:
+    return 0, math.prod(dims)
+  j = partial[-1]
+  if any(b - a != 1 for a, b in spans[:j]):
+    return None
+  start = sum(a * math.prod(dims[i + 1:]) for i, (a, _) in enumerate(spans))
+  return start, start + (spans[j][1] - spans[j][0]) * math.prod(dims[j + 1:])
+
+
+def hf_rows(path: tuple, shape: tuple[int, ...], index: tuple) -> tuple[int, int] | None:
+  """The HF rows [r0, r1) that hold exactly the jaxpod slice `index` of a parameter of `shape` (with every HF
+  column), or None when the slice splits HF columns or is not one row range."""
+  spans = _index_shape(index, shape)
+  if path[-1] in _BIAS_OF:
+    return _flat_range(spans, shape)
+  n_in = _LINEAR_IN_DIMS.get(path[-1])
+  whole, rows, dims = (spans[:n_in], spans[n_in:], shape[n_in:]) if n_in is not None else (spans[1:], spans[:1],
+                                                                                              shape[:1])
+  inner = shape[:n_in] if n_in is not None else shape[1:]
+  if any((a, b) != (0, n) for (a, b), n in zip(whole, inner)):
+    return None
+  return _flat_range(rows, dims)
+
+
+def _place_rows(fs, fpath, info, path, shape, sharding, dtype) -> jax.Array:
+  """Every device's rows read directly (its slice splits no HF column): one range per distinct slice."""
+  local = sharding.addressable_devices_indices_map(shape)
+  ranges = {d: hf_rows(path, shape, idx) for d, idx in local.items()}
+  wanted = sorted(set(ranges.values()))
+  blocks = dict(zip(wanted, (b.astype(dtype, copy=False) for b in safetensors_io.read_rows(fs, fpath, info, wanted))))
+
+  def one(idx):
+    local_shape = tuple(b - a for a, b in _index_shape(idx, shape))
+    return np.ascontiguousarray(from_hf(path, blocks[hf_rows(path, shape, idx)], local_shape))
+
+  return jax.make_array_from_callback(shape, sharding, one)
+
+
+def _place_resharded(fs, fpath, info, path, shape, sharding, dtype) -> jax.Array:
+  """The slices split HF columns: each device reads a contiguous block of HF rows, 1/(devices the target shards
+  over) of them (padded with zeros to a multiple), then one jitted call moves them into `sharding` on device."""
+  mesh = sharding.mesh
+  axes = _used_axes(sharding.spec)
+  rows, n = info.shape[0], math.prod(mesh.shape[a] for a in axes)
+  padded = (-(-rows // n) * n, *info.shape[1:])
+  by_rows = NamedSharding(mesh, PartitionSpec(axes))
+  local = by_rows.addressable_devices_indices_map(padded)
+  spans = {d: (min(a, rows), min(b, rows)) for d, idx in local.items() for a, b in [idx[0].indices(padded[0])[:2]]}
+  wanted = sorted(set(spans.values()))
+  blocks = dict(zip(wanted, (b.astype(dtype, copy=False) for b in safetensors_io.read_rows(fs, fpath, info, wanted))))
+
+  def one(idx):
+    a, b = idx[0].indices(padded[0])[:2]
+    got = blocks[(min(a, rows), min(b, rows))]
+    return np.concatenate([got, np.zeros((b - a - got.shape[0], *padded[1:]), dtype)]) if got.shape[0] < b - a \
+        else got
+
+  staged = jax.make_array_from_callback(padded, by_rows, one)
+  out = _reshard_fn(path[-1], shape, rows, sharding)(staged)
+  staged.delete()
+  return out
+
+
+def _used_axes(spec) -> tuple[str, ...]:
+  """Mesh axes a PartitionSpec shards over, in its order (the rows are staged over these only, replicated like
+  the target over the others: staging over an axis the target replicates makes XLA gather the whole tensor)."""
+  out = []
+  for entry in spec:
+    out += [entry] if isinstance(entry, str) else list(entry or ())
+  return tuple(out)
+
+
+_RESHARD: dict = {}
+
+
+def _reshard_fn(leaf: str, shape: tuple[int, ...], rows: int, sharding):
+  """jit: HF rows (padded) -> jaxpod layout in `sharding` (the transpose moves bytes between devices)."""
+  key = (leaf, shape, rows, sharding)
+  if key not in _RESHARD:
+    _RESHARD[key] = jax.jit(lambda w: from_hf((leaf,), w[:rows], shape), out_shardings=sharding)
+  return _RESHARD[key]
 
 
 def load_config(url: str, **overrides) -> LlamaConfig:
@@ -145,87 +244,129 @@ def load_config(url: str, **overrides) -> LlamaConfig:
 
 def load(url: str, mesh, cfg: LlamaConfig | None = None, rules: ShardingRules = DEFAULT_RULES,
          **config_overrides) -> model_lib.Llama:
-  """Load a HF checkpoint (any family in `families/`) into a jaxpod `Llama` whose parameters are sharded over `mesh`."""
-  from safetensors import safe_open
+  """Load a HF checkpoint (any family in `families/`) into a jaxpod `Llama` whose parameters are sharded over `mesh`;
+  each host reads by byte range only the rows its devices hold (or 1/hosts of a tensor split along HF columns)."""
   cfg = cfg or load_config(url, **config_overrides)
   graphdef, abs_state = nnx.split(model_lib.abstract(cfg))
   shardings = nnx.to_flat_state(state_shardings(abs_state, mesh, rules))
   flat = nnx.to_flat_state(abs_state)
-  wmap = _weight_map(url)
+  where = _headers(url)
   wanted = {hf_name(p) for p, _ in flat}
-  stored = set(wmap)
-  if cfg.tie_word_embeddings and "lm_head.weight" in stored and _tied_copy(url, wmap):
+  stored = set(where)
+  if cfg.tie_word_embeddings and "lm_head.weight" in stored and _tied_copy(url, where, mesh):
     stored.discard("lm_head.weight")  # some exports store the tied head too: a copy of the embedding is no loss
   _check_names(url, cfg, wanted, stored)
-  files = sorted({wmap[n] for n in wanted})
+  fs, _ = _root(url)
   leaves = []
-  with _local_folder(url, files) as local, contextlib.ExitStack() as stack:
-    handles = {f: stack.enter_context(safe_open(os.path.join(local, f), "numpy")) for f in files}
-    for (path, var), (_, sharding) in zip(flat, shardings):
-      name, shape = hf_name(path), tuple(var.shape)
-      w = handles[wmap[name]].get_tensor(name)
-      if tuple(w.shape) != hf_shape(path, shape):
-        raise ValueError(f"tensor {name} in {wmap[name]}: expected shape {hf_shape(path, shape)} from "
-                         f"config.json, found {tuple(w.shape)}")
-      w = from_hf(path, w, shape).astype(var.dtype)
-      leaves.append(jax.make_array_from_callback(shape, sharding, lambda idx, w=w: np.ascontiguousarray(w[idx])))
+  for (path, var), (_, sharding) in zip(flat, shardings):
+    name, shape = hf_name(path), tuple(var.shape)
+    fpath, info = where[name]
+    if info.shape != hf_shape(path, shape):
+      raise ValueError(f"tensor {name} in {fpath.rsplit('/', 1)[-1]}: expected shape {hf_shape(path, shape)} from "
+                       f"config.json, found {info.shape}")
+    direct = all(hf_rows(path, shape, idx) is not None for idx in sharding.devices_indices_map(shape).values())
+    place = _place_rows if direct else _place_resharded
+    leaves.append(place(fs, fpath, info, path, shape, sharding, np.dtype(var.dtype)))
   state = nnx.from_flat_state([(p, v.replace(a)) for (p, v), a in zip(flat, leaves)])
   return nnx.merge(graphdef, state)
 
 
-def _to_numpy(x: jax.Array) -> np.ndarray:
-  """Whole array on this host (a collective when x spans processes: every host must call it)."""
-  if getattr(x, "is_fully_addressable", True):
-    return np.asarray(jax.device_get(x))
-  from jax.experimental import multihost_utils
-  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+def _hf_layout(leaf: str, dtype, w):
+  """jaxpod parameter -> HF tensor layout in `dtype` (jittable; `to_hf` for arrays on device)."""
+  if leaf in _BIAS_OF:
+    w = w.reshape(-1)
+  elif leaf in _LINEAR_IN_DIMS:
+    w = w.reshape(math.prod(w.shape[:_LINEAR_IN_DIMS[leaf]]), -1).T
+  return w.astype(dtype)
 
 
-def _shard_files(tensors: dict[str, np.ndarray], max_shard_bytes: int | None) -> dict[str, list[str]]:
-  """file name -> tensor names: one `model.safetensors`, or HF-named shards of at most max_shard_bytes each
-  (a tensor larger than that gets a file of its own)."""
-  if not max_shard_bytes:
-    return {SINGLE_FILE: list(tensors)}
-  groups: list[list[str]] = [[]]
-  size = 0
-  for name, w in tensors.items():
-    if groups[-1] and size + w.nbytes > max_shard_bytes:
-      groups.append([])
-      size = 0
-    groups[-1].append(name)
-    size += w.nbytes
-  n = len(groups)
-  return {f"model-{i + 1:05d}-of-{n:05d}.safetensors": g for i, g in enumerate(groups)}
+def _upload_timeout_s(nbytes: int) -> float:
+  """How long the hosts wait for the slowest writer: the control-plane default, plus bytes at a slow 10 MB/s."""
+  return state.config().control_timeout_s + nbytes / UPLOAD_FLOOR_BPS
 
 
-def save(model: model_lib.Llama, url: str, dtype: str | None = None, max_shard_bytes: int | None = None) -> None:
-  """Write `config.json` + safetensors in HF layout (shards + index past max_shard_bytes); every host calls it,
-  the leader writes."""
-  from safetensors.numpy import save as st_save
+def save(model: model_lib.Llama, url: str, dtype: str | None = None,
+         max_shard_bytes: int | None = DEFAULT_SHARD_BYTES) -> None:
+  """Write `config.json` + safetensors in HF layout: shards of at most max_shard_bytes + an index (one
+  `model.safetensors` when it all fits); every host calls it and writes the files assigned to it, receiving
+  each of their tensors whole, one at a time; no host ever holds the model."""
   from jaxpod.models.llama import lora
   if lora.lora_config(model) is not None:  # LoRA adapters: export the merged W + s * A B (a plain HF checkpoint)
     model = lora.merged(model)
-  cfg = model.cfg
-  tensors = {}
-  for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-    w = _to_numpy(var.get_value())
-    tensors[hf_name(path)] = to_hf(path, w.astype(dtype) if dtype else w)
-  if jax.process_index() != 0:
-    return
-  fs, root = fsspec.core.url_to_fs(url)
-  root = root.rstrip("/")
-  fs.makedirs(root, exist_ok=True)
-  hf_cfg = cfg.to_hf_config()
-  if dtype:
-    hf_cfg["dtype"] = dtype
-  with fs.open(f"{root}/config.json", "w") as f:
-    json.dump(hf_cfg, f, indent=2)
-  files = _shard_files(tensors, max_shard_bytes)
-  for fname, names in files.items():
-    with fs.open(f"{root}/{fname}", "wb") as f:
-      f.write(st_save({k: tensors[k] for k in names}, metadata={"format": "pt"}))
-  if len(files) > 1:
-    index = {"metadata": {"total_size": sum(w.nbytes for w in tensors.values())},
-             "weight_map": {k: fname for fname, names in files.items() for k in names}}
-    with fs.open(f"{root}/{INDEX_FILE}", "w") as f:
-      json.dump(index, f, indent=2)
+  params = [(hf_name(p), p, v.get_value()) for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))]
+  out_dtype = {n: np.dtype(jax.numpy.dtype(dtype or x.dtype)) for n, _, x in params}
+  shapes = {n: hf_shape(p, tuple(x.shape)) for n, p, x in params}
+  sizes = [(n, math.prod(shapes[n]) * out_dtype[n].itemsize) for n, _, _ in params]
+  files = safetensors_io.group_files(sizes, max_shard_bytes, SINGLE_FILE)
+  nbytes = dict(sizes)
+  spread = not all(getattr(x, "is_fully_addressable", True) for _, _, x in params)
+  if not spread and jax.process_index() != 0:
+    return  # each host holds the whole model (single-host arrays): the leader writes it
+  mesh = next(x.sharding.mesh for _, _, x in params if not x.is_fully_addressable) if spread else None
+  hosts = owner_gather.hosts_of(mesh) if spread else [0]
+  owners = {f: hosts[h] for f, h in safetensors_io.assign_files(
+      {f: sum(nbytes[n] for n in names) for f, names in files.items()}, len(hosts)).items()}
+  fs, root = _root(url)
+  leader = jax.process_index() == hosts[0]
+  if leader:
+    fs.makedirs(root, exist_ok=True)
+    hf_cfg = model.cfg.to_hf_config()
+    if dtype:
+      hf_cfg["dtype"] = dtype
+    _write_small(fs, f"{root}/config.json", json.dumps(hf_cfg, indent=2))
+  if spread:
+    control.barrier("hf_io.save.folder")  # the folder exists before any host opens a file in it
+  jobs, file_of = [], []
+  arrays = {n: (p, x) for n, p, x in params}
+  for fname in sorted(files):
+    for n in files[fname]:
+      p, x = arrays[n]
+      jobs.append(owner_gather.Job(x, owners[fname], functools.partial(_hf_layout, p[-1], out_dtype[n]),
+                                   ("hf_layout", p[-1], str(out_dtype[n]))))
+      file_of.append(fname)
+  if jax.process_index() in hosts:
+    _write_files(fs, root, jobs, file_of, files, shapes, out_dtype, mesh)
+  if spread:  # uploads run past the last collective: wait as long as the largest share takes at a slow rate
+    most = max(sum(nbytes[n] for f, names in files.items() if owners[f] == h for n in names) for h in hosts)
+    control.barrier("hf_io.save.files", timeout_s=_upload_timeout_s(most))
+  if len(files) > 1 and leader:  # the index last: a reader that finds it finds every file
+    index = {"metadata": {"total_size": sum(nbytes.values())},
+             "weight_map": {n: f for f, names in files.items() for n in names}}
+    _write_small(fs, f"{root}/{INDEX_FILE}", json.dumps(index, indent=2))
+
+
+def _write_small(fs, path: str, text: str) -> None:
+  with fs.open(path, "w") as f:
+    f.write(text)
+  safetensors_io.count("written", len(text.encode()))
+
+
+def _write_files(fs, root, jobs, file_of, files, shapes, out_dtype, mesh) -> None:
+  """Stream this host's files: each one's header (known from shapes), then each tensor's bytes as it arrives."""
+  f, current = None, None
+  pieces_of = owner_gather.deliver(jobs, mesh) if mesh is not None else _local(jobs)
+  try:
+    for i, pieces in pieces_of:
+      if file_of[i] != current:
+        if f is not None:
+          f.close()
+        current = file_of[i]
+        f = fs.open(f"{root}/{current}", "wb")
+        head = safetensors_io.header_bytes([(n, safetensors_io.dtype_name(out_dtype[n]), shapes[n])
+                                            for n in files[current]], metadata={"format": "pt"})
+        f.write(head)
+        safetensors_io.count("written", len(head))
+      for piece in pieces:
+        f.write(memoryview(piece))
+        safetensors_io.count("written", piece.nbytes)
+  finally:
+    if f is not None:
+      f.close()
+
+
+def _local(jobs):
+  """deliver() for arrays whole on this host (single process, or each host its own copy): no collectives."""
+  for i, job in enumerate(jobs):
+    y = np.ascontiguousarray(jax.device_get(job.convert(job.array)))
+    safetensors_io.count("gathered", y.nbytes)
+    yield i, [y.reshape(-1).view(np.uint8)]

@@ -125,19 +125,27 @@ def load_adapter(model, url: str, mesh=None, rules=None):
   return model
 
 
+def _whole(x) -> np.ndarray:
+  """The whole (small) adapter matrix on this host: a collective when it spans hosts, so every host calls it."""
+  import jax
+  if getattr(x, "is_fully_addressable", True):
+    return np.asarray(jax.device_get(x))
+  from jax.experimental import multihost_utils
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
 def save_adapter(model, url: str, base_model: str = "") -> None:
   """Write the model's adapters as PEFT's files at `url`; every host calls it (a gather), the leader writes."""
   import jax
   from safetensors.numpy import save as st_save
   from jaxpod.models.llama import lora
-  from jaxpod.models.llama.hf_io import _to_numpy
   lcfg = lora.lora_config(model)
   if lcfg is None:
     raise ValueError("this model has no LoRA adapters to save; attach them first (lora.attach)")
   tensors = {}
   for (i, name), (a, b) in lora.adapters(model).items():
-    tensors[tensor_name(i, name, "A")] = np.ascontiguousarray(_to_numpy(a).T)
-    tensors[tensor_name(i, name, "B")] = np.ascontiguousarray(_to_numpy(b).T)
+    tensors[tensor_name(i, name, "A")] = np.ascontiguousarray(_whole(a).T)
+    tensors[tensor_name(i, name, "B")] = np.ascontiguousarray(_whole(b).T)
   if jax.process_index() != 0:
     return
   storage.makedirs(url)

@@ -1,9 +1,9 @@
-"""Rollouts: scored groups of samples, the trainer's batch built from them, and their file format.
+"""Groups: one problem's scored samples, and the trainer's batch built from them (`to_batch`, `Batcher`).
 
 A `Group` is one problem's n samples as the engine returned them: every sampled token (the
 stop token included), its log-prob under the distribution it was drawn from, and the weights
-version that produced it (invariant 9), plus each sample's reward. A sample of a multi-turn task is
-a whole episode (`environments.episode_group`): its tokens after the prompt are the policy's turns and
+version that produced it (invariant 9), plus each sample's reward. A sample of a multi-turn set is
+a whole episode (`episodes.episode_group`): its tokens after the prompt are the policy's turns and
 the environment's observations, and `from_policy` says which is which; an observation token has no
 log-prob (0), no version (`NO_VERSION`) and is never trained on.
 
@@ -16,7 +16,8 @@ The trainer's batch (`to_batch`), G groups -> B = G*n rows of T = max_prompt_len
   advantages  [B]    float32  group-relative (`grpo.advantages`)
   reward      [B]    float32  the sample's reward;  correct [B] float32: exact match
 Rows are group-major (sample j of group g is row g*n + j), so a host's contiguous slice of rows
-holds whole groups whenever its share is a multiple of n. (Their file format is the queue's: `queue.py`.)
+holds whole groups whenever its share is a multiple of n; `Batcher` builds the global batch (every host the
+same) and keeps this host's share. (Their file format is the queue's: `rl.disaggregated.queue`.)
 """
 from __future__ import annotations
 
@@ -25,10 +26,9 @@ from typing import Sequence
 
 import numpy as np
 
+from jaxpod.problems.base import Problem
+from jaxpod.problems.environments import NO_VERSION
 from jaxpod.rl import grpo
-from jaxpod.rl.tasks import Problem
-
-NO_VERSION = -1  # version of a token no weights made (an environment's observation)
 
 
 @dataclasses.dataclass
@@ -59,16 +59,14 @@ class Group:
   def tokens(self) -> int:
     return sum(len(s) for s in self.sampled)
 
+  def policy_tokens(self) -> int:
+    """Tokens the policy sampled (an episode's observations left out)."""
+    return sum(map(sum, self.from_policy)) if self.from_policy else self.tokens()
+
   @property
   def mixed(self) -> bool:
     """Whether the samples' rewards differ (a group whose rewards are all equal has zero advantage)."""
     return len(set(self.rewards)) > 1
-
-
-def answer_ids(tokenizer, text: str) -> list[int]:
-  """Token ids of `text` as the policy would generate it after a prompt (no BOS)."""
-  ids = tokenizer.encode(text)
-  return ids[1:] if ids and tokenizer.bos_id is not None and ids[0] == tokenizer.bos_id else ids
 
 
 def make_group(problem: Problem, prompt_ids: Sequence[int], completions, texts: Sequence[str], scorer) -> Group:
@@ -110,3 +108,31 @@ def to_batch(groups: Sequence[Group], length: int, pad_id: int, scale_rewards: s
   return {"tokens": tokens, "loss_mask": mask, "behaviour": behaviour, "advantages": adv, "versions": versions,
           "reward": np.asarray([r for g in groups for r in g.rewards], np.float32),
           "correct": np.asarray([c for g in groups for c in g.correct], np.float32)}
+
+
+def host_share(arrays: dict[str, np.ndarray], host: int, hosts: int) -> dict[str, np.ndarray]:
+  """Host `host`'s contiguous share of the global rows (of `hosts` equal shares)."""
+  rows = next(iter(arrays.values())).shape[0]
+  share = rows // hosts
+  return {k: v[host * share:(host + 1) * share] for k, v in arrays.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Batcher:
+  """Groups -> this host's rows of the trainer's batch: every host builds the same global batch, keeps its share."""
+
+  row_len: int  # tokens per row: rollout.max_prompt_len + max_new_tokens
+  pad_id: int  # the tokenizer's PAD
+  scale_rewards: str  # grpo.scale_rewards
+
+  def global_batch(self, groups: Sequence[Group]) -> dict[str, np.ndarray]:
+    """The global batch of these groups (without `versions`: admission already placed every token's version)."""
+    arrays = to_batch(groups, self.row_len, self.pad_id, self.scale_rewards)
+    del arrays["versions"]
+    return arrays
+
+  def __call__(self, groups: Sequence[Group]) -> dict[str, np.ndarray]:
+    """This host's share of the global batch of `groups`."""
+    from jaxpod import runtime
+    host = runtime.host_info()
+    return host_share(self.global_batch(groups), host.process_index, host.process_count)

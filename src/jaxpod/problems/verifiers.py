@@ -17,14 +17,13 @@ import functools
 import re
 import threading
 
-from jaxpod.runtime.extras import require
-
 GSM8K_MARK = "####"
 _TEXT_WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mathbf|operatorname)\{([^{}]*)\}")
 
 
 @functools.lru_cache(maxsize=1)
 def _math_verify():
+  from jaxpod.runtime.extras import require  # here, not at import: the problems layer loads no JAX
   return require("math_verify", "the math answer verifiers (gsm8k, boxed rewards)")
 
 

@@ -22,10 +22,10 @@ import time
 import uuid
 
 from jaxpod import runtime
+from jaxpod.problems.rewards import VerifiedProblems
 from jaxpod.rl.config import RolloutConfig
+from jaxpod.rl.disaggregated.queue import Queue, to_bytes
 from jaxpod.rl.policy import PolicySpec
-from jaxpod.rl.queue import Queue, to_bytes
-from jaxpod.rl.rewards import VerifiedTask
 from jaxpod.runtime.log import get_logger
 from jaxpod.runtime.mesh import MeshConfig
 from jaxpod.transfer.config import TransferConfig
@@ -75,7 +75,7 @@ def _like(llama, mesh):
 
 def _first_weights(client, like, transfer: TransferConfig, w: int, wait: float, run_dir: str):
   """The newest version, polling up to `wait` (rollout.wait_for_weights_s); a one-line error naming the trainer."""
-  from jaxpod.rl.publish import describe
+  from jaxpod.rl.disaggregated.publish import describe
   update = client.receive(like, wait=wait)
   if update is None:
     raise runtime.Unavailable(f"rollout worker {w}: no policy weights published within {wait:.0f} s ({describe(transfer)});"
@@ -84,13 +84,13 @@ def _first_weights(client, like, transfer: TransferConfig, w: int, wait: float, 
   return update
 
 
-def run_worker(policy: PolicySpec, problems: VerifiedTask, rollout: RolloutConfig, *, num_generations: int,
+def run_worker(policy: PolicySpec, problems: VerifiedProblems, rollout: RolloutConfig, *, num_generations: int,
                mesh: MeshConfig, transfer: TransferConfig, run_dir: str) -> None:
   """The worker loop (see the module docstring); every host of the worker job calls it. `transfer`: resolved."""
-  from jaxpod.rl.roller import Roller, make_sampler
-  from jaxpod.rl.tasks import check_same_problems
+  from jaxpod.rl.policy import check_same_problems
+  from jaxpod.rl.rollout.roller import Roller, make_sampler
   from jaxpod.runtime import mesh_from_config
-  check_same_problems(problems.task, f"rollout-worker-{rollout.worker_id}")
+  check_same_problems(problems.problem_set, f"rollout-worker-{rollout.worker_id}")
   from jaxpod.transfer.api import create_client
   r, w = rollout, rollout.worker_id
   device_mesh = mesh_from_config(mesh)
@@ -117,7 +117,7 @@ def run_worker(policy: PolicySpec, problems: VerifiedTask, rollout: RolloutConfi
     client.close()
 
 
-def _loop(problems: VerifiedTask, r: RolloutConfig, num_generations: int, queue: Queue, client, like, sampler, roller,
+def _loop(problems: VerifiedProblems, r: RolloutConfig, num_generations: int, queue: Queue, client, like, sampler, roller,
           stats: dict) -> None:
   w = r.worker_id
   seq = int(runtime.broadcast_call(lambda: queue.next_seq(w), "rl.worker.seq"))

@@ -24,8 +24,8 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxpod.rl.rollouts import Group
-from jaxpod.rl.tasks import Problem
+from jaxpod.problems.base import Problem
+from jaxpod.rl.rollout.groups import Group
 from jaxpod.runtime import storage
 
 ROLLOUTS, WORKERS, PROGRESS = "rollouts", "workers", "progress.json"

@@ -1,4 +1,4 @@
-"""The `dataset` task: problems from a prompt file the user brings (JSONL or Parquet, local or a URL).
+"""The `dataset` problem set: problems from a prompt file the user brings (JSONL or Parquet, local or a URL).
 
     jaxpod rl --model.hf DIR --task.type dataset --task.path problems.jsonl --rewards '[gsm8k]'
     task: {type: dataset, path: gs://b/gsm8k.jsonl, prompt_column: question, answer_column: answer,
@@ -7,7 +7,7 @@
 Rows are read with `jaxpod.data.prompts` (HF `datasets`); the held-out split is the file's own
 (`split_held_out`: by prompt hash, or `eval_path`), never trained on. Training stream s walks the
 training rows in a fresh seeded order every epoch, so problem i of stream s is a pure function of
-(seed, s, i) like the generated tasks' (a restart regenerates exactly the rollouts it would have
+(seed, s, i) like the generated sets' (a restart regenerates exactly the rollouts it would have
 trained on). Prompts given as chat messages are rendered with the chat template of `chat_template`
 (a folder or URL with the tokenizer files; `jaxpod rl` fills in `model.hf` when it is empty).
 
@@ -15,7 +15,7 @@ Every host reads the whole file, not a slice: jaxpod's rollout engine runs in gl
 every host submits the same prompts and then keeps its own share of the rows, so each host needs
 every prompt of a step (prompt files are megabytes). `read_prompts(..., shard=)` gives a host
 its slice where each host consumes different rows. At setup the hosts of each job compare a digest of
-the problems they read (`tasks.check_same_problems`): a file that differs between hosts' disks is
+the problems they read (`rl.policy.check_same_problems`): a file that differs between hosts' disks is
 one line naming the hosts, not a silent divergence.
 """
 from __future__ import annotations
@@ -26,14 +26,15 @@ import string
 
 import numpy as np
 
-from jaxpod.rl.tasks import EVAL_STREAM, Problem, RLTaskConfig
+from jaxpod.problems import verifiers
+from jaxpod.problems.base import EVAL_STREAM, Problem, ProblemSet
 
 VERIFIERS = ("exact_match", "gsm8k", "boxed")
 
 
-@RLTaskConfig.register_subclass("dataset")
+@ProblemSet.register_subclass("dataset")
 @dataclasses.dataclass(frozen=True)
-class DatasetTask(RLTaskConfig):
+class DatasetProblems(ProblemSet):
   """Prompts and reference answers from a file (see the module docstring)."""
 
   path: str = ""  # the prompt file: .jsonl / .json / .parquet, local path or URL (gs://, s3://)
@@ -60,7 +61,6 @@ class DatasetTask(RLTaskConfig):
     return self.verifier
 
   def well_formed(self, completion: str) -> bool:
-    from jaxpod.rl import verifiers
     if self.verifier == "gsm8k":
       return verifiers.gsm8k_answer(completion) is not None
     if self.verifier == "boxed":
@@ -109,23 +109,24 @@ class _Tables:
 
 
 @functools.lru_cache(maxsize=4)
-def _tables(task: DatasetTask) -> _Tables:
+def _tables(problem_set: DatasetProblems) -> _Tables:
   """The file read once per process: rendered held-out and training problems."""
   from jaxpod.data import prompts
-  source = prompts.PromptSource(task.path, task.prompt_column, task.answer_column, fields="rl.task.")
+  source = prompts.PromptSource(problem_set.path, problem_set.prompt_column, problem_set.answer_column,
+                                fields="rl.task.")
   rows = prompts.read_prompts(source)
   given = None
-  if task.eval_path:
-    given = prompts.read_prompts(dataclasses.replace(source, path=task.eval_path))
-  held_out, train = prompts.split_held_out(rows, task.eval_size, given)
-  template, specials = _chat_template(task, rows + (given or []))
+  if problem_set.eval_path:
+    given = prompts.read_prompts(dataclasses.replace(source, path=problem_set.eval_path))
+  held_out, train = prompts.split_held_out(rows, problem_set.eval_size, given)
+  template, specials = _chat_template(problem_set, rows + (given or []))
 
   def render(r, path):
-    text = prompts.render_prompt(r.prompt, task.prompt_format, template, specials, f"{path} row {r.row}")
+    text = prompts.render_prompt(r.prompt, problem_set.prompt_format, template, specials, f"{path} row {r.row}")
     return Problem(text, r.answer, EVAL_STREAM, r.row)
 
-  held = tuple(render(r, task.eval_path or task.path) for r in held_out)
-  trained = tuple(render(r, task.path) for r in train)
+  held = tuple(render(r, problem_set.eval_path or problem_set.path) for r in held_out)
+  trained = tuple(render(r, problem_set.path) for r in train)
   import hashlib
   digest = hashlib.sha256()
   for part in (held, trained):
@@ -135,11 +136,11 @@ def _tables(task: DatasetTask) -> _Tables:
   return _Tables(held, trained, held + trained, digest.hexdigest())
 
 
-def _chat_template(task: DatasetTask, rows) -> tuple[str | None, dict]:
+def _chat_template(problem_set: DatasetProblems, rows) -> tuple[str | None, dict]:
   """The chat template and special tokens, read only when some prompt is a message list."""
   if all(isinstance(r.prompt, str) for r in rows):
     return None, {}
-  if not task.chat_template:
+  if not problem_set.chat_template:
     return None, {}  # render_prompt names the row and the field
   from jaxpod.data.chat import load_chat_template, load_special_tokens
-  return load_chat_template(task.chat_template), load_special_tokens(task.chat_template)
+  return load_chat_template(problem_set.chat_template), load_special_tokens(problem_set.chat_template)

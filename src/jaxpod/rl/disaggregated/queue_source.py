@@ -1,5 +1,5 @@
 """The disaggregated trainer's side of the queue: it consumes rollouts, watches the workers (and publishes its
-weights every step through `publish.PublishPolicy`).
+weights every step through `publish.PublishPolicy`). `run.py` builds it and hands it to the GRPO task.
 
 Before step k+1 the trainer holds policy version k (the weights after k steps). Its iterator
 (`QueueSource`) takes `num_prompts_per_step` groups from the queue that `grpo.admit` admits (every
@@ -18,17 +18,15 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-from typing import TYPE_CHECKING
 
 from jaxpod import runtime
 from jaxpod.rl import grpo
-from jaxpod.rl.queue import Consumed, Queue, from_bytes, parse_name
+from jaxpod.rl.config import GRPOConfig, RolloutConfig
+from jaxpod.rl.disaggregated.queue import Consumed, Queue, from_bytes, parse_name
+from jaxpod.rl.rollout.groups import Batcher
 from jaxpod.runtime.hooks import Hook, StepInfo
 from jaxpod.runtime.log import get_logger
 from jaxpod.transfer.config import TransferConfig
-
-if TYPE_CHECKING:
-  from jaxpod.rl.train_tasks import GRPOTask
 
 log = get_logger("rl.trainer")
 POLL_S = (0.05, 0.5)  # first and longest sleep while waiting for rollouts
@@ -80,15 +78,16 @@ class WorkerMonitor:
 class QueueSource:
   """The trainer's iterator over the rollout queue (see the module docstring); its state is `Consumed`."""
 
-  def __init__(self, task: GRPOTask, run_dir: str, transfer: TransferConfig | None, *, need: int,
-               max_policy_lag: int, filter_groups: bool, worker_timeout_s: float, rollout_timeout_s: float):
-    self.task, self.transfer = task, transfer
-    self.need, self.max_policy_lag, self.filter_groups = need, max_policy_lag, filter_groups
-    self.rollout_timeout_s = rollout_timeout_s
+  def __init__(self, run_dir: str, transfer: TransferConfig | None, grpo_cfg: GRPOConfig, rollout: RolloutConfig,
+               batcher: Batcher):
+    self.transfer, self.batcher = transfer, batcher
+    g = grpo_cfg
+    self.need, self.max_policy_lag, self.filter_groups = g.num_prompts_per_step, g.max_policy_lag, g.filter_groups
+    self.rollout_timeout_s = rollout.rollout_timeout_s
     self.queue = Queue(run_dir)
     self.consumed = Consumed()
     self.trained = 0  # batches handed to the trainer = the version the next step trains from
-    self.monitor = WorkerMonitor(self.queue, worker_timeout_s)
+    self.monitor = WorkerMonitor(self.queue, rollout.worker_timeout_s)
     self.files: dict[str, list] = {}  # file -> its groups (read once)
     self.counts = {"dropped_stale": 0, "dropped_future": 0, "dropped_uniform": 0, "groups": 0}
     self.step_stats: dict = {}
@@ -96,6 +95,12 @@ class QueueSource:
     self._last_report: dict | None = None
 
   def __iter__(self):
+    return self
+
+  def __repr__(self) -> str:  # what the GRPO run's config.json shows for its source
+    return f"QueueSource ({self.queue.root})"
+
+  def __deepcopy__(self, memo) -> "QueueSource":  # dataclasses.asdict of the config that carries it: not copied
     return self
 
   def _groups(self, name: str) -> list:
@@ -159,7 +164,7 @@ class QueueSource:
                        "rl/workers_alive": float(len(self.monitor.alive()))}
     self.trained += 1
     self._report(done=False)
-    return self.task.local(self.task.batch_arrays(groups))
+    return self.batcher(groups)
 
   def _report(self, done: bool, examined: set[str] = frozenset()) -> None:
     """Leader: the progress record workers bound their backlog with (written in the background). Files the
@@ -188,7 +193,7 @@ class QueueSource:
     self.counts = {**self.counts, **state["counts"]}
 
   def hooks(self, graphdef, mesh) -> list:
-    from jaxpod.rl.publish import PublishPolicy
+    from jaxpod.rl.disaggregated.publish import PublishPolicy
     return [PublishPolicy(self.transfer), QueueStats(self)]
 
   def close(self) -> None:

@@ -1,4 +1,4 @@
-"""Rewards: plugins that score one completion, registered by name like tasks.
+"""Rewards: plugins that score one completion, registered by name like problem sets; and `VerifiedProblems`.
 
     rewards: [exact_match, format]            # in an RL config, with optional reward_weights: [1.0, 0.1]
     rewards: [exact_match, my_pkg.scores:len_penalty]   # a user's function, imported by "module:function"
@@ -10,6 +10,9 @@ resolved when the config is checked, before anything compiles. A reward that rai
 scoring ends `jaxpod rl` with one line naming the plugin and the prompt, exit code 1 (the
 config was valid: 2 is for input refused before the run; JAXPOD_TRACEBACK=1 shows the plugin's
 traceback).
+
+`VerifiedProblems` is what the warm-up, the evaluation and the rollouts share: the problem set, its rewards,
+the run seed and the held-out evaluation's pass@k settings.
 """
 from __future__ import annotations
 
@@ -17,12 +20,12 @@ import dataclasses
 import importlib
 from typing import Callable, Sequence
 
-from jaxpod.rl import verifiers
-from jaxpod.rl.config import RLEvalConfig
-from jaxpod.rl.tasks import Problem, RLTaskConfig
+from jaxpod.problems import verifiers
+from jaxpod.problems.base import Problem, ProblemSet
+from jaxpod.problems.passk import EvalConfig
 
 RewardFn = Callable[[Problem, str, bool], float]
-REWARDS: dict[str, Callable[[RLTaskConfig], RewardFn]] = {}  # name -> factory(task) -> reward fn
+REWARDS: dict[str, Callable[[ProblemSet], RewardFn]] = {}  # name -> factory(problem set) -> reward fn
 
 
 class RewardError(RuntimeError):
@@ -32,7 +35,7 @@ class RewardError(RuntimeError):
 
 
 def register_reward(name: str):
-  """Decorator: register `factory(task) -> fn(problem, completion, finished)` under `name`."""
+  """Decorator: register `factory(problem_set) -> fn(problem, completion, finished)` under `name`."""
   def wrap(factory):
     REWARDS[name] = factory
     return factory
@@ -40,33 +43,33 @@ def register_reward(name: str):
 
 
 @register_reward("exact_match")
-def _exact_match(task: RLTaskConfig) -> RewardFn:
+def _exact_match(problem_set: ProblemSet) -> RewardFn:
   """1 if the completion (whitespace stripped) is the answer and the sample stopped, else 0."""
   return lambda problem, completion, finished: float(finished and completion.strip() == problem.answer)
 
 
 @register_reward("format")
-def _format(task: RLTaskConfig) -> RewardFn:
-  """1 if the sample stopped and the completion has the answer's form (the task's `well_formed`), else 0."""
-  return lambda problem, completion, finished: float(finished and task.well_formed(completion.strip()))
+def _format(problem_set: ProblemSet) -> RewardFn:
+  """1 if the sample stopped and the completion has the answer's form (the set's `well_formed`), else 0."""
+  return lambda problem, completion, finished: float(finished and problem_set.well_formed(completion.strip()))
 
 
 @register_reward("gsm8k")
-def _gsm8k(task: RLTaskConfig) -> RewardFn:
+def _gsm8k(problem_set: ProblemSet) -> RewardFn:
   """1 if the sample stopped and the number after its last `####` equals the answer (math-verify), else 0."""
   return lambda problem, completion, finished: float(finished and verifiers.gsm8k_correct(completion, problem.answer))
 
 
 @register_reward("boxed")
-def _boxed(task: RLTaskConfig) -> RewardFn:
+def _boxed(problem_set: ProblemSet) -> RewardFn:
   """1 if the sample stopped and its last `\\boxed{}` equals the answer (by value, or as normalised text), else 0."""
   return lambda problem, completion, finished: float(finished and verifiers.boxed_correct(completion, problem.answer))
 
 
-def resolve(name: str, task: RLTaskConfig) -> RewardFn:
+def resolve(name: str, problem_set: ProblemSet) -> RewardFn:
   """The reward function `name` (registered, or "module:function"); one-line ValueError if neither."""
   if name in REWARDS:
-    return REWARDS[name](task)
+    return REWARDS[name](problem_set)
   module, _, attr = name.partition(":")
   if attr:
     try:
@@ -81,17 +84,17 @@ def resolve(name: str, task: RLTaskConfig) -> RewardFn:
 
 
 class Scorer:
-  """The weighted sum of the configured rewards, plus correctness for accuracy (the task's `correct_reward`)."""
+  """The weighted sum of the configured rewards, plus correctness for accuracy (the set's `correct_reward`)."""
 
-  def __init__(self, names: Sequence[str], weights: Sequence[float], task: RLTaskConfig):
+  def __init__(self, names: Sequence[str], weights: Sequence[float], problem_set: ProblemSet):
     if not names:
       raise ValueError("rl.rewards is empty; name at least one reward (e.g. exact_match)")
     if weights and len(weights) != len(names):
       raise ValueError(f"rl.reward_weights has {len(weights)} values for {len(names)} rewards; give one per "
                        "reward or none (all 1.0)")
     self.names, self.weights = list(names), list(weights) or [1.0] * len(names)
-    self.fns = [resolve(n, task) for n in self.names]
-    self.exact = resolve(task.correct_reward, task)
+    self.fns = [resolve(n, problem_set) for n in self.names]
+    self.exact = resolve(problem_set.correct_reward, problem_set)
 
   def __call__(self, problem: Problem, completion: str, finished: bool) -> float:
     """The reward of one completion; RewardError naming the plugin and the prompt if one raises."""
@@ -105,35 +108,28 @@ class Scorer:
     return total
 
   def correct(self, problem: Problem, completion: str, finished: bool) -> bool:
-    """Whether the completion is correct by the task's verifier (what held-out accuracy counts)."""
+    """Whether the completion is correct by the set's verifier (what held-out accuracy counts)."""
     return bool(self.exact(problem, completion, finished))
 
 
 @dataclasses.dataclass(frozen=True)
-class VerifiedTask:
+class VerifiedProblems:
   """The problems and how answers are scored: what the warm-up, the evaluation and the rollouts share."""
 
-  task: RLTaskConfig  # the problem streams and the held-out set
+  problem_set: ProblemSet  # the problem streams and the held-out set
   rewards: tuple[str, ...]  # reward plugins, summed
   reward_weights: tuple[float, ...]  # one per reward (empty: all 1.0)
   seed: int  # the run seed: problems and request seeds derive from it
-  evaluation: RLEvalConfig = RLEvalConfig()  # the held-out evaluation beside greedy accuracy (pass@k)
+  evaluation: EvalConfig = EvalConfig()  # the held-out evaluation beside greedy accuracy (pass@k)
 
   def scorer(self) -> Scorer:
-    return Scorer(self.rewards, self.reward_weights, self.task)
-
-  def episodes(self, max_context: int):
-    """How samples are made when the task is multi-turn (`environments.Episodes`); None for a single-turn task."""
-    factory = self.task.environment()
-    if factory is None:
-      return None
-    from jaxpod.rl.environments import Episodes
-    return Episodes(factory, self.task.max_turns, max_context)
+    """The configured rewards over this problem set."""
+    return Scorer(self.rewards, self.reward_weights, self.problem_set)
 
   def eval_set(self) -> list[Problem]:
     """The held-out problems."""
-    return self.task.eval_set(self.seed)
+    return self.problem_set.eval_set(self.seed)
 
   def train_problems(self, stream: int, start: int, count: int) -> list[Problem]:
     """`count` training problems of `stream` from index `start`."""
-    return self.task.train_problems(self.seed, stream, start, count)
+    return self.problem_set.train_problems(self.seed, stream, start, count)

@@ -1,11 +1,11 @@
-"""The `calculator` task: multi-turn episodes in which the policy may call a calculator tool.
+"""The `calculator` problem set and its environment: multi-turn episodes in which the policy may call a tool.
 
     jaxpod rl --task.type calculator                 # the embedded configs/rl_calculator.yaml
     task: {type: calculator, digits: 4, max_turns: 3, teacher_skip_tool: 0.6}
 
 Problem i of a stream is a product of two `digits`-digit numbers ("Compute 4821*7395.\\n" ->
 "35651295"), too long for a small policy to multiply alone. Each problem is an episode with the
-`environment` (default: the built-in `calculator`): a turn that starts with `calc:` is a tool call
+`environment` (default: the built-in `calculator`, `Calculator` below): a turn that starts with `calc:` is a tool call
 answered with `= <value>`; any other turn is the final answer, reward 1 if it is the product. The
 warm-up shows whole episodes, `calc: a*b`, EOS, the tool's `= value`, the answer, EOS, with the
 loss on the policy's turns only. Its teacher has a habit (`teacher_skip_tool`): with that probability
@@ -18,14 +18,15 @@ import re
 
 import numpy as np
 
-from jaxpod.rl.tasks import Problem, RLTaskConfig
+from jaxpod.problems.base import Problem, ProblemSet
+from jaxpod.problems.environments import environment_factory, register_environment
 
 _FACTORS = re.compile(r"(\d+)\*(\d+)")
 
 
-@RLTaskConfig.register_subclass("calculator")
+@ProblemSet.register_subclass("calculator")
 @dataclasses.dataclass(frozen=True)
-class CalculatorTask(RLTaskConfig):
+class CalculatorProblems(ProblemSet):
   """Products of two `digits`-digit numbers, solved in episodes with a calculator tool (see the module docstring)."""
 
   digits: int = 4  # digits of each factor
@@ -43,11 +44,9 @@ class CalculatorTask(RLTaskConfig):
       raise ValueError(f"rl.task.teacher_skip_tool={self.teacher_skip_tool} must be in [0, 1]")
 
   def make(self, rng):
-    from jaxpod.rl.environments import calculator_problem
     return calculator_problem(rng, self.digits)
 
   def environment(self):
-    from jaxpod.rl.environments import environment_factory
     return environment_factory(self.environment_name)
 
   def demonstration_turns(self, problem: Problem) -> list[str]:
@@ -71,3 +70,45 @@ class CalculatorTask(RLTaskConfig):
 
   def max_answer_chars(self) -> int:
     return len("calc: *") + 2 * self.digits
+
+
+# ----------------------------------------------------------------------------- the environment
+_EXPRESSION = re.compile(r"^\s*(\d{1,12})\s*([+\-*])\s*(\d{1,12})\s*$")
+CALL = "calc:"
+
+
+def calculate(expression: str) -> int | None:
+  """The value of `a op b` (non-negative integers, op one of + - *), or None if it is not that form.
+
+  A two-operand grammar on purpose: no `eval` of text a policy wrote."""
+  m = _EXPRESSION.match(expression)
+  if not m:
+    return None
+  a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
+  return a + b if op == "+" else a - b if op == "-" else a * b
+
+
+@register_environment("calculator")
+class Calculator:
+  """Answer `problem.answer`; a turn starting with `calc:` is a tool call answered with `= <value>`."""
+
+  def __init__(self):
+    self.problem: Problem | None = None
+
+  def reset(self, problem: Problem) -> str:
+    self.problem = problem
+    return problem.prompt
+
+  def step(self, completion: str) -> tuple[str, float, bool]:
+    text = completion.strip()
+    if text.startswith(CALL):
+      value = calculate(text[len(CALL):])
+      return ("= error\n" if value is None else f"= {value}\n"), 0.0, False
+    return "", float(text == self.problem.answer), True
+
+
+def calculator_problem(rng: np.random.Generator, digits: int = 4) -> tuple[str, str]:
+  """(prompt, answer) of a product of two `digits`-digit numbers."""
+  lo, hi = 10 ** (digits - 1), 10 ** digits
+  a, b = int(rng.integers(lo, hi)), int(rng.integers(lo, hi))
+  return f"Compute {a}*{b}.\n", str(a * b)

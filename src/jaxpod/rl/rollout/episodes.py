@@ -1,0 +1,125 @@
+"""Samples of a problem as episodes: the loop that runs them through the engine, and the one-turn case.
+
+A multi-turn problem set (one whose `environment()` is a class) samples `Episodes`: one engine call per
+turn over every open episode, each turn's seed a pure function of (run seed, problem, sample, turn);
+the episode's tokens after the prompt are the policy's turns and the environment's observations
+(`jaxpod.problems.environments.Episode`), and `episode_group` makes a problem's n episodes one `Group`
+with `from_policy` flags, so admission (`grpo.take`) and the trainer's rows (`groups.to_batch`) are the
+single-turn ones: the loss mask covers the policy's tokens only. An episode ends when the environment
+says done, after `max_turns` turns, or when its next context would not fit the engine's `max_prompt_len`
+(its last token is always the policy's). Every turn recomputes the episode's context from scratch (the
+engine's prefill); the prefix's KV cache is not kept across turns yet.
+
+A single-turn set samples `OneTurn`: one engine request per problem for its n samples, scored by the
+reward plugins. Both have `groups(generate, tokenizer, problems, n, seed)`; `samples_for` picks the one a
+problem set needs, so the roller and the evaluator never ask which.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+from jaxpod.problems.base import Problem
+from jaxpod.problems.environments import Environment, Episode, answer_ids
+from jaxpod.problems.rewards import Scorer, VerifiedProblems
+from jaxpod.rl.rollout.groups import Group, make_group
+
+
+def request_seed(seed: int, problem: Problem) -> int:
+  """The engine seed of a problem's one-turn request (its n samples fold in their index)."""
+  return (seed * 1_000_003 + problem.stream * 7_919 + problem.index) % (2 ** 31)
+
+
+def turn_seed(seed: int, problem: Problem, sample: int, turn: int) -> int:
+  """The engine seed of one turn of one episode: a pure function of the run seed, the problem's stream and
+  index, the sample and the turn (not of batching, slots, hosts or restarts)."""
+  return (seed * 1_000_003 + problem.stream * 7_919 + problem.index * 104_729 + sample * 15_485_863
+          + turn * 32_452_843) % (2 ** 31)
+
+
+def run_episodes(generate, tokenizer, factory: Callable[[], Environment], problems: Sequence[Problem], n: int,
+                 max_turns: int, seed: int, max_context: int | None = None) -> list[list[Episode]]:
+  """n episodes per problem, turn by turn: `generate(contexts, seeds) -> completions` samples one turn of every
+  open episode (each completion has .sampled, .logprobs, .versions and .tokens without the stop token).
+
+  The context of the next turn is the whole episode so far (prompt, turns, observations); an engine
+  that keeps the prefix's KV cache serves it from there, another recomputes it. An episode ends when
+  the environment says done, after `max_turns` turns, or when its next context would exceed
+  `max_context` tokens (the engine's prompt limit); only the first counts as `done`."""
+  episodes, envs = [], []
+  for p in problems:
+    for _ in range(n):
+      env = factory()
+      envs.append(env)
+      episodes.append(Episode(p, tokenizer.encode(env.reset(p))))
+  open_ = list(range(len(episodes)))
+  for turn in range(max_turns):
+    if not open_:
+      break
+    seeds = [turn_seed(seed, episodes[i].problem, i % n, turn) for i in open_]
+    still = []
+    for i, c in zip(open_, generate([episodes[i].context() for i in open_], seeds)):
+      e = episodes[i]
+      e.add_turn(c.sampled, c.logprobs, c.versions)
+      observation, reward, done = envs[i].step(tokenizer.decode(c.tokens))
+      e.reward += reward
+      e.done = done
+      ids = answer_ids(tokenizer, observation)
+      if done or turn + 1 == max_turns or (max_context is not None and len(e.context()) + len(ids) > max_context):
+        continue  # ended: the last token of an episode is always the policy's
+      e.add_observation(ids)
+      still.append(i)
+    open_ = still
+  return [episodes[g * n:(g + 1) * n] for g in range(len(problems))]
+
+
+def episode_group(episodes: Sequence[Episode]) -> Group:
+  """One problem's n episodes as a `groups.Group` (what admission and the trainer's batch take): every token
+  after the prompt, `from_policy` marking the policy's; the reward is the episode's, correct means solved."""
+  return Group(problem=episodes[0].problem, prompt_ids=list(episodes[0].prompt_ids),
+               sampled=[list(e.tokens) for e in episodes], logprobs=[list(e.logprobs) for e in episodes],
+               versions=[list(e.versions) for e in episodes], finished=[e.done for e in episodes],
+               rewards=[e.reward for e in episodes], correct=[e.solved for e in episodes],
+               from_policy=[list(e.from_policy) for e in episodes])
+
+
+@dataclasses.dataclass(frozen=True)
+class OneTurn:
+  """How a single-turn set's samples are made: one request per problem, n samples, scored by the reward plugins."""
+
+  scorer: Scorer  # the configured rewards and the set's verifier
+
+  def groups(self, generate, tokenizer, problems: Sequence[Problem], n: int, seed: int) -> list[Group]:
+    """Every problem's n samples as a scored Group, in order (`generate(ids, seeds, n=n)`: the engine's call)."""
+    ids = [tokenizer.encode(p.prompt) for p in problems]
+    outs = generate(ids, [request_seed(seed, p) for p in problems], n=n)
+    return [group(self.scorer, tokenizer, p, ids[i], outs[i * n:(i + 1) * n]) for i, p in enumerate(problems)]
+
+
+def group(scorer: Scorer, tokenizer, problem: Problem, prompt_ids: Sequence[int], completions) -> Group:
+  """A scored Group from the engine's n completions of one prompt."""
+  texts = [tokenizer.decode(c.tokens) for c in completions]
+  return make_group(problem, prompt_ids, completions, texts, scorer)
+
+
+@dataclasses.dataclass(frozen=True)
+class Episodes:
+  """How a multi-turn set's samples are made: episodes with fresh environments, turn and context limits."""
+
+  factory: Callable[[], Environment]  # a fresh environment per episode
+  max_turns: int  # policy turns per episode at most
+  max_context: int  # tokens a turn may continue from (the engine's max_prompt_len)
+
+  def groups(self, generate, tokenizer, problems: Sequence[Problem], n: int, seed: int) -> list[Group]:
+    """Every problem's n episodes as a Group, in order (`run_episodes`, then `episode_group`)."""
+    return [episode_group(g) for g in run_episodes(generate, tokenizer, self.factory, problems, n, self.max_turns,
+                                                   seed, self.max_context)]
+
+
+def samples_for(problems: VerifiedProblems, max_context: int) -> OneTurn | Episodes:
+  """How the samples of `problems` are made: episodes with fresh environments for a multi-turn set (turns and
+  contexts limited by its max_turns and `max_context`, the engine's max_prompt_len), else one turn each."""
+  factory = problems.problem_set.environment()
+  if factory is None:
+    return OneTurn(problems.scorer())
+  return Episodes(factory, problems.problem_set.max_turns, max_context)
