@@ -5,8 +5,10 @@ Step k of the trainer trains on the rollouts of policy version k-1 (the weights 
     on_start (version s = start)  rollouts of problems for step s+1 with the starting weights
     step s+1                      train on them;  hook after it: rollouts for step s+2 with version s+1 ...
 
-The engine reads the trainer's parameter arrays in place (`Sampler.update_params`: same shapes
-and shardings, no copy, no recompilation). Every host runs the same engine calls (global mode)
+The engine reads the trainer's parameter arrays in place when the trainer's layout is already its
+inference layout (no fsdp), else one resharded copy per version (`sample/layout.py`; no recompilation).
+Before the first rollout, the train state plus both engines' weights and KV caches are checked against
+device memory (`check_memory`): one line naming the knob instead of an out-of-memory error mid-run. Every host runs the same engine calls (global mode)
 and takes its own contiguous share of the batch rows.
 
 A batch is filled in rounds: a round samples the next `sample_prompts_per_step` problems of
@@ -33,6 +35,19 @@ from jaxpod.rl.rollout.groups import Batcher
 from jaxpod.runtime.hooks import Hook, StepInfo
 
 RL_STREAM = 2  # training stream of RL problems (the warm-up uses stream 1)
+
+
+def check_memory(state, mesh, rollout: RolloutConfig, model_cfg, available: int | None = None) -> dict[str, int]:
+  """The train state, the rollout and evaluation engines' KV caches and their one shared inference-layout weight
+  copy, bytes per device, against device memory; a one-line ValueError naming the largest part's knob."""
+  from jaxpod.sample.memory import (EngineMemory, check_train_and_engines, engine_knob, engine_weight_bytes,
+                                    kv_cache_bytes, tree_bytes_per_device)
+  ro, ev = rollout.engine(), rollout.engine(greedy=True)
+  copy = 0 if mesh.shape["fsdp"] == 1 else engine_weight_bytes(model_cfg, mesh)  # one copy, both engines read it
+  return check_train_and_engines(tree_bytes_per_device(state), [
+      EngineMemory("rollout", kv_cache_bytes(model_cfg, ro, mesh), copy, engine_knob("rl.rollout", ro)),
+      EngineMemory("eval", kv_cache_bytes(model_cfg, ev, mesh), 0, engine_knob("rl.rollout", ev, "eval_slots"))],
+      available=available)
 
 
 def fill_batch(rounds, need: int, version: int, *, max_policy_lag: int, filter_groups: bool, max_rounds: int):
@@ -110,6 +125,8 @@ class ColocatedRollouts(Hook):
     return not final
 
   def on_start(self, info: StepInfo) -> dict:
+    from flax import nnx
+    check_memory(info.state, self.mesh, self.buffer.rollout, nnx.merge(self.graphdef, info.state.params).cfg)
     return self(info)
 
   def __call__(self, info: StepInfo) -> dict:
@@ -125,7 +142,7 @@ class ColocatedRollouts(Hook):
       self.roller = Roller(sampler, buffer.tokenizer, problems.scorer(), buffer.num_generations, problems.seed,
                            samples_for(problems, buffer.rollout.max_prompt_len))
     else:
-      self.roller.sampler.update_params(params, version)  # in memory, no copy
+      self.roller.sampler.update_params(params, version)  # in memory; resharded once if the layouts differ
     if buffer.cursor is None:
       buffer.cursor = buffer.trained * buffer.sampled_prompts
     buffer.ready_from = buffer.cursor

@@ -6,8 +6,10 @@ A `jaxpod.runtime.hooks.Hook`: the trainer's loop calls it on every host at the 
      raises on every host);
   2. waits for the training state (`block_until_ready` on the parameters it reads);
   3. runs the sampler with its own per-request seeds, in one of two modes:
-       global      on the training mesh: the parameters stay where the trainer sharded
-                   them and every host takes part in every request;
+       global      on the training mesh: the engine reshards the parameters once per call
+                   into its inference layout (whole over data and fsdp, split over `model`;
+                   a no-op when the trainer's layout is already that) so no decode step
+                   gathers weights, and every host takes part in every request;
        replicated  one all-gather over the training mesh gives every device a full copy;
                    each host moves one copy onto its own devices and decodes its share of
                    the prompts alone (no cross-host traffic while decoding);

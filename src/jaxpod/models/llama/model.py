@@ -102,7 +102,11 @@ def layer_tables(cfg: LlamaConfig):
 
 
 def embed(cfg: LlamaConfig, table_VxD, tokens_BxT):
-  """Token embeddings [B, T, D] (times sqrt(D) in the compute dtype for Gemma), the table gathered over FSDP first."""
+  """Token embeddings [B, T, D] (times sqrt(D) in the compute dtype for Gemma), the table gathered over FSDP first.
+
+  The table stays split over `model` on its vocab dimension (XLA looks up each shard's rows locally and sums
+  them over `model`: no whole-table gather). In the engine's inference layout (`jaxpod.sample.layout`) the
+  table is already whole over fsdp, so the constraint moves nothing per step."""
   table = constrain(table_VxD, ("vocab", "act_embed"))
   x = constrain(jnp.take(table, tokens_BxT, axis=0), _ACT)
   return x * jnp.asarray(math.sqrt(cfg.hidden_size), x.dtype) if cfg.scale_embeddings else x
@@ -222,7 +226,7 @@ def _attend_cached(cfg: LlamaConfig, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, cache, lay
     ctx = jnp.einsum("bkgts,bkse->btkge", probs, v_BxKxTxE)
   else:
     if isinstance(cache, PagedKVCache):
-      kv_len = cache.table_BxM.shape[1] * cache.k.shape[2] if kv_len is None else kv_len
+      kv_len = cache.table_BxM.shape[1] * cache.k.shape[3] if kv_len is None else kv_len
     old_k_BxKxSxE, old_v_BxKxSxE = cache.read(layer, kv_len)
     s = old_k_BxKxSxE.shape[2]
     old = jnp.einsum("btkge,bkse->bkgts", q_BxTxKxGxE, old_k_BxKxSxE, preferred_element_type=jnp.float32) * scale
