@@ -104,8 +104,15 @@ def state_shardings(abstract: TrainState, mesh, rules: ShardingRules = DEFAULT_R
     return jax.tree_util.tree_map_with_path(
         lambda path, leaf: _match_suffix(tuple(path), leaf.shape, known, replicated), tree)
 
+  frozen = {}  # buffers that are nnx.Params (frozen weights, e.g. a LoRA base) not mirroring params: own axes
+  for path, v in jax.tree_util.tree_flatten_with_path(abstract.buffers, is_leaf=lambda v: isinstance(v, nnx.Param))[0]:
+    if isinstance(v, nnx.Param):
+      frozen[tuple(path) + tuple(jax.tree_util.tree_flatten_with_path(v)[0][0][0])] = param_shardings(v, mesh, rules)
+  buffers = jax.tree_util.tree_map_with_path(
+      lambda path, leaf: _match_suffix(tuple(path), leaf.shape, known, frozen.get(tuple(path), replicated)),
+      abstract.buffers)
   carry = jax.tree.map(lambda x: batch_sharding(mesh, x.ndim, rules), abstract.carry)
-  return TrainState(params=follow(abstract.params), buffers=follow(abstract.buffers),
+  return TrainState(params=follow(abstract.params), buffers=buffers,
                     opt_state=follow(abstract.opt_state), ema_params=follow(abstract.ema_params),
                     step=replicated, rng=replicated, carry=carry)
 

@@ -122,6 +122,12 @@ def rope(x_BxTxNxE, positions_BxT, inv_freq_E2):
   return x_BxTxNxE * cos + rot * sin
 
 
+def adapted(module: nnx.Module, name: str, x_BxTxF, y):
+  """y = x @ module.<name> plus its LoRA adapter's s * x A B when `lora.py` attached one (`<name>_lora`)."""
+  adapter = getattr(module, f"{name}_lora", None)
+  return y if adapter is None else y + adapter(x_BxTxF).reshape(y.shape).astype(y.dtype)
+
+
 class Attention(nnx.Module):
   """Grouped-query attention; query head j uses kv head j // G."""
 
@@ -142,7 +148,7 @@ class Attention(nnx.Module):
 
   def _project(self, x_BxTxD, name: str, axes):
     """x @ {q,k,v}_proj (+ bias): [B, T, heads, E]."""
-    y = jnp.einsum("btd,dhe->bthe", x_BxTxD, getattr(self, f"{name}_proj")[...])
+    y = adapted(self, f"{name}_proj", x_BxTxD, jnp.einsum("btd,dhe->bthe", x_BxTxD, getattr(self, f"{name}_proj")[...]))
     if self.cfg.qkv_bias:
       y = y + getattr(self, f"{name}_bias")[...]
     return constrain(y, ("batch", "seq", axes, "head_dim"))
@@ -169,7 +175,8 @@ class Attention(nnx.Module):
                                        positions_BxT, window)
     # one flat contraction over H*E: with two contracting dims XLA CPU transposed all of o_proj every step
     o_FxD = self.o_proj[...].reshape(cfg.num_attention_heads * e, -1)
-    return constrain(ctx.reshape(b, t, -1) @ o_FxD, _ACT), cache
+    ctx_BxTxF = ctx.reshape(b, t, -1)
+    return constrain(adapted(self, "o_proj", ctx_BxTxF, ctx_BxTxF @ o_FxD), _ACT), cache
 
   def _attend_static(self, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, kv_mask_BxS, cache, cache_index, layer, kv_len,
                      positions_BxT, window):
@@ -245,9 +252,9 @@ class MLP(nnx.Module):
     self.down_proj = _param(rngs, (i, d), ("mlp", "embed"), dt)
 
   def __call__(self, x_BxTxD):
-    h = self.act(x_BxTxD @ self.gate_proj[...]) * (x_BxTxD @ self.up_proj[...])
-    h = constrain(h, ("batch", "seq", "mlp"))
-    return constrain(h @ self.down_proj[...], _ACT)
+    gate, up = (adapted(self, n, x_BxTxD, x_BxTxD @ getattr(self, n)[...]) for n in ("gate_proj", "up_proj"))
+    h = constrain(self.act(gate) * up, ("batch", "seq", "mlp"))
+    return constrain(adapted(self, "down_proj", h, h @ self.down_proj[...]), _ACT)
 
 
 class Block(nnx.Module):
