@@ -6,6 +6,7 @@
                                          default reuses RL's policy evaluator and engine set-up, so tasks sit above rl
     rl                                   RL post-training (train + sample + transfer); never imports tasks
     train  sample  extract  transfer     the workloads: never import each other
+    plan                                 `jaxpod plan` (beside the workloads; imports models and runtime)
     problems                             what is solved: problem sets, environments, rewards, verifiers, pass@k
                                          (imports no JAX)
     models  data  io  configs
@@ -23,7 +24,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 RANK = {"cli": 8, "bench": 7, "tasks": 6, "rl": 5, "train": 4, "sample": 4, "extract": 4, "transfer": 4, "problems": 3,
-        "models": 2, "data": 2, "io": 2, "configs": 2, "runtime": 1}
+        "plan": 4, "models": 2, "data": 2, "io": 2, "configs": 2, "runtime": 1}
 WORKLOADS = {"train", "sample", "extract", "transfer"}
 
 
@@ -37,21 +38,28 @@ def _exists(module: str) -> bool:
   return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
 
 
-def _imports(path: Path) -> set[str]:
-  """jaxpod modules imported anywhere in the file (`from jaxpod import runtime` -> jaxpod.runtime)."""
+def _import_statements(path: Path):
+  """(module, imported names) per import in the file, relative bases resolved: `import a.b` -> ("a.b", []),
+  `from ..x import y` -> ("jaxpod.x", ["y"])."""
   me = _module_name(path)
   package = me if path.name == "__init__.py" else me.rpartition(".")[0]
-  out = set()
   for node in ast.walk(ast.parse(path.read_text(), str(path))):
     if isinstance(node, ast.Import):
-      out |= {a.name for a in node.names}
+      yield from ((a.name, []) for a in node.names)
     elif isinstance(node, ast.ImportFrom):
       base = node.module or ""
       if node.level:
         anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
         base = ".".join(anchor + ([base] if base else []))
-      out.add(base)
-      out |= {f"{base}.{a.name}" for a in node.names if _exists(f"{base}.{a.name}")}
+      yield base, [a.name for a in node.names]
+
+
+def _imports(path: Path) -> set[str]:
+  """jaxpod modules imported anywhere in the file (`from jaxpod import runtime` -> jaxpod.runtime)."""
+  out = set()
+  for base, names in _import_statements(path):
+    out.add(base)
+    out |= {f"{base}.{n}" for n in names if _exists(f"{base}.{n}")}
   return {m for m in out if m == "jaxpod" or m.startswith("jaxpod.")}
 
 
@@ -154,17 +162,9 @@ def _edges(path: Path) -> set[str]:
   """The jaxpod modules whose code runs when this file's imports run: `from pkg import mod` names the module
   `pkg.mod`, `from pkg import name` the package `pkg`; a module's own ancestors (their face runs first) left out."""
   me = _module_name(path)
-  package = me if path.name == "__init__.py" else me.rpartition(".")[0]
   out = set()
-  for node in ast.walk(ast.parse(path.read_text(), str(path))):
-    if isinstance(node, ast.Import):
-      out |= {a.name for a in node.names}
-    elif isinstance(node, ast.ImportFrom):
-      base = node.module or ""
-      if node.level:
-        anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
-        base = ".".join(anchor + ([base] if base else []))
-      out |= {f"{base}.{a.name}" if _exists(f"{base}.{a.name}") else base for a in node.names}
+  for base, names in _import_statements(path):
+    out |= {f"{base}.{n}" if _exists(f"{base}.{n}") else base for n in names} if names else {base}
   ancestors = {".".join(me.split(".")[:i]) for i in range(1, len(me.split(".")))}
   return {m for m in out if m.startswith("jaxpod.") and _exists(m) and m != me and m not in ancestors}
 

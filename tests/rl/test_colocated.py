@@ -72,3 +72,27 @@ def test_a_raising_reward_plugin_ends_the_run_in_one_line(colocated_run, tmp_pat
   last = err.strip().splitlines()[-1]
   assert last.startswith("jaxpod rl: reward 'tests.rl.test_colocated:raising_reward' raised on prompt '"), err
   assert "KeyError" in last and "no such field" in last, last
+
+
+def test_train_state_and_engines_that_do_not_fit_the_device_end_in_one_line_naming_the_knob():
+  """Invariant 10 / item 6: before the first rollout, the train state plus the rollout and evaluation engines'
+  KV caches are checked against device memory; what does not fit is one line naming `rl.rollout`'s knob."""
+  import jax
+  from flax import nnx
+
+  from jaxpod.models.llama import LlamaConfig, init
+  from jaxpod.rl.colocated import check_memory
+  from jaxpod.rl.config import RolloutConfig
+  from jaxpod.runtime import make_mesh
+
+  cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                    num_key_value_heads=1)
+  state = nnx.state(init(cfg), nnx.Param)
+  mesh = make_mesh(data=len(jax.devices()), fsdp=1)
+  rollout = RolloutConfig(batch_size=256, max_new_tokens=512)
+  parts = check_memory(state, mesh, rollout, cfg, available=1 << 34)  # fits: the parts per device come back
+  assert set(parts) == {"train_state", "rollout kv_cache", "eval kv_cache"} and parts["rollout kv_cache"] > 0
+  with pytest.raises(ValueError, match=r"rl memory check: .* the largest part is rollout kv_cache: lower "
+                                       r"rl\.rollout\.batch_size=256 or rl\.rollout\.max_new_tokens=512") as e:
+    check_memory(state, mesh, rollout, cfg, available=parts["train_state"] + parts["eval kv_cache"])
+  assert "\n" not in str(e.value)

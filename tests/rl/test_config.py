@@ -25,6 +25,8 @@ from jaxpod.cli.main import main
      "whole groups and the data-parallel size 3"),
     (["--warmup.batch_size", "100", "--runtime.devices_per_host", "8"], "rl.warmup.batch_size=100 does not split"),
     (["--rollout.batch_size", "100", "--runtime.devices_per_host", "8"], "rl.rollout.batch_size=100 (decode slots)"),
+    (["--topology", "disaggregated", "--grpo.max_policy_lag", "0"],
+     "rl.transfer.background=true publishes version k while step k+1 trains"),  # the background upload needs lag
 ])
 def test_bad_config_is_one_line_before_jax(argv, message, capsys, tmp_path):
   code = main(["rl", "--trainer.runs_dir", str(tmp_path / "runs"), *argv])

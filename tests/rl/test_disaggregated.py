@@ -147,3 +147,30 @@ def test_worker_without_a_trainer_names_it(bucket, tmp_path):
   assert len(errors) == 1 and "jaxpod rl: rollout worker 0: no policy weights published within 3 s" in errors[0], \
       worker.text()
   assert "the trainer of run gs://" in errors[0] and not any("Traceback" in l for l in host)
+
+
+@pytest.mark.slow
+@pytest.mark.multihost
+def test_uniform_rewards_end_the_disaggregated_run_in_one_line(bucket, tmp_path):
+  """Invariants 1 and 3 (issue 35: the run waited forever, saying nothing): a 2-host trainer with no warm-up (a
+  5-step one, as reported, leaves held-out accuracy at 0 too) and one worker, filter_groups on: every group's
+  rewards are equal and each is dropped as uniform. The trainer logs what it dropped per worker, gives up after
+  max_sampling_rounds x sampled_prompts groups judged (the colocated bound), and every trainer host ends with the
+  same one line naming grpo.filter_groups (exit 2); the worker is told and stops on its own (exit 0)."""
+  args = [*TINY, "--topology", "disaggregated", "--trainer.runs_dir", f"{bucket}/runs", "--warmup.steps", "0",
+          "--trainer.steps", "3", "--grpo.filter_groups", "true", "--grpo.max_sampling_rounds", "2",
+          "--rollout.heartbeat_s", "1"]
+  trainer = Cluster("trainer", [*args, "--role", "trainer"], tmp_path, hosts=2)
+  worker = Cluster("worker0", [*args, "--role", "rollout"], tmp_path)
+  assert trainer.join().returncode == 2, trainer.text()[-3000:]
+  named = {h: [l.split("] ", 1)[1] for l in trainer.lines if l.startswith(f"[trainer host {h}/2]")
+               and "grpo.filter_groups" in l] for h in (0, 1)}
+  assert len(named[0]) == 1 and named[0] == named[1], trainer.text()[-3000:]  # one line, the same on every host
+  assert named[0][0].startswith("jaxpod rl: error: rl: grpo.filter_groups dropped 16 of the 16 groups judged for "
+                                "step 1 because every sample got the same reward (mean 0.00")
+  assert not any("Traceback" in l for l in trainer.lines)
+  gave_up = next(l for l in trainer.lines if "gave up on step 1" in l)
+  assert gave_up.endswith("0 of 8 groups taken, 16 of at most 16 judged on their rewards; worker 0: 0 taken, "
+                          "dropped 16 uniform")
+  assert worker.join().returncode == 0, worker.text()[-3000:]
+  assert "the trainer stopped without finishing" in worker.text()

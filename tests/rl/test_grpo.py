@@ -137,9 +137,10 @@ def test_both_topologies_take_and_drop_the_same_groups(tmp_path):
                                       ((3, 3), (0, 1)), ((5, 5), (0, 0)), ((5, 5), (1, 0)), ((5, 5), (0, 1))]]
   for i, g in enumerate(groups):
     g.problem = dataclasses.replace(g.problem, index=i)
-  colocated, dropped = fill_batch(iter([groups[:4], groups[4:]]), 3, 5, max_policy_lag=2, filter_groups=True,
-                                  max_rounds=2)
   grpo_cfg = GRPOConfig(num_prompts_per_step=3, max_policy_lag=2, filter_groups=True)
+  fill = grpo_cfg.batch_fill(5)
+  colocated = fill_batch(iter([groups[:4], groups[4:]]), fill)
+  dropped = {why: fill.dropped(why) for why in grpo.DROP_REASONS}
   source = QueueSource(str(tmp_path / "run"), None, grpo_cfg, RolloutConfig(), batcher=None)
   for seq in range(3):
     source.queue.put(0, seq, to_bytes(groups[3 * seq:3 * seq + 3], {}))
@@ -151,9 +152,34 @@ def test_both_topologies_take_and_drop_the_same_groups(tmp_path):
   assert dropped == {"uniform": 2, "stale": 1, "future": 1}
 
 
-def test_colocated_gives_up_after_max_rounds_without_enough_mixed_groups():
-  """filter_groups on a policy that gets every problem equally right or wrong: one line naming the knobs."""
+def test_a_batch_gives_up_after_max_rounds_of_uniform_groups_in_both_topologies(tmp_path):
+  """The one bound on the wait (`grpo.BatchFill`): with filter_groups, a policy that gets every problem equally
+  wrong ends the colocated batch after max_sampling_rounds rounds and the disaggregated pick after as many groups
+  from the queue, with the same one line (a ValueError: exit 2) naming grpo.filter_groups and the knobs; stale
+  drops do not count toward it; the progress line names what each worker's groups were dropped for."""
   from jaxpod.rl.colocated import fill_batch
-  uniform = [_group((5, 5), (0, 0))] * 4
-  with pytest.raises(RuntimeError, match=r"only 0 of the 12 groups .* raise grpo.max_sampling_rounds"):
-    fill_batch(iter([uniform] * 10), 2, 5, max_policy_lag=2, filter_groups=True, max_rounds=3)
+  from jaxpod.rl.config import GRPOConfig, RolloutConfig
+  from jaxpod.rl.disaggregated.queue import to_bytes
+  from jaxpod.rl.disaggregated.queue_source import QueueSource
+  cfg = GRPOConfig(num_prompts_per_step=2, sample_prompts_per_step=4, max_sampling_rounds=3, max_policy_lag=2)
+  uniform, stale, mixed = _group((5, 5), (0, 0)), _group((1, 5), (0, 1)), _group((5, 5), (0, 1))
+  with pytest.raises(grpo.Starved) as colocated:
+    fill_batch(iter([[uniform] * 3 + [mixed]] + [[uniform] * 4] * 10), cfg.batch_fill(5))
+  source = QueueSource(str(tmp_path / "run"), None, cfg, RolloutConfig(), batcher=None)
+  source.queue.put(0, 0, to_bytes([stale] * 4, {}))  # a backlog of stale groups: not the policy's fault
+  for seq in range(1, 4):
+    source.queue.put(0, seq, to_bytes([uniform] * 3 + [mixed] if seq == 1 else [uniform] * 4, {}))
+  source.queue.put(1, 0, to_bytes([uniform] * 2, {}))
+  pick = source._pick(version=5)
+  assert pick["starved"] == str(colocated.value)
+  assert isinstance(colocated.value, ValueError) and "\n" not in pick["starved"]
+  assert pick["starved"].startswith("rl: grpo.filter_groups dropped 11 of the 12 groups judged for step 6 because "
+                                    "every sample got the same reward (mean 0.00: the policy fails")
+  for knob in ("warmup.steps", "(rewards)", "--task", "grpo.filter_groups false", "raise grpo.max_sampling_rounds"):
+    assert knob in pick["starved"]
+  fill = cfg.batch_fill(5)
+  for name, why in (("w0", "stale"), ("w0", "uniform"), ("w1", "uniform"), ("w1", "uniform")):
+    fill.take([stale if why == "stale" else uniform], f"worker {name[1]}")
+  assert fill.describe() == ("0 of 2 groups taken, 3 of at most 12 judged on their rewards; worker 0: 0 taken, "
+                             "dropped 1 stale, 1 uniform; worker 1: 0 taken, dropped 2 uniform")
+  assert source.queue.progress()["stopped"] and source.queue.progress()["done"]  # the workers stop

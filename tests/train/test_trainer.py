@@ -117,3 +117,30 @@ def test_sigterm_saves_at_the_next_step_boundary_and_a_rerun_resumes_exactly(tmp
   resumed = train(cfg)
   assert resumed.resumed and resumed.start_step == 3
   _assert_trees_equal(_final_params(straight.run_dir, 5), _final_params(resumed.run_dir, 5))
+
+
+@pytest.mark.slow
+def test_ema_zero_keeps_no_copy_and_resumes_a_checkpoint_written_with_one(tmp_path, data_dir):
+  """trainer.ema=0 keeps no EMA copy (state and checkpoint: the evaluated weights are the live ones); a checkpoint
+  written with an EMA still resumes at ema=0 (its copy is skipped, never read); one without an EMA refuses a target
+  that wants one in one line and stays where it is (a configuration change is not damage, invariant 5)."""
+  import jax
+  from jax.sharding import NamedSharding, PartitionSpec
+  from jaxpod import runtime
+  from jaxpod.io import CheckpointConfig, Checkpointer, CheckpointMismatch
+  with_ema = train(tiny_config(tmp_path, data_dir, steps=2, trainer__run_name="r", trainer__ema=0.5))
+  old = _final_params(with_ema.run_dir, 2)
+  assert "ema_params" in old
+  without = train(tiny_config(tmp_path, data_dir, steps=3, trainer__run_name="r", trainer__ema=0.0))
+  assert without.resumed and without.start_step == 2
+  state = _final_params(without.run_dir, 3)
+  assert "ema_params" not in state and "params" in state and "opt_state" in state
+  replicated = NamedSharding(runtime.make_mesh(), PartitionSpec())
+  wants_ema = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), old)
+  ckpt = Checkpointer(CheckpointConfig(dir=str(Path(without.run_dir, "checkpoints"))))
+  with pytest.raises(CheckpointMismatch, match="has no ema_params.*trainer.ema=0") as err:
+    ckpt.restore(wants_ema)
+  ckpt.close()
+  assert "\n" not in str(err.value)
+  assert sorted(p.name for p in Path(without.run_dir, "checkpoints").iterdir() if p.name.isdigit()) == ["2", "3"]
+  assert not Path(without.run_dir, "checkpoints.invalid").exists()

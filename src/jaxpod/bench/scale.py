@@ -75,14 +75,19 @@ def run(cfg: ScaleBench) -> dict:
   return results
 
 
-def _plan(cfg: ScaleBench, model_cfg) -> dict | None:
-  """`jaxpod plan`'s per-host bytes for the same model and pod shape (None where plan is not installed)."""
-  try:
-    from jaxpod.plan import predict_for_bench
-  except ImportError:
-    return None
-  return predict_for_bench(model_cfg, hosts=cfg.hosts, hosts_per_replica=cfg.hosts_per_replica,
-                           shard_bytes=cfg.shard_mb << 20)
+def _plan(cfg: ScaleBench, model_cfg) -> dict:
+  """`jaxpod plan`'s busiest-host bytes for the same model and pod shape: load read and export sent on the
+  FSDP mesh, publish sent on the mesh the bench publishes from."""
+  from jaxpod.plan import PodShape, Workload, make_plan
+  from jaxpod.runtime.mesh import MeshConfig
+  pod = PodShape(name="bench scale", hosts=cfg.hosts, devices_per_host=1, hbm_gb=64.0, host_ram_gb=64.0)
+  batch = cfg.batch_per_host * cfg.hosts
+  fsdp = make_plan(model_cfg, pod, Workload(mesh=MeshConfig(data=1, fsdp=-1), ema=0.0, batch=batch, seq_len=cfg.seq))
+  replicated = make_plan(model_cfg, pod, Workload(kind="rl", colocated=False, publish=True, ema=0.0, batch=batch,
+                                                  seq_len=cfg.seq, mesh=MeshConfig(data=cfg.hosts // cfg.hosts_per_replica,
+                                                                                   fsdp=-1)))
+  return {"load": fsdp.phase("load").read_per_host, "export": fsdp.phase("export").written_per_host,
+          "publish": replicated.phase("publish").written_per_host}
 
 
 def _print(results: dict) -> None:
@@ -97,7 +102,7 @@ def _print(results: dict) -> None:
   common.print_table(f"bench scale: {model / 2**30:.2f} GiB bf16 model, {len(results['hosts'])} hosts x 1 device, "
                      f"share = model / hosts = {share / 2**20:.0f} MiB; figures in shares",
                      ["host", "phase", "down", "up", "local writes", "peak RSS +", "s"], rows)
-  plan = results.get("plan")
+  plan = results["plan"]
   if plan:
     measured = {
         "load": max(r["load"]["down"] for r in results["hosts"]),

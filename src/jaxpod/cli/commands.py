@@ -82,6 +82,9 @@ COMMANDS: dict[str, Command | Group] = {
                   "jaxpod.rl.config:RLConfig", load="jaxpod.cli.rl:load_config"),
     "train": Command("train a model (no arguments: a small TRM on 4x4 Sudoku, minutes on CPU)",
                      "jaxpod.cli.train:run", "jaxpod.train.config:TrainConfig", load="jaxpod.cli.train:load_config"),
+    "plan": Command("per-host and per-device bytes of each phase of a run on a pod, and what does not fit: "
+                    "jaxpod plan --model llama-3-70b --pod v5p-64", "jaxpod.plan.report:cli",
+                    "jaxpod.plan.report:PlanOptions"),
     "plot": Command("plot a run's loss and accuracy curves to a PNG: jaxpod plot RUN_DIR",
                     "jaxpod.cli.commands:plot", "jaxpod.train.plot:PlotConfig", positional="run_dir"),
     "checkpoint": Group("checkpoints: verify URL", {

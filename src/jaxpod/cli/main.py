@@ -132,7 +132,7 @@ def _failed(prog: str, e: BaseException) -> int:
     if control is not None:
       control.abort(e)
     raise e
-  if control is not None:
+  if control is not None and not getattr(e, "coordinated", False):  # coordinated: every host raises it itself
     control.abort(e)
   if os.environ.get("JAXPOD_TRACEBACK"):
     traceback.print_exception(e)

@@ -7,4 +7,4 @@ and verifies only its rows).
     restored = ckpt.restore(target_tree)             # (step, tree, data_state) or None
     verify("gs://bucket/runs/x/checkpoints")         # [(step, None or error)]: reads every byte
 """
-from jaxpod.io.checkpoints import CheckpointConfig, Checkpointer, verify
+from jaxpod.io.checkpoints import CheckpointConfig, CheckpointMismatch, Checkpointer, verify

@@ -14,8 +14,14 @@ restores it without any collective inside (Orbax's Checkpointer ends a restore w
 barrier that would hang the others if one host failed). Every host reports success or its error
 through `runtime.allgather`; if any host failed (a file truncated or deleted after the commit),
 every host falls back together to the previous step, and the leader moves the bad one aside to
-`<dir>.invalid/` so its step number can be saved anew. `verify(URL)` (`jaxpod checkpoint verify`)
-reads every array of every step to find damage before a resume needs it.
+`<dir>.invalid/` so its step number can be saved anew. A step whose tree lacks leaves the run needs
+(written by another configuration) is not damage: every host raises `CheckpointMismatch` in one line
+and nothing is set aside. Leaves the step has beyond the target (an EMA copy written before
+`trainer.ema=0` stopped keeping one) are skipped, never read.
+
+`verify(URL)` (`jaxpod checkpoint verify`) reads every array of every step to find damage before a
+resume needs it, a leaf at a time (a few leaves up to the largest leaf's bytes), so its memory is
+bounded by the largest leaf, not the state.
 """
 from __future__ import annotations
 
@@ -48,12 +54,38 @@ def _error_line(e: BaseException) -> str:
   return f"{type(e).__name__}: {text[0][:300] if text else ''}"
 
 
+class CheckpointMismatch(ValueError):
+  """A checkpoint lacks leaves the run needs: another configuration wrote it (not damage)."""
+
+
+def _paths(tree) -> dict[str, Any]:
+  """'a/b/c' -> leaf of a nested dict tree (what `train.state.to_nested` saves)."""
+  import jax
+  return {"/".join(str(getattr(k, "key", k)) for k in path): leaf
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _stored_leaves(state_dir) -> dict[str, Any]:
+  """Path -> Orbax array metadata (shape, dtype) of every leaf in a step's state item."""
+  import orbax.checkpoint as ocp
+  return _paths(dict(ocp.PyTreeCheckpointHandler().metadata(state_dir).tree))
+
+
 def _restore_items(step_dir: str, target_tree: Any) -> tuple[Any, Any]:
-  """(state, data) of one step folder, read by this host alone (no barrier, no collective)."""
+  """(state, data) of one step folder, read by this host alone (no barrier, no collective); leaves the step
+  holds beyond `target_tree` are skipped, leaves it lacks raise CheckpointMismatch."""
   import orbax.checkpoint as ocp
   from etils import epath
-  state = ocp.StandardCheckpointHandler().restore(epath.Path(step_dir) / "state",
-                                                  args=ocp.args.StandardRestore(target_tree))
+  state_dir = epath.Path(step_dir) / "state"
+  missing = sorted(set(_paths(target_tree)) - set(_stored_leaves(state_dir)))
+  if missing:
+    raise CheckpointMismatch(
+        f"checkpoint {step_dir} has no {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
+        f"({len(missing)} leaves this run needs): another configuration wrote it (e.g. trainer.ema=0 keeps no "
+        "ema_params); resume with that configuration, or start a new run (--trainer.run_name NEW)")
+  restore_args = ocp.checkpoint_utils.construct_restore_args(target_tree)
+  state = ocp.PyTreeCheckpointHandler().restore(
+      state_dir, args=ocp.args.PyTreeRestore(item=target_tree, restore_args=restore_args, partial_restore=True))
   data = ocp.JsonCheckpointHandler().restore(epath.Path(step_dir) / "data", args=ocp.args.JsonRestore())
   return state, data
 
@@ -130,6 +162,9 @@ class Checkpointer:
       except Exception as e:  # a damaged step raises whatever TensorStore or JSON decoding raise
         state, data, error = None, None, _error_line(e)
       errors = runtime.allgather(error, "checkpoints.restore")
+      mismatch = next((err for err in errors if err and err.startswith(CheckpointMismatch.__name__)), None)
+      if mismatch is not None:  # the same on every host: a configuration change, not damage to set aside
+        raise CheckpointMismatch(mismatch.partition(": ")[2])
       failed = {i: err for i, err in enumerate(errors) if err is not None}
       if not failed:
         return step, state, self._host_data(step, data)
@@ -147,6 +182,47 @@ class Checkpointer:
     return hosts[host.process_index]
 
 
+def _leaf_groups(leaves: dict[str, Any]) -> list[list[str]]:
+  """Leaf paths in groups of at most the largest leaf's bytes (one leaf alone when it is that large)."""
+  import numpy as np
+  size = {p: int(np.prod(m.shape)) * np.dtype(m.dtype).itemsize for p, m in leaves.items()}
+  budget = max(size.values(), default=0)
+  groups: list[list[str]] = []
+  used = budget + 1
+  for p in leaves:
+    if used + size[p] > budget:
+      groups.append([])
+      used = 0
+    groups[-1].append(p)
+    used += size[p]
+  return groups
+
+
+def _nest(flat: dict[str, Any]) -> dict:
+  out: dict = {}
+  for path, value in flat.items():
+    node = out
+    *parents, last = path.split("/")
+    for k in parents:
+      node = node.setdefault(k, {})
+    node[last] = value
+  return out
+
+
+def verify_state(state_dir) -> None:
+  """Read every array of one step's state item into host memory, a group of leaves at a time (at most the
+  largest leaf's bytes held at once); raises what a damaged array raises."""
+  import jax
+  import numpy as np
+  import orbax.checkpoint as ocp
+  leaves = _stored_leaves(state_dir)
+  handler = ocp.PyTreeCheckpointHandler()
+  for group in _leaf_groups(leaves):
+    item = _nest({p: jax.ShapeDtypeStruct(leaves[p].shape, leaves[p].dtype) for p in group})
+    args = _nest({p: ocp.RestoreArgs(restore_type=np.ndarray) for p in group})
+    handler.restore(state_dir, args=ocp.args.PyTreeRestore(item=item, restore_args=args, partial_restore=True))
+
+
 def verify(url: str) -> list[tuple[int, str | None]]:
   """Read every array of every finished step under `url` on this host: [(step, None or the error)]."""
   import orbax.checkpoint as ocp
@@ -156,7 +232,7 @@ def verify(url: str) -> list[tuple[int, str | None]]:
   for step in sorted(manager.all_steps()):
     step_dir = epath.Path(storage.join(storage.absolute(url), str(step)))
     try:
-      ocp.StandardCheckpointHandler().restore(step_dir / "state")  # numpy, whole arrays: every byte read
+      verify_state(step_dir / "state")  # numpy, leaf by leaf: every byte read, one leaf's worth held
       ocp.JsonCheckpointHandler().restore(step_dir / "data")
       out.append((step, None))
     except Exception as e:

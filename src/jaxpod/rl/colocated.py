@@ -5,15 +5,18 @@ Step k of the trainer trains on the rollouts of policy version k-1 (the weights 
     on_start (version s = start)  rollouts of problems for step s+1 with the starting weights
     step s+1                      train on them;  hook after it: rollouts for step s+2 with version s+1 ...
 
-The engine reads the trainer's parameter arrays in place (`Sampler.update_params`: same shapes
-and shardings, no copy, no recompilation). Every host runs the same engine calls (global mode)
+The engine reads the trainer's parameter arrays in place when the trainer's layout is already its
+inference layout (no fsdp), else one resharded copy per version (`sample/layout.py`; no recompilation).
+Before the first rollout, the train state plus both engines' weights and KV caches are checked against
+device memory (`check_memory`): one line naming the knob instead of an out-of-memory error mid-run. Every host runs the same engine calls (global mode)
 and takes its own contiguous share of the batch rows.
 
 A batch is filled in rounds: a round samples the next `sample_prompts_per_step` problems of
 training stream 2 and `grpo.take` admits groups in order (`grpo.admit`, the rule the disaggregated
 trainer applies to the queue: with filter_groups, groups whose rewards are all equal are dropped)
 until `num_prompts_per_step` are taken; at most `max_sampling_rounds` rounds per batch (DAPO's
-max_num_gen_batches; a policy that solves or fails almost every problem ends the run in one line).
+max_num_gen_batches; `grpo.BatchFill`, the bound the disaggregated trainer applies too: a policy that solves
+or fails almost every problem ends the run in one line).
 Request seeds are fixed by the run seed, so a rerun from a checkpoint regenerates exactly the rollouts
 it would have trained on: the data state is the number of batches trained and the stream position of the batch not yet
 trained (invariant 5 for RL: nothing trained twice, nothing lost).
@@ -29,32 +32,40 @@ from jaxpod.problems.rewards import VerifiedProblems
 from jaxpod.rl import grpo
 from jaxpod.rl.config import GRPOConfig, RolloutConfig
 from jaxpod.rl.policy import PolicySpec
-from jaxpod.rl.rollout.groups import Batcher
+from jaxpod.rl.rollout.groups import Batcher, BatchSource
 from jaxpod.runtime.hooks import Hook, StepInfo
 
 RL_STREAM = 2  # training stream of RL problems (the warm-up uses stream 1)
 
 
-def fill_batch(rounds, need: int, version: int, *, max_policy_lag: int, filter_groups: bool, max_rounds: int):
-  """(the `need` groups admitted, their drop counts by reason) from `rounds`, an iterator of lists of groups (each
-  drawn only when the previous ones did not fill the batch); RuntimeError after `max_rounds` rounds."""
-  chosen, dropped, examined = [], {}, 0
-  for _, groups in zip(range(max_rounds), rounds):
-    taken, drops = grpo.take(groups, need - len(chosen), version, max_policy_lag=max_policy_lag,
-                             filter_groups=filter_groups)
+def check_memory(state, mesh, rollout: RolloutConfig, model_cfg, available: int | None = None) -> dict[str, int]:
+  """The train state, the rollout and evaluation engines' KV caches and their one shared inference-layout weight
+  copy, bytes per device, against device memory; a one-line ValueError naming the largest part's knob."""
+  from jaxpod.sample.memory import (EngineMemory, check_train_and_engines, engine_knob, engine_weight_bytes,
+                                    kv_cache_bytes, tree_bytes_per_device)
+  ro, ev = rollout.engine(), rollout.engine(greedy=True)
+  copy = 0 if mesh.shape["fsdp"] == 1 else engine_weight_bytes(model_cfg, mesh)  # one copy, both engines read it
+  return check_train_and_engines(tree_bytes_per_device(state), [
+      EngineMemory("rollout", kv_cache_bytes(model_cfg, ro, mesh), copy, engine_knob("rl.rollout", ro)),
+      EngineMemory("eval", kv_cache_bytes(model_cfg, ev, mesh), 0, engine_knob("rl.rollout", ev, "eval_slots"))],
+      available=available)
+
+
+def fill_batch(rounds, fill: grpo.BatchFill) -> list:
+  """The groups `fill` admits from `rounds`, an iterator of lists of groups (each drawn only when the previous ones
+  did not fill the batch); `grpo.Starved` once `fill` gives up (max_sampling_rounds rounds)."""
+  chosen = []
+  for groups in rounds:
+    taken, _ = fill.take(groups)
     chosen += [groups[i] for i in taken]
-    for _, why in drops:
-      dropped[why] = dropped.get(why, 0) + 1
-    examined += len(groups)
-    if len(chosen) == need:
-      return chosen, dropped
-  raise RuntimeError(f"rl colocated: only {len(chosen)} of the {examined} groups sampled for a batch have rewards "
-                     f"that differ (grpo.filter_groups drops the others; {need} needed): the policy solves or fails "
-                     "almost every problem; raise grpo.max_sampling_rounds, set grpo.filter_groups false or "
-                     "change the problem set (--task)")
+    if fill.full:
+      return chosen
+    if fill.starved():
+      raise fill.error()
+  raise RuntimeError("rl colocated: the rounds of a batch ran out")  # `rounds` is endless in a run
 
 
-class RolloutBuffer:
+class RolloutBuffer(BatchSource):
   """The trainer's iterator: the next batch, put there by `ColocatedRollouts` with the latest weights."""
 
   def __init__(self, problems: VerifiedProblems, policy: PolicySpec, rollout: RolloutConfig, grpo_cfg: GRPOConfig,
@@ -63,21 +74,15 @@ class RolloutBuffer:
     self.tokenizer = policy.tokenizer()
     self.stop_ids = policy.stop_ids(self.tokenizer, policy.llama())
     g = grpo_cfg
-    self.num_generations, self.sampled_prompts, self.need = g.num_generations, g.sampled_prompts, g.num_prompts_per_step
-    self.max_policy_lag, self.filter_groups, self.max_rounds = g.max_policy_lag, g.filter_groups, g.max_sampling_rounds
+    self.num_generations, self.sampled_prompts = g.num_generations, g.sampled_prompts
+    self.grpo = g
     self.trained = 0  # batches handed to the trainer (= optimizer steps taken on rollouts)
     self.ready: dict | None = None  # the global arrays of batch `trained`
     self.cursor: int | None = None  # stream position of the next round (None: the start of batch `trained`)
     self.ready_from = 0  # stream position the ready batch's first round sampled
 
-  def __iter__(self):
-    return self
-
-  def __repr__(self) -> str:  # what the GRPO run's config.json shows for its source
+  def describe(self) -> str:
     return f"colocated RolloutBuffer (stream {RL_STREAM}, {self.sampled_prompts} prompts per round)"
-
-  def __deepcopy__(self, memo) -> "RolloutBuffer":  # dataclasses.asdict of the config that carries it: not copied
-    return self
 
   def __next__(self) -> dict:
     if self.ready is None:
@@ -110,6 +115,8 @@ class ColocatedRollouts(Hook):
     return not final
 
   def on_start(self, info: StepInfo) -> dict:
+    from flax import nnx
+    check_memory(info.state, self.mesh, self.buffer.rollout, nnx.merge(self.graphdef, info.state.params).cfg)
     return self(info)
 
   def __call__(self, info: StepInfo) -> dict:
@@ -125,7 +132,7 @@ class ColocatedRollouts(Hook):
       self.roller = Roller(sampler, buffer.tokenizer, problems.scorer(), buffer.num_generations, problems.seed,
                            samples_for(problems, buffer.rollout.max_prompt_len))
     else:
-      self.roller.sampler.update_params(params, version)  # in memory, no copy
+      self.roller.sampler.update_params(params, version)  # in memory; resharded once if the layouts differ
     if buffer.cursor is None:
       buffer.cursor = buffer.trained * buffer.sampled_prompts
     buffer.ready_from = buffer.cursor
@@ -138,8 +145,8 @@ class ColocatedRollouts(Hook):
         sampled.extend(self.roller.run(batch))
         yield sampled[-len(batch):]
 
-    chosen, dropped = fill_batch(rounds(), buffer.need, version, max_policy_lag=buffer.max_policy_lag,
-                                 filter_groups=buffer.filter_groups, max_rounds=buffer.max_rounds)
+    fill = buffer.grpo.batch_fill(version)
+    chosen = fill_batch(rounds(), fill)
     buffer.ready = buffer.batcher(chosen)
     self.last_end = time.perf_counter()
     dt = self.last_end - t0
@@ -148,4 +155,4 @@ class ColocatedRollouts(Hook):
     return {"rl/rollout_s": dt, "rl/rollout_tok_s": tokens / max(dt, 1e-9), "rl/rollout_tokens": tokens,
             "rl/interval_s": interval, "rl/sampled_version": version, "rl/sampled_reward": sum(rewards) / len(rewards),
             "rl/mixed_groups": sum(grp.mixed for grp in sampled) / len(sampled),
-            **{f"rl/dropped_{why}": float(dropped.get(why, 0)) for why in grpo.DROP_REASONS}}
+            **{f"rl/dropped_{why}": float(fill.dropped(why)) for why in grpo.DROP_REASONS}}

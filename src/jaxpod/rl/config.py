@@ -16,7 +16,7 @@ from typing import ClassVar
 from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.problems import DatasetProblems, ProblemSet, SortProblems
 from jaxpod.problems.passk import EvalConfig
-from jaxpod.rl.grpo import LOSS_NORMS, SCALE_REWARDS
+from jaxpod.rl.grpo import LOSS_NORMS, SCALE_REWARDS, BatchFill
 from jaxpod.runtime.mesh import MeshConfig
 from jaxpod.runtime.state import RuntimeConfig
 from jaxpod.sample.config import EngineConfig, SamplingOptions, SamplingParams
@@ -72,7 +72,7 @@ class GRPOConfig:
   num_prompts_per_step: int = 32  # prompts (groups) per optimizer step
   filter_groups: bool = True  # DAPO's dynamic sampling: drop groups whose samples all got the same reward, draw others
   sample_prompts_per_step: int = 128  # colocated: prompts per sampling round (0: num_prompts_per_step), until a batch is full
-  max_sampling_rounds: int = 8  # colocated with filter_groups: rounds per batch at most, then a one-line error
+  max_sampling_rounds: int = 8  # filter_groups: a batch ends the run after this x sampled_prompts groups judged
   num_generations: int = 8  # samples per prompt, n (>= 2: the group baseline needs two)
   epsilon: float = 0.2  # lower clip: ratio >= 1 - epsilon
   epsilon_high: float = 0.28  # upper clip: ratio <= 1 + epsilon_high (DAPO's clip-higher; = epsilon is symmetric)
@@ -110,6 +110,11 @@ class GRPOConfig:
   def sampled_prompts(self) -> int:
     """Prompts sampled per step (colocated)."""
     return self.sample_prompts_per_step or self.num_prompts_per_step
+
+  def batch_fill(self, trainer_version: int) -> BatchFill:
+    """One batch's admissions for the trainer at `trainer_version`, with the bound on its wait (both topologies)."""
+    return BatchFill(self.num_prompts_per_step, trainer_version, max_policy_lag=self.max_policy_lag,
+                     filter_groups=self.filter_groups, limit=self.max_sampling_rounds * self.sampled_prompts)
 
   @property
   def rows(self) -> int:
@@ -194,6 +199,7 @@ class RLTransferConfig(TransferConfig):
   mode: str = "checkpoint"  # checkpoint | arrow_flight | ray | jax_transfer (see docs/transfer.md)
   coordinator: str | None = "filesystem"  # where versions are registered; filesystem = in `folder`
   folder: str = "weights"  # relative: inside the run folder, so trainer and workers find it from the run alone
+  background: bool = True  # upload while the next step trains; a version is seen one step later (needs grpo.max_policy_lag >= 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,6 +236,10 @@ class RLConfig:
     if isinstance(self.task, DatasetProblems) and not self.task.chat_template and self.model.hf:
       # message prompts are rendered with the policy's own chat template unless another is named
       object.__setattr__(self, "task", dataclasses.replace(self.task, chat_template=self.model.hf))
+    if self.topology == "disaggregated" and self.transfer.background and self.grpo.max_policy_lag < 1:
+      raise ValueError("rl.transfer.background=true publishes version k while step k+1 trains, so workers sample "
+                       f"one version behind; rl.grpo.max_policy_lag={self.grpo.max_policy_lag} admits none: set "
+                       "--grpo.max_policy_lag 1 or more, or --transfer.background false")
     if self.rollout.groups_per_file > self.grpo.num_prompts_per_step:
       raise ValueError(f"rl.rollout.groups_per_file={self.rollout.groups_per_file} exceeds "
                        f"rl.grpo.num_prompts_per_step={self.grpo.num_prompts_per_step}; lower it")

@@ -11,6 +11,13 @@ steps) takes a group, or drops it for one reason, checked in this order:
 A dropped group is consumed (never offered again) and counted as rl/dropped_<reason>. `take` scans
 groups in order until it has the groups it needs.
 
+The bound on the wait (`BatchFill`, one rule and one message for both topologies): a batch for which
+`grpo.max_sampling_rounds` x `sample_prompts_per_step` groups have been judged on their rewards (taken,
+or dropped as uniform) without filling it ends the run with one line naming the reason and the knobs
+(`Starved`, exit 2). Colocated, that is exactly max_sampling_rounds rounds of sampling; disaggregated,
+the same number of groups from the queue. Stale and future drops do not count (a backlog left by a
+restart, bounded by the workers' max_queued_files); `rollout.rollout_timeout_s` bounds those.
+
 Advantages, for the n samples of one prompt with rewards r_1..r_n (`scale_rewards`):
   group  (r_i - mean(r)) / (std(r) + eps)      the original GRPO; std over the group (ddof=1, as TRL)
   batch  (r_i - mean(r)) / (std(R) + eps)      std over every reward of the batch (TRL's "batch")
@@ -74,6 +81,73 @@ def take(groups, need: int, trainer_version: int, *, max_policy_lag: int,
     else:
       dropped.append((i, why))
   return taken, dropped
+
+
+class Starved(ValueError):
+  """A batch `BatchFill` gave up on: one line (exit 2, bad input); every host raises it at the same point."""
+
+  coordinated = True  # decided from the same groups on every host (or on the leader and broadcast): not published
+
+
+class BatchFill:
+  """One batch's admissions (`take` over groups as they come) and the rule that bounds its wait (module docstring)."""
+
+  def __init__(self, need: int, trainer_version: int, *, max_policy_lag: int, filter_groups: bool, limit: int):
+    self.need, self.version, self.limit = need, trainer_version, limit
+    self.max_policy_lag, self.filter_groups = max_policy_lag, filter_groups
+    self.taken = 0
+    self.judged = 0  # groups judged on their rewards: taken, or dropped as uniform
+    self.uniform_reward = 0.0  # the sum of the uniform groups' (equal) rewards
+    self.by_source: dict = {}  # source (e.g. a worker) -> {"taken": n, <reason>: n}
+
+  @property
+  def full(self) -> bool:
+    return self.taken >= self.need
+
+  def take(self, groups, source=None) -> tuple[list[int], list[tuple[int, str]]]:
+    """`take` of the groups still needed from `groups` (from `source`), tallied; groups past the limit are left
+    unexamined (so a batch gives up after exactly `limit` groups judged)."""
+    groups = groups[:max(self.limit - self.judged, 0)]
+    taken, dropped = take(groups, self.need - self.taken, self.version, max_policy_lag=self.max_policy_lag,
+                          filter_groups=self.filter_groups)
+    tally = self.by_source.setdefault(source, {"taken": 0})
+    tally["taken"] += len(taken)
+    for i, why in dropped:
+      tally[why] = tally.get(why, 0) + 1
+      if why == "uniform":
+        self.uniform_reward += groups[i].rewards[0]
+    self.taken += len(taken)
+    self.judged += len(taken) + sum(why == "uniform" for _, why in dropped)
+    return taken, dropped
+
+  def dropped(self, why: str) -> int:
+    return sum(t.get(why, 0) for t in self.by_source.values())
+
+  def starved(self) -> bool:
+    """The batch is not full and `limit` groups were judged for it: give up (`error`)."""
+    return not self.full and self.judged >= self.limit
+
+  def describe(self) -> str:
+    """`3 of 32 groups taken; worker 0: 2 taken, dropped 61 uniform, 4 stale; ...` (the progress line)."""
+    parts = []
+    for source, tally in sorted(self.by_source.items(), key=lambda kv: str(kv[0])):
+      drops = ", ".join(f"{tally[why]} {why}" for why in DROP_REASONS if tally.get(why))
+      parts.append(f"{'' if source is None else f'{source}: '}{tally['taken']} taken, dropped {drops or 'none'}")
+    return (f"{self.taken} of {self.need} groups taken, {self.judged} of at most {self.limit} judged on their "
+            f"rewards" + "".join(f"; {p}" for p in parts))
+
+  def error(self) -> Starved:
+    """The one line that ends the run (both topologies)."""
+    uniform = self.dropped("uniform")
+    mean = self.uniform_reward / max(uniform, 1)
+    habit = "fails" if mean < 0.5 else "solves"
+    return Starved(f"rl: grpo.filter_groups dropped {uniform} of the {self.judged} groups judged for step "
+                   f"{self.version + 1} because every sample got the same reward (mean {mean:.2f}: the policy "
+                   f"{habit} almost every problem) and {self.taken} of the {self.need} needed have rewards that "
+                   f"differ (limit grpo.max_sampling_rounds x sample_prompts_per_step = {self.limit} groups); train "
+                   "the starting policy longer (warmup.steps, or a stronger model.hf), give partial credit "
+                   "(rewards), change the problem set (--task), set grpo.filter_groups false, or raise "
+                   "grpo.max_sampling_rounds")
 
 
 def advantages(rewards_GxN: np.ndarray, scale: str, eps: float = 1e-4) -> np.ndarray:

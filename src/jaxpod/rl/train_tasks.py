@@ -144,7 +144,7 @@ class GRPOTaskConfig(TaskConfig):
   grpo: GRPOConfig = dataclasses.field(default_factory=GRPOConfig)  # the algorithm
   rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)  # the engine's sampling options
   export_to: str | None = None  # HF checkpoint written at the end
-  source: Any = None  # the batch source, built by run.py: colocated.RolloutBuffer | disaggregated QueueSource
+  source: Any = None  # the batch source (rollout.groups.BatchSource), built by run.py: colocated.RolloutBuffer | QueueSource
   bar_metrics: tuple[str, ...] = ("reward", "loss")
   plot_metrics: tuple[str, ...] = ("reward", "accuracy")
 

@@ -111,6 +111,8 @@ class ShardingRules:
 
 
 DEFAULT = ShardingRules()
+# the engine's weights (`jaxpod.sample.layout`): replicated over the data axes, tensor-parallel over `model`
+INFERENCE = DEFAULT.replace(embed=None)
 
 
 def _is_variable(x) -> bool:

@@ -2,7 +2,9 @@
 
 Modules: config (SamplingOptions, EngineConfig, SamplingParams), tokens (Completion, token sampling:
 what both engines share), lockstep (the lock-step reference engine), the continuous engine: scheduler
-+ runner + steps, one module per KV layout (slots, paged), sampler (Sampler), run (`jaxpod sample`), hook.
++ runner + steps, one module per KV layout (slots, paged), layout (the engine's inference layout for
+weights, collectives read from compiled HLO), memory (KV and weight bytes per device, the device-memory
+check), sampler (Sampler), run (`jaxpod sample`), hook.
 
     from jaxpod.sample import SampleConfig, run
     run(SampleConfig(model=ckpt, prompts="p.txt", out="out.jsonl", mode="replicated"))

@@ -87,6 +87,11 @@ class EngineConfig:
     """Pages in the pool, scratch page included."""
     return self.num_pages if self.num_pages is not None else self.batch_size * self.pages_per_seq + 1
 
+  def shard_pages(self, shards: int) -> int:
+    """Pages in each of `shards` data shards' pools, its scratch page included: `pool_pages` split evenly (rounded
+    up), so every shard holds the pages of its own rows at full length by default."""
+    return -(-self.pool_pages // shards)
+
   @property
   def prefill_rows(self) -> int:
     return self.prefill_batch or self.batch_size

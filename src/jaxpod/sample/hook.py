@@ -6,8 +6,10 @@ A `jaxpod.runtime.hooks.Hook`: the trainer's loop calls it on every host at the 
      raises on every host);
   2. waits for the training state (`block_until_ready` on the parameters it reads);
   3. runs the sampler with its own per-request seeds, in one of two modes:
-       global      on the training mesh: the parameters stay where the trainer sharded
-                   them and every host takes part in every request;
+       global      on the training mesh: the engine reshards the parameters once per call
+                   into its inference layout (whole over data and fsdp, split over `model`;
+                   a no-op when the trainer's layout is already that) so no decode step
+                   gathers weights, and every host takes part in every request;
        replicated  one all-gather over the training mesh gives every device a full copy;
                    each host moves one copy onto its own devices and decodes its share of
                    the prompts alone (no cross-host traffic while decoding);
@@ -98,7 +100,7 @@ class SampleHook(Hook):
     return {"sample/mean_new_tokens": sum(len(c.tokens) for c in results) / max(len(results), 1)}
 
 
-def sample_hooks(task_cfg, tokenizer: Tokenizer, graphdef, mesh) -> list:
+def sample_hooks(task_cfg, tokenizer: Tokenizer, graphdef, mesh, **hook_kwargs) -> list:
   """[SampleHook] completing `task_cfg.prompts` every `task_cfg.sample_every` steps with `task_cfg.sample`'s options
   ([] without prompts): the task config of a Llama task of `jaxpod train`."""
   if not task_cfg.prompts:
@@ -106,7 +108,7 @@ def sample_hooks(task_cfg, tokenizer: Tokenizer, graphdef, mesh) -> list:
   dp = math.prod(mesh.shape[a] for a in mesh.axis_names if a in ("data", "fsdp"))
   rows = -(-len(task_cfg.prompts) // dp) * dp
   options = dataclasses.replace(task_cfg.sample, batch_size=rows)
-  hook = SampleHook(task_cfg.sample_every, task_cfg.prompts, tokenizer, graphdef, options=options)
+  hook = SampleHook(task_cfg.sample_every, task_cfg.prompts, tokenizer, graphdef, options=options, **hook_kwargs)
   longest = max(len(ids) for ids in hook._prompt_ids())  # leader tokenizes, every host gets the ids: now
   if longest > options.max_prompt_len:                  # (before training), not at the first sampling step
     raise ValueError(f"task.prompts: a prompt has {longest} tokens but task.sample.max_prompt_len="

@@ -8,10 +8,13 @@ the free list when its last reference is dropped.
                   first token of each of up to D = batch_size sequences it starts (samples of those
                   prompts); then the copies of each prompt's partial last page into the own page of
                   each extra sample (copy-on-write of the one page they cannot share).
-  PagePool        a free list and a reference count per page.
-  PagedScheduler  (host side) admission, page growth, preemption when the pool runs short.
-  PagedRunner     (device side) page pools [L, P, page_size, K, E], sharded like the model's kv heads
-                  and whole over the data axes (any row may use any page).
+  PagePool        a free list and a reference count per page, per data shard.
+  PagedScheduler  (host side) admission, page growth, preemption when a shard's pool runs short.
+  PagedRunner     (device side) page pools [L, N, P, page_size, K, E]: one pool of P pages per data shard
+                  (N = the mesh's data x fsdp), each on its shard's devices and sharded like the model's
+                  kv heads. Decode slots and prefill rows split in N blocks like the batch, and a row
+                  uses pages of its own shard only (its sequences' prompt pages, shared samples and
+                  copies stay there), so no device holds the pages of another shard's rows.
 """
 from __future__ import annotations
 
@@ -34,57 +37,60 @@ def prefill_paged(graphdef, params, k_pool, v_pool, tokens_RxP, lengths_R, table
   model: Llama = nnx.merge(graphdef, params)
   cache, positions_RxP, first_D, logp_D = prompts_forward(model, tokens_RxP, lengths_R, seeds_R, row_D, sample_D,
                                                           PagedKVCache(k_pool, v_pool, table_RxM), sp)
-  committed = cache.write(cache.pending(positions_RxP))
-  k, v = committed.k, committed.v
-  k = k.at[:, copy_dst_D].set(k[:, copy_src_D])  # pad entries copy scratch onto scratch
-  v = v.at[:, copy_dst_D].set(v[:, copy_src_D])
-  return k, v, first_D, logp_D
+  committed = cache.write(cache.pending(positions_RxP)).copy_pages(copy_src_D, copy_dst_D)
+  return committed.k, committed.v, first_D, logp_D
 
 
 PREFILL = Program("prefill_paged", prefill_paged, (2, 3), True)
 
 
 class PagePool:
-  """Free list + reference counts over pages 1..num_pages-1."""
+  """Free list + reference counts over pages 1..num_pages-1 of each of `shards` pools (page ids are per shard)."""
 
-  def __init__(self, num_pages: int):
-    self.num_pages = num_pages
-    self._free = list(range(num_pages - 1, 0, -1))  # pop() hands out low page ids first
-    self._refs = [0] * num_pages
-    self.peak_used = 0  # most pages held at once
+  def __init__(self, num_pages: int, shards: int = 1):
+    self.num_pages, self.shards = num_pages, shards
+    self._free = [list(range(num_pages - 1, 0, -1)) for _ in range(shards)]  # pop() hands out low page ids first
+    self._refs = [[0] * num_pages for _ in range(shards)]
+    self.peak_used = 0  # most pages held at once, all shards together
 
   @property
   def free(self) -> int:
-    return len(self._free)
+    """Free pages, all shards together."""
+    return sum(map(len, self._free))
 
   @property
   def used(self) -> int:
-    return self.num_pages - 1 - len(self._free)
+    return self.shards * (self.num_pages - 1) - self.free
 
-  def alloc(self, count: int) -> list[int]:
-    """`count` fresh pages with one reference each; raises if fewer are free (callers check `free`)."""
-    if count > len(self._free):
-      raise RuntimeError(f"page pool: {count} pages asked, {len(self._free)} free")
-    got = [self._free.pop() for _ in range(count)]
+  def free_in(self, shard: int) -> int:
+    return len(self._free[shard])
+
+  def alloc(self, count: int, shard: int = 0) -> list[int]:
+    """`count` fresh pages of `shard` with one reference each; raises if fewer are free (callers check `free_in`)."""
+    free = self._free[shard]
+    if count > len(free):
+      raise RuntimeError(f"page pool: {count} pages asked in shard {shard}, {len(free)} free")
+    got = [free.pop() for _ in range(count)]
     for p in got:
-      self._refs[p] = 1
+      self._refs[shard][p] = 1
     self.peak_used = max(self.peak_used, self.used)
     return got
 
-  def share(self, pages: list[int]) -> list[int]:
+  def share(self, pages: list[int], shard: int = 0) -> list[int]:
     """One more reference to each page (a sample sharing its prompt's full pages)."""
     for p in pages:
-      self._refs[p] += 1
+      self._refs[shard][p] += 1
     return list(pages)
 
-  def release(self, pages: list[int]) -> None:
-    """Drop one reference to each page; pages nobody holds go back to the free list."""
+  def release(self, pages: list[int], shard: int = 0) -> None:
+    """Drop one reference to each page; pages nobody holds go back to their shard's free list."""
+    refs = self._refs[shard]
     for p in pages:
-      self._refs[p] -= 1
-      if self._refs[p] == 0:
-        self._free.append(p)
-      elif self._refs[p] < 0:
-        raise RuntimeError(f"page pool: page {p} released more often than taken")
+      refs[p] -= 1
+      if refs[p] == 0:
+        self._free[shard].append(p)
+      elif refs[p] < 0:
+        raise RuntimeError(f"page pool: page {p} of shard {shard} released more often than taken")
 
 
 def decode_page_buckets(max_pages: int) -> list[int]:
@@ -107,11 +113,18 @@ class PagedScheduler(Scheduler):
   2. prepare: each running sequence gets the pages its next round needs; if the pool is short, the
      newest sequences are preempted (pages dropped, the sample goes back to the front of
      the queue and restarts; per-sample seeds make it draw the same tokens).
+
+  With N data shards (`device.shards`), slot i and prefill row r belong to shard i // (B/N) and
+  r // (R/N); a prompt goes to the shard with the most room whose rows, slots (B/N samples per
+  prefill) and pages fit it, and its samples' pages, prefill row and slots stay in that shard;
+  preemption frees pages in the shard that lacks them.
   """
 
   def __init__(self, ec: EngineConfig, stop_ids: Sequence[int], device):
     super().__init__(ec, stop_ids, device)
-    self.pool = PagePool(ec.pool_pages)
+    self.shards = getattr(device, "shards", 1)
+    self.pool = PagePool(ec.shard_pages(self.shards), self.shards)
+    self._slot_block, self._row_block = ec.batch_size // self.shards, ec.prefill_rows // self.shards
 
   # -- admission -------------------------------------------------------------------------
   def _prompt_pages(self, plen: int, samples: int) -> int:
@@ -120,55 +133,70 @@ class PagedScheduler(Scheduler):
 
   def _admit(self) -> None:
     self._prefill_waiting()
-    for i, s in enumerate(self.slots):  # ready sequences take free slots
-      if s is None and self.ready:
-        self.slots[i] = self.ready.pop(0)
+    for i, s in enumerate(self.slots):  # ready sequences take free slots of their shard, oldest first
+      if s is None:
+        j = next((j for j, r in enumerate(self.ready) if r.shard == i // self._slot_block), None)
+        if j is not None:
+          self.slots[i] = self.ready.pop(j)
+
+  def _room(self, shard: int) -> int:
+    """Free slots of a shard that its ready sequences do not already wait for."""
+    lo = shard * self._slot_block
+    return (sum(s is None for s in self.slots[lo:lo + self._slot_block])
+            - sum(r.shard == shard for r in self.ready))
 
   def _prefill_waiting(self) -> None:
-    while self.waiting and self.ec.batch_size - sum(s is not None for s in self.slots) > len(self.ready):
-      batch, started = [], 0  # one prefill call starts at most batch_size sequences (its static output width)
-      reserve = sum(self._need(s) for s in self.slots if s is not None)  # running rows grow first
-      while self.waiting and len(batch) < self.ec.prefill_rows and started < self.ec.batch_size:
+    n, bl, rl = self.shards, self._slot_block, self._row_block
+    while self.waiting and any(self._room(h) > 0 for h in range(n)):
+      batch, started, rows, reserve = [], [0] * n, [0] * n, [0] * n
+      for s in self.slots:  # running rows grow first
+        if s is not None:
+          reserve[s.shard] += self._need(s)
+      while self.waiting and len(batch) < self.ec.prefill_rows:
         req, samples = self.waiting[0]
-        if started and len(samples) > self.ec.batch_size - started:  # at most batch_size sequences per prefill:
-          break                                                       # this group goes whole into the next one
-        plen = len(self._ids[req])
-        free = self.pool.free - reserve
-        most = min(len(samples), self.ec.batch_size)
-        fit = max((k for k in range(1, most + 1) if self._prompt_pages(plen, k) <= free), default=0)
-        if fit == 0:
+        plen, choice = len(self._ids[req]), None
+        for h in sorted(range(n), key=lambda h: (started[h] - self._room(h), h)):
+          if rows[h] >= rl or started[h] >= bl or (started[h] and len(samples) > bl - started[h]):
+            continue  # at most B/N sequences per shard and prefill: this group goes whole into another one
+          free, most = self.pool.free_in(h) - reserve[h], min(len(samples), bl)
+          fit = max((k for k in range(1, most + 1) if self._prompt_pages(plen, k) <= free), default=0)
+          if fit:
+            choice = (h, fit)
+            break
+        if choice is None:
           break
-        self.waiting.popleft()
+        (h, fit), _ = choice, self.waiting.popleft()
         if fit < len(samples):  # the rest waits for pages
           self.waiting.appendleft((req, samples[fit:]))
-        batch.append((req, samples[:fit], self._take_prompt_pages(plen, fit)))
-        started += fit
+        batch.append((req, samples[:fit], self._take_prompt_pages(plen, fit, h), h, h * rl + rows[h]))
+        rows[h], started[h] = rows[h] + 1, started[h] + fit
       if not batch:
         return
       self._prefill(batch)
 
-  def _take_prompt_pages(self, plen: int, k: int) -> list[list[int]]:
-    """Page rows of k samples of one prompt: shared full pages, own partial page (a copy for j > 0)."""
+  def _take_prompt_pages(self, plen: int, k: int, shard: int) -> list[list[int]]:
+    """Page rows of k samples of one prompt in one shard: shared full pages, own partial page (a copy for j > 0)."""
     ps = self.ec.page_size
     full, partial = plen // ps, plen % ps != 0
-    first = self.pool.alloc(full + partial)
+    first = self.pool.alloc(full + partial, shard)
     rows = [first]
     for _ in range(k - 1):
-      rows.append(self.pool.share(first[:full]) + (self.pool.alloc(1) if partial else []))
+      rows.append(self.pool.share(first[:full], shard) + (self.pool.alloc(1, shard) if partial else []))
     return rows
 
   def _prefill(self, batch) -> None:
     ec, d = self.ec, self.ec.batch_size
-    tokens, lengths, seeds, row_D, sample_D = self._prompt_rows(batch)
+    tokens, lengths, seeds, row_D, sample_D = self._prompt_rows(batch, [b[4] for b in batch])
     table = np.zeros((ec.prefill_rows, ec.pages_per_seq), np.int32)
     src_D, dst_D = np.zeros((d,), np.int32), np.zeros((d,), np.int32)  # partial-page copies (pad: scratch to scratch)
-    c = 0
-    for row, (req, _, rows) in enumerate(batch):
+    copies = [0] * self.shards  # shard h's copies at h * B/N, h * B/N + 1, ...
+    for req, _, rows, h, row in batch:
       table[row, :len(rows[0])] = rows[0]
       if len(self._ids[req]) % ec.page_size:
         for own in rows[1:]:
-          src_D[c], dst_D[c] = rows[0][-1], own[-1]
-          c += 1
+          at = h * self._slot_block + copies[h]
+          src_D[at], dst_D[at] = rows[0][-1], own[-1]
+          copies[h] += 1
     first_D, logp_D = self.device.prefill(tokens, lengths, table, seeds, row_D, sample_D, src_D, dst_D)
     self.ready += [s for s in self._started(batch, first_D, logp_D) if s is not None]
 
@@ -187,28 +215,29 @@ class PagedScheduler(Scheduler):
       if seq is None:
         continue
       need = self._need(seq)
-      while need > self.pool.free and self._preempt(keep=seq):
+      while need > self.pool.free_in(seq.shard) and self._preempt(keep=seq):
         pass
       if need > 0:
-        seq.pages += self.pool.alloc(need)
+        seq.pages += self.pool.alloc(need, seq.shard)
 
   def _preempt(self, keep: Seq) -> bool:
-    """Free the pages of the newest ready or running sequence other than `keep`; False if none."""
-    if self.ready:
-      victim = self.ready.pop()
+    """Free the pages of the newest ready or running sequence of `keep`'s shard other than `keep`; False if none."""
+    mine = [j for j, r in enumerate(self.ready) if r.shard == keep.shard]
+    if mine:
+      victim = self.ready.pop(mine[-1])
     else:
-      live = [i for i, s in enumerate(self.slots) if s is not None and s is not keep]
+      live = [i for i, s in enumerate(self.slots) if s is not None and s is not keep and s.shard == keep.shard]
       if not live:
         return False
       i = min(live, key=lambda i: len(self.slots[i].out))
       victim, self.slots[i] = self.slots[i], None
-    self.pool.release(victim.pages)
+    self.pool.release(victim.pages, victim.shard)
     self.waiting.appendleft((victim.req, (victim.sample,)))
     self.preemptions += 1
     return True
 
   def _release(self, seq: Seq) -> None:
-    self.pool.release(seq.pages)
+    self.pool.release(seq.pages, seq.shard)
 
   # -- decode ------------------------------------------------------------------------------
   def _device_decode(self, rows, last):
@@ -223,12 +252,13 @@ class PagedScheduler(Scheduler):
 
 
 class PagedRunner(Runner):
-  """Page pools + compiled prefill/decode."""
+  """A page pool per data shard + compiled prefill/decode."""
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
     cfg, ec = self.cfg, self.ec
-    shape = (cfg.num_hidden_layers, ec.pool_pages, ec.page_size, cfg.num_key_value_heads, cfg.head_dim_)
+    shape = (cfg.num_hidden_layers, self.shards, ec.shard_pages(self.shards), ec.page_size, cfg.num_key_value_heads,
+             cfg.head_dim_)
     self.k, self.v = self._zeros(shape, PAGE_AXES, "kv_pool"), self._zeros(shape, PAGE_AXES, "kv_pool")
 
   def prefill(self, tokens_RxP, lengths_R, table_RxM, seeds_R, row_D, sample_D, copy_src_D, copy_dst_D):

@@ -6,8 +6,11 @@ A runner owns the KV cache of its layout, puts the scheduler's host arrays on th
 tokens and log-probs back to this host (global mode with several processes: an all-gather of
 the fixed-shape arrays, so every host's scheduler sees the same tokens).
 
-It also holds the weights and their version label: `update_params` swaps in new arrays of
-the same tree, shapes, dtypes and shardings, so the compiled programs are reused as they are.
+It also holds the weights and their version label, in the inference layout (`layout.py`: replicated
+over the data axes, tensor-parallel over `model`): the model it is built with and each version
+`update_params` swaps in (same tree, shapes and dtypes, any layout on the mesh's devices) are
+resharded there once, so the compiled programs are reused as they are and no decode step
+gathers weights.
 `device_s` adds up the wall time spent in device calls (the rest of a round is host-side work);
 with `hlo` set to a list, programs are compiled ahead of time and their optimized HLO kept there
 (`jaxpod bench sample` maps profiled ops to named scopes with it).
@@ -25,7 +28,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxpod.models.llama.model import Llama
 from jaxpod.runtime.sharding import DEFAULT as DEFAULT_RULES
-from jaxpod.sample import steps
+from jaxpod.sample import layout, steps
 from jaxpod.sample.config import EngineConfig, SamplingParams
 
 
@@ -34,10 +37,13 @@ class Runner:
 
   def __init__(self, model: Llama, mesh, ec: EngineConfig, sp: SamplingParams, stop_ids: tuple[int, ...],
                global_mode: bool, version: int = 0):
-    (self.graphdef, self.params), self.mesh, self.ec, self.sp = nnx.split(model), mesh, ec, sp
+    (self.graphdef, params), self.mesh, self.ec, self.sp = nnx.split(model), mesh, ec, sp
+    self.params = layout.to_inference(params, mesh)  # once per weight version, never per step
     self.cfg, self.version = model.cfg, version
     self.stop_ids, self.global_mode = stop_ids, global_mode
     self._rows = DEFAULT_RULES.spec(("batch",), mesh)[0]
+    axes = () if self._rows is None else (self._rows,) if isinstance(self._rows, str) else self._rows
+    self.shards = int(np.prod([mesh.shape[a] for a in axes]))  # data shards: rows split in this many blocks
     self.device_s = 0.0
     self.hlo: list[str] | None = None  # a list: profiling mode (programs compiled ahead of time, their HLO kept)
     self._compiled: dict = {}
@@ -76,8 +82,9 @@ class Runner:
     return self._compiled[key](*dynamic)
 
   def update_params(self, params, version: int) -> None:
-    """New weights (same tree, shapes, dtypes, shardings: no recompilation) labelled `version`."""
-    self.params = same_layout(self.params, params)
+    """New weights (same tree, shapes and dtypes, on the mesh's devices, any layout) labelled `version`: resharded
+    into the engine's inference layout here, once per version (the compiled programs are reused as they are)."""
+    self.params = same_layout(self.params, layout.place_like(params, self.params))
     self.version = int(version)
 
   def _decode(self, cache, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, eager, kv_len):

@@ -14,21 +14,18 @@ prefill buckets, power-of-two KV lengths), so every host compiles the same few p
 """
 from __future__ import annotations
 
-import math
 from typing import Callable, Sequence
 
 import jax
 import numpy as np
-from flax import nnx
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding
 
 from jaxpod import runtime
 from jaxpod.models.llama.config import LlamaConfig
-from jaxpod.models.llama.model import PAGE_AXES, SLOT_AXES, Llama, PagedKVCache, abstract
+from jaxpod.models.llama.model import Llama, PagedKVCache
 from jaxpod.runtime import mesh as mesh_lib
 from jaxpod.runtime.mesh import device_memory_bytes
-from jaxpod.runtime.sharding import DEFAULT as DEFAULT_RULES, state_shardings
+from jaxpod.sample import memory
 from jaxpod.sample.config import MODES, EngineConfig, SamplingParams
 from jaxpod.sample.paged import PagedRunner, PagedScheduler
 from jaxpod.sample.scheduler import Scheduler
@@ -46,25 +43,10 @@ def make_sample_mesh(mode: str, mesh_cfg: mesh_lib.MeshConfig):
   return mesh_lib.make_mesh(mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.model, devices=devices)
 
 
-def _per_device_bytes(shape, dtype, sharding) -> int:
-  return math.prod(sharding.shard_shape(tuple(shape))) * np.dtype(dtype).itemsize
-
-
 def memory_plan(cfg: LlamaConfig, ec: EngineConfig, mesh) -> dict[str, int]:
-  """Estimated bytes per device: weights, the KV cache (page pool or full-capacity slots) and prefill activations."""
-  _, abs_state = nnx.split(abstract(cfg))
-  shardings = state_shardings(abs_state, mesh)
-  weights = sum(_per_device_bytes(v.shape, v.dtype, s) for v, s in zip(
-      jax.tree.leaves(abs_state), jax.tree.leaves(shardings)))
-  if ec.kv_layout == "paged":
-    pool_shape = (cfg.num_hidden_layers, ec.pool_pages, ec.page_size, cfg.num_key_value_heads, cfg.head_dim_)
-    pool_sh = NamedSharding(mesh, DEFAULT_RULES.fitted_spec(PAGE_AXES, pool_shape, mesh, "kv_pool"))
-    cache = 2 * _per_device_bytes(pool_shape, cfg.dtype, pool_sh)
-  else:  # at the largest capacity
-    slot_shape = (ec.batch_size, cfg.num_key_value_heads, ec.cache_len, cfg.head_dim_)
-    slot_sh = NamedSharding(mesh, DEFAULT_RULES.fitted_spec(SLOT_AXES, slot_shape, mesh, "kv_slots"))
-    cache = 2 * cfg.num_hidden_layers * _per_device_bytes(slot_shape, cfg.dtype, slot_sh)
-  dp = mesh.shape["data"] * mesh.shape["fsdp"]
+  """Estimated bytes per device: weights (in the engine's inference layout), the KV cache (its data shard's page
+  pool or full-capacity slots) and prefill activations."""
+  dp = memory.data_shards(mesh)
   rows = max(1, max(ec.batch_size, ec.prefill_rows) // dp)
   tokens = rows * ec.max_prompt_len
   item = np.dtype(cfg.dtype).itemsize
@@ -77,45 +59,49 @@ def memory_plan(cfg: LlamaConfig, ec: EngineConfig, mesh) -> dict[str, int]:
   acts += 2 * rows * cfg.num_attention_heads * scores * 4 // mesh.shape["model"]
   acts += 2 * tokens * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim_ * item // mesh.shape["model"]
   acts += rows * cfg.vocab_size * 4
-  return {"weights": weights, "kv_cache": cache, "activations": acts}
+  return {"weights": memory.engine_weight_bytes(cfg, mesh), "kv_cache": memory.kv_cache_bytes(cfg, ec, mesh),
+          "activations": acts}
 
 
 def check_memory(cfg: LlamaConfig, ec: EngineConfig, mesh, available: int | None = None) -> dict[str, int]:
   """Raise before compiling if weights + KV cache + activations exceed the allowed device memory."""
   plan = memory_plan(cfg, ec, mesh)
   total = sum(plan.values())
-  limit = int((available or ec.device_memory_bytes or device_memory_bytes()) * ec.memory_fraction)
-  if total <= limit:
-    return plan
+  available = available or ec.device_memory_bytes or device_memory_bytes()
+  limit = int(available * ec.memory_fraction)
   page = PagedKVCache.page_bytes(cfg, ec.page_size)
   pages = "sample.num_pages" if ec.num_pages is not None else f"sample.batch_size={ec.batch_size}"
+  dp = memory.data_shards(mesh)
   if ec.kv_layout == "paged":
-    kv = (f"lower {pages} (the pool holds {ec.pool_pages} pages of {ec.page_size} tokens, "
-          f"{page / 2**10:.0f} KiB each; one sequence of max_prompt_len + max_new_tokens = {ec.cache_len} "
-          f"tokens needs {ec.pages_per_seq}; fits: {max(0, (limit - total + plan['kv_cache']) // page)} pages)")
+    kv = (f"lower {pages} (each of the {dp} data shards' pools holds {ec.shard_pages(dp)} pages of {ec.page_size} "
+          f"tokens, {page / 2**10:.0f} KiB each; one sequence of max_prompt_len + max_new_tokens = {ec.cache_len} "
+          f"tokens needs {ec.pages_per_seq}; fits: {max(0, (limit - total + plan['kv_cache']) // page)} pages "
+          "per device) or raise mesh.data/mesh.fsdp")
   else:
     kv = (f"lower sample.batch_size={ec.batch_size} (each slot holds max_prompt_len + max_new_tokens = "
           f"{ec.cache_len} tokens, {plan['kv_cache'] / ec.batch_size / 2**20:.1f} MiB per device) or use "
           "sample.kv_layout=paged with a smaller sample.num_pages")
   knobs = {
-      "weights": "shard the model more (mesh.model / mesh.fsdp, global mode) or use dtype=bfloat16",
+      "weights": "shard the model more (mesh.model: the engine keeps weights whole over data and fsdp) or use "
+                 "dtype=bfloat16",
       "kv_cache": kv,
       "activations": f"lower sample.max_prompt_len={ec.max_prompt_len} or sample.batch_size={ec.batch_size}",
   }
-  worst = max(plan, key=plan.get)
-  parts = " + ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in plan.items())
-  raise ValueError(f"sample memory check: {parts} = {total / 2**20:.1f} MiB per device exceeds "
-                   f"{limit / 2**20:.1f} MiB (memory_fraction={ec.memory_fraction} of the device); "
-                   f"the largest part is {worst}: {knobs[worst]}")
+  return memory.check_device_memory(plan, knobs, available, ec.memory_fraction, "sample memory check")
 
 
 def check_batch(ec: EngineConfig, mesh) -> None:
-  """The decode slots and the prefill rows split evenly over the mesh's data-parallel axes."""
+  """The decode slots and the prefill rows split evenly over the mesh's data-parallel axes; paged: each data
+  shard's pool holds one sequence at least."""
   dp = mesh.shape["data"] * mesh.shape["fsdp"]
   for name, value in (("batch_size", ec.batch_size), ("prefill_batch", ec.prefill_rows)):
     if value % dp:
       raise ValueError(f"sample.{name}={value} is not divisible by the mesh's data*fsdp={dp}; "
                        f"use a multiple of {dp} (or set mesh.data/mesh.fsdp)")
+  if ec.kv_layout == "paged" and ec.shard_pages(dp) - 1 < ec.pages_per_seq:
+    raise ValueError(f"sample.num_pages={ec.num_pages} splits into {ec.shard_pages(dp)} pages per data shard "
+                     f"(data*fsdp={dp}), too few for one sequence of {ec.cache_len} tokens ({ec.pages_per_seq} "
+                     f"pages + a scratch page); set num_pages >= {dp * (ec.pages_per_seq + 1)}")
 
 
 def check_prompts(ids: Sequence[Sequence[int]], ec: EngineConfig) -> None:

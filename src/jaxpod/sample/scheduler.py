@@ -53,6 +53,7 @@ class Seq:
   logprobs: list[float] = dataclasses.field(default_factory=list)  # one per token of `out`
   versions: list[int] = dataclasses.field(default_factory=list)  # one per token of `out`
   pages: list[int] = dataclasses.field(default_factory=list)  # paged: page of positions [i*ps, (i+1)*ps)
+  shard: int = 0  # paged: the data shard whose pages (and slots) it uses
 
   def add(self, token: int, logprob: float, version: int) -> None:
     self.out.append(int(token))
@@ -124,16 +125,17 @@ class Scheduler:
     """Free what a finished sequence holds."""
 
   # -- shared parts ------------------------------------------------------------------------
-  def _prompt_rows(self, batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(tokens [R, P], lengths [R], seeds [R], row_D, sample_D) of a prefill of `batch` = [(request, samples), ...]."""
+  def _prompt_rows(self, batch, rows=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens [R, P], lengths [R], seeds [R], row_D, sample_D) of a prefill of `batch` = [(request, samples), ...]
+    (item i in prompt row rows[i]; default: row i)."""
     ec, r, d = self.ec, self.ec.prefill_rows, self.ec.batch_size
     longest = max(len(self._ids[req]) for req, *_ in batch)
     bucket = next(b for b in ec.prefill_buckets() if b >= longest)
     tokens, lengths, seeds = np.zeros((r, bucket), np.int32), np.ones((r,), np.int32), np.zeros((r,), np.uint32)
     row_D, sample_D = np.zeros((d,), np.int32), np.zeros((d,), np.int32)
     k = 0
-    for row, (req, js, *_) in enumerate(batch):
-      ids = self._ids[req]
+    for i, (req, js, *_) in enumerate(batch):
+      row, ids = i if rows is None else rows[i], self._ids[req]
       tokens[row, :len(ids)], lengths[row], seeds[row] = ids, len(ids), self._seeds[req]
       for j in js:
         row_D[k], sample_D[k] = row, j
@@ -148,7 +150,7 @@ class Scheduler:
     version, k, out = self.device.version, 0, []
     for req, js, *rest in batch:
       for c, j in enumerate(js):
-        seq = Seq(req, j, len(self._ids[req]), pages=rest[0][c] if rest else [])
+        seq = Seq(req, j, len(self._ids[req]), pages=rest[0][c] if rest else [], shard=rest[1] if rest else 0)
         seq.add(first_D[k], logp_D[k], version)
         k += 1
         out.append(None if self._finished(seq) else seq)

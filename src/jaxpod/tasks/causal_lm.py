@@ -13,6 +13,11 @@
   `tokenizer.json` trained offline (`jaxpod.models.llama.load_tokenizer`).
 - Model: `task.model` (random init; any family's switches, see `models/llama/families/`), or
   `task.init_from`, a HF checkpoint of any family whose config.json and weights the run starts from.
+- LoRA (`task.lora`, e.g. `--task.lora.rank 8`): adapters (`models/llama/lora.py`) on the attention and
+  MLP projections are the state's `params` (the only gradients, optimizer state and EMA); the base is
+  frozen in its `buffers`, held once, sharded by its logical axes. Off (None) by default.
+  `task.adapter_from` starts them from a PEFT adapter folder (with `init_from`, its base); the run's
+  final EMA adapters are written as PEFT's files to `<run>/adapter` (`peft` loads them on the HF base).
 - Loss: mean next-token cross-entropy over the global batch (`models/llama/loss.py`);
   logged as loss and perplexity. AdamW with warmup + cosine, global-norm clipping.
 - Eval: held-out rows (the tail of the stream), loss and perplexity with the EMA weights.
@@ -30,9 +35,11 @@ from typing import Callable, Iterator
 import numpy as np
 
 from jaxpod.models.llama.config import LlamaConfig
+from jaxpod.models.llama.lora import LoraConfig
 from jaxpod.models.llama.tokenizer import tokenizer_from
 from jaxpod.models.llama.training import AdamWConfig, LlamaTask, byte_llama
 from jaxpod.runtime import storage
+from jaxpod.runtime.hooks import Hook
 from jaxpod.sample.config import SamplingOptions
 from jaxpod.train.config import DataConfig, TaskConfig, TrainConfig
 
@@ -71,6 +78,8 @@ class CausalLMConfig(TaskConfig):
   data: TextData = dataclasses.field(default_factory=TextData)
   model: LlamaConfig = dataclasses.field(default_factory=byte_llama)
   init_from: str = ""  # HF checkpoint (folder or URL, any family) to start from; its config.json replaces model
+  lora: LoraConfig | None = None  # train LoRA adapters only (base frozen); None: train every weight
+  adapter_from: str = ""  # PEFT adapter (folder or URL) the adapters start from; sets lora; needs init_from
   optim: AdamWConfig = dataclasses.field(default_factory=AdamWConfig)
   sample: SamplingOptions = dataclasses.field(default_factory=SamplingOptions)  # SampleHook's options
   sample_every: int = 0  # SampleHook cadence in steps (0: only at the end; no prompts: no sampling)
@@ -96,11 +105,24 @@ class CausalLMConfig(TaskConfig):
       raise ValueError(f"task.sample.max_prompt_len + task.sample.max_new_tokens = "
                        f"{smp.max_prompt_len + smp.max_new_tokens} exceeds task.model.max_position_embeddings="
                        f"{m.max_position_embeddings}; lower one of them")
+    if self.adapter_from:
+      self._adapter_lora(m)
     if self.sample_every < 0:
       raise ValueError(f"task.sample_every={self.sample_every}: expected >= 0 (0: only at the end)")
     if d.tokenizer == "byte" and m.vocab_size < 259:
       raise ValueError(f"task.model.vocab_size={m.vocab_size} is too small for the byte tokenizer; "
                        "set it to at least 259")
+
+  def _adapter_lora(self, model: LlamaConfig) -> None:
+    """task.lora from adapter_from's files, checked against the model (one line naming what does not fit)."""
+    from jaxpod.models.llama import peft_io
+    if not self.init_from:
+      raise ValueError(f"task.adapter_from={self.adapter_from} needs task.init_from: the base it was trained on")
+    lcfg = peft_io.check_adapter(self.adapter_from, model)
+    if self.lora is not None and self.lora != lcfg:
+      raise ValueError(f"task.lora={self.lora} differs from task.adapter_from's adapter_config.json ({lcfg}); "
+                       "drop task.lora (the adapter's files set it)")
+    object.__setattr__(self, "lora", lcfg)
 
   def check(self, cfg: TrainConfig) -> None:
     if self.optim.warmup_steps >= cfg.trainer.steps:
@@ -213,6 +235,39 @@ class LMTask(LlamaTask):
     return self.loader.train_iter()
 
   # ---------------------------------------------------------------- model and loss
+  def _split(self, model):
+    """(graphdef, trained, frozen): every weight and {}, or with task.lora the adapters and the base."""
+    from flax import nnx
+    if self.lm.lora is None:
+      return super()._split(model)
+    return nnx.split(model, nnx.LoRAParam, ...)
+
+  def _model(self, seed: int):
+    """A random model (traced: inside the state's jitted init, or under eval_shape), adapters attached."""
+    from jaxpod.models.llama import lora
+    model = super()._model(seed)
+    return model if self.lm.lora is None else lora.attach(model, self.lm.lora, seed, traced=True)
+
+  def weights(self, params, buffers):
+    """The whole model's state from the train state's halves (with LoRA: base + adapters)."""
+    from flax import nnx
+    return params if self.lm.lora is None else nnx.merge_state(buffers, params)
+
+  def _loaded(self, model, mesh):
+    """task.init_from's model, with task.adapter_from's adapters or fresh ones (task.lora) attached."""
+    from jaxpod.models.llama import lora, peft_io
+    if self.lm.adapter_from:
+      peft_io.load_adapter(model, self.lm.adapter_from, mesh=mesh)
+    elif self.lm.lora is not None:
+      lora.attach(model, self.lm.lora, self.cfg.trainer.seed, mesh=mesh)
+    return model
+
+  def _place(self, params, buffers, shardings):
+    if self.lm.lora is None:
+      return super()._place(params, buffers, shardings)
+    import jax
+    return jax.device_put(params, shardings.params), jax.device_put(buffers, shardings.buffers)
+
   def optimizer(self):
     return self.lm.optim.build(self.cfg.trainer.steps)
 
@@ -221,7 +276,7 @@ class LMTask(LlamaTask):
     from jaxpod.models.llama.loss import next_token_loss
 
     def loss(params, buffers, batch, rng, carry):
-      value, sums = next_token_loss(graphdef, params, batch["tokens"], batch["mask"] > 0)
+      value, sums = next_token_loss(graphdef, self.weights(params, buffers), batch["tokens"], batch["mask"] > 0)
       return value, (carry, {"loss_sum": sums["loss_sum"], "tokens": sums["tokens"].astype(jnp.float32)})
 
     return loss
@@ -259,8 +314,29 @@ class LMTask(LlamaTask):
 
   def hooks(self, graphdef, mesh, tcfg) -> list:
     from jaxpod.sample.hook import sample_hooks
-    return sample_hooks(self.lm, self.tokenizer, graphdef, mesh)
+    if self.lm.lora is None:
+      return sample_hooks(self.lm, self.tokenizer, graphdef, mesh)
+    return [*sample_hooks(self.lm, self.tokenizer, graphdef, mesh,
+                          params_of=lambda state: self.weights(state.params, state.buffers)),
+            AdapterExportHook(graphdef, self.weights, self.lm.init_from)]
 
   def eval_summary(self, ev: dict) -> list[tuple[str, str]]:
     return [("eval loss", f"{ev.get('loss', float('nan')):.4f} on {ev.get('count', 0)} held-out tokens"),
             ("eval perplexity", f"{ev.get('perplexity', float('nan')):.3f}")]
+
+
+class AdapterExportHook(Hook):
+  """At the final step, the evaluated (EMA) adapters as PEFT's files in `<run>/adapter` (the leader writes)."""
+
+  def __init__(self, graphdef, weights: Callable, base_model: str):
+    self.graphdef, self.weights, self.base_model = graphdef, weights, base_model
+
+  def due(self, step: int, final: bool) -> bool:
+    return final
+
+  def __call__(self, info) -> None:
+    from flax import nnx
+    from jaxpod.models.llama import peft_io
+    model = nnx.merge(self.graphdef, self.weights(info.state.eval_params, info.state.buffers))
+    peft_io.save_adapter(model, storage.join(info.run_dir, "adapter"), base_model=self.base_model)
+    return None

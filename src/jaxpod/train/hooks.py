@@ -26,7 +26,7 @@ class EvalHook(Hook):
     return self(info) if self.at_start and info.step == 0 else None
 
   def __call__(self, info: StepInfo) -> dict:
-    results = self.evaluator(info.state.ema_params, info.state.buffers)
+    results = self.evaluator(info.state.eval_params, info.state.buffers)
     self.history.append((info.step, results))
     if self.headline in results:
       log.info("eval at step %d: %s %.4f over %d examples", info.step, self.headline, results[self.headline],

@@ -3,7 +3,8 @@
     params      nnx.State of every nnx.Param (trained)
     buffers     nnx.State of the model's fixed buffers (TRM: H_init, L_init)
     opt_state   optax state of `params`
-    ema_params  EMA of `params` (evaluated, checkpointed, exported)
+    ema_params  EMA of `params` (evaluated, checkpointed, exported); None at trainer.ema=0: no copy is
+                kept, stored or checkpointed, and `eval_params` is `params` itself
     step        int32 [] optimizer steps taken
     rng         uint32 [2] base key; step k uses fold_in(rng, k), so resuming needs no key history
     carry       the task's state carried across steps (TRM: the ACT carry, as the reference keeps it; LM: ())
@@ -39,21 +40,27 @@ class TrainState:
   rng: jax.Array
   carry: Any
 
+  @property
+  def eval_params(self):
+    """The parameters evaluated and exported: the EMA when one is kept, else the live ones."""
+    return self.params if self.ema_params is None else self.ema_params
+
 
 def abstract_model(task, seed: int):
   """(graphdef, abstract params, abstract buffers) of the task's model without allocating anything."""
   return task.abstract_model(seed)
 
 
-def make_init_fn(task, tx: optax.GradientTransformation, seed: int, global_batch: int):
+def make_init_fn(task, tx: optax.GradientTransformation, seed: int, global_batch: int, ema: bool = True):
   """A function that builds a fresh TrainState (jit it with out_shardings).
 
   Called with no argument it draws the model from `task.init_model(seed)`; called with
-  `(params, buffers)` (e.g. loaded from a HF checkpoint, `Task.initial_params`) it starts from those."""
+  `(params, buffers)` (e.g. loaded from a HF checkpoint, `Task.initial_params`) it starts from those.
+  ema: keep an EMA copy of the params (False at trainer.ema=0: `ema_params` is None)."""
   def init(given=None) -> TrainState:
     params, buffers = task.init_model(seed) if given is None else given
     return TrainState(params=params, buffers=buffers, opt_state=tx.init(params),
-                      ema_params=jax.tree.map(jnp.copy, params), step=jnp.zeros([], jnp.int32),
+                      ema_params=jax.tree.map(jnp.copy, params) if ema else None, step=jnp.zeros([], jnp.int32),
                       rng=jax.random.PRNGKey(seed), carry=task.init_carry(global_batch))
   return init
 
@@ -97,8 +104,15 @@ def state_shardings(abstract: TrainState, mesh, rules: ShardingRules = DEFAULT_R
     return jax.tree_util.tree_map_with_path(
         lambda path, leaf: _match_suffix(tuple(path), leaf.shape, known, replicated), tree)
 
+  frozen = {}  # buffers that are nnx.Params (frozen weights, e.g. a LoRA base) not mirroring params: own axes
+  for path, v in jax.tree_util.tree_flatten_with_path(abstract.buffers, is_leaf=lambda v: isinstance(v, nnx.Param))[0]:
+    if isinstance(v, nnx.Param):
+      frozen[tuple(path) + tuple(jax.tree_util.tree_flatten_with_path(v)[0][0][0])] = param_shardings(v, mesh, rules)
+  buffers = jax.tree_util.tree_map_with_path(
+      lambda path, leaf: _match_suffix(tuple(path), leaf.shape, known, frozen.get(tuple(path), replicated)),
+      abstract.buffers)
   carry = jax.tree.map(lambda x: batch_sharding(mesh, x.ndim, rules), abstract.carry)
-  return TrainState(params=follow(abstract.params), buffers=follow(abstract.buffers),
+  return TrainState(params=follow(abstract.params), buffers=buffers,
                     opt_state=follow(abstract.opt_state), ema_params=follow(abstract.ema_params),
                     step=replicated, rng=replicated, carry=carry)
 

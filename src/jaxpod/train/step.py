@@ -41,7 +41,7 @@ def train_step_fn(loss_fn: Callable, tx: optax.GradientTransformation, ema_decay
     with jax.named_scope("optimizer"):
       updates, opt_state = tx.update(grads, state.opt_state, state.params)
       params = optax.apply_updates(state.params, updates)
-      ema = ema_update(state.ema_params, params, ema_decay)
+      ema = None if state.ema_params is None else ema_update(state.ema_params, params, ema_decay)
     if lr_fn is not None:
       metrics["lr"] = jnp.asarray(lr_fn(state.step), jnp.float32)
     metrics["grad_norm"] = optax.tree.norm(grads)

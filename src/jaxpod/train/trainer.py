@@ -135,7 +135,7 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
 
   tx, lr_fn = task.optimizer()
   graphdef, _, _ = st.abstract_model(task, tcfg.seed)
-  init_fn = st.make_init_fn(task, tx, tcfg.seed, dcfg.global_batch_size)
+  init_fn = st.make_init_fn(task, tx, tcfg.seed, dcfg.global_batch_size, ema=tcfg.ema > 0)
   abstract = st.abstract_state(init_fn)
   shardings = st.state_shardings(abstract, mesh)
   batch_sh = sp.batch_shardings(mesh, task.batch_ndims)
@@ -172,7 +172,7 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
   with jax.set_mesh(mesh):
     step_fn = sp.jit_train_step(sp.train_step_fn(task.loss_fn(graphdef), tx, tcfg.ema, lr_fn), shardings,
                                 batch_sh, mesh)
-    evaluator = task.evaluator(graphdef, mesh, shardings.ema_params, shardings.buffers, batch_sh)
+    evaluator = task.evaluator(graphdef, mesh, shardings.eval_params, shardings.buffers, batch_sh)
     progress = ProgressDisplay(tcfg.steps, start, host.is_leader and tcfg.progress, start_time=t_start,
                                metrics=cfg.task.bar_metrics)
     hooks: list[Hook] = [EvalHook(evaluator, tcfg.eval_every, getattr(task, "headline", None),
@@ -217,7 +217,7 @@ def _on_failure(e: BaseException, host, ckpt) -> None:
   """Name the root cause, then (one process only) commit finished checkpoints before going down."""
   if isinstance(e, runtime.PeerFailed):
     return
-  if isinstance(e, Exception):
+  if isinstance(e, Exception) and not getattr(e, "coordinated", False):  # coordinated: every host raises it
     runtime.check_peers("train loop")  # a failed peer explains a broken collective better than its error
   if not host.multi_process:
     ckpt.wait()  # with several hosts the peers may be gone: nothing collective on the way down

@@ -290,6 +290,9 @@ def save(model: model_lib.Llama, url: str, dtype: str | None = None,
   """Write `config.json` + safetensors in HF layout: shards of at most max_shard_bytes + an index (one
   `model.safetensors` when it all fits); every host calls it and writes the files assigned to it, receiving
   each of their tensors whole, one at a time; no host ever holds the model."""
+  from jaxpod.models.llama import lora
+  if lora.lora_config(model) is not None:  # LoRA adapters: export the merged W + s * A B (a plain HF checkpoint)
+    model = lora.merged(model)
   params = [(hf_name(p), p, v.get_value()) for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))]
   out_dtype = {n: np.dtype(jax.numpy.dtype(dtype or x.dtype)) for n, _, x in params}
   shapes = {n: hf_shape(p, tuple(x.shape)) for n, p, x in params}

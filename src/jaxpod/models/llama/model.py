@@ -102,7 +102,11 @@ def layer_tables(cfg: LlamaConfig):
 
 
 def embed(cfg: LlamaConfig, table_VxD, tokens_BxT):
-  """Token embeddings [B, T, D] (times sqrt(D) in the compute dtype for Gemma), the table gathered over FSDP first."""
+  """Token embeddings [B, T, D] (times sqrt(D) in the compute dtype for Gemma), the table gathered over FSDP first.
+
+  The table stays split over `model` on its vocab dimension (XLA looks up each shard's rows locally and sums
+  them over `model`: no whole-table gather). In the engine's inference layout (`jaxpod.sample.layout`) the
+  table is already whole over fsdp, so the constraint moves nothing per step."""
   table = constrain(table_VxD, ("vocab", "act_embed"))
   x = constrain(jnp.take(table, tokens_BxT, axis=0), _ACT)
   return x * jnp.asarray(math.sqrt(cfg.hidden_size), x.dtype) if cfg.scale_embeddings else x
@@ -116,6 +120,12 @@ def rope(x_BxTxNxE, positions_BxT, inv_freq_E2):
   half = x_BxTxNxE.shape[-1] // 2
   rot = jnp.concatenate([-x_BxTxNxE[..., half:], x_BxTxNxE[..., :half]], axis=-1)
   return x_BxTxNxE * cos + rot * sin
+
+
+def adapted(module: nnx.Module, name: str, x_BxTxF, y):
+  """y = x @ module.<name> plus its LoRA adapter's s * x A B when `lora.py` attached one (`<name>_lora`)."""
+  adapter = getattr(module, f"{name}_lora", None)
+  return y if adapter is None else y + adapter(x_BxTxF).reshape(y.shape).astype(y.dtype)
 
 
 class Attention(nnx.Module):
@@ -138,7 +148,7 @@ class Attention(nnx.Module):
 
   def _project(self, x_BxTxD, name: str, axes):
     """x @ {q,k,v}_proj (+ bias): [B, T, heads, E]."""
-    y = jnp.einsum("btd,dhe->bthe", x_BxTxD, getattr(self, f"{name}_proj")[...])
+    y = adapted(self, f"{name}_proj", x_BxTxD, jnp.einsum("btd,dhe->bthe", x_BxTxD, getattr(self, f"{name}_proj")[...]))
     if self.cfg.qkv_bias:
       y = y + getattr(self, f"{name}_bias")[...]
     return constrain(y, ("batch", "seq", axes, "head_dim"))
@@ -165,7 +175,8 @@ class Attention(nnx.Module):
                                        positions_BxT, window)
     # one flat contraction over H*E: with two contracting dims XLA CPU transposed all of o_proj every step
     o_FxD = self.o_proj[...].reshape(cfg.num_attention_heads * e, -1)
-    return constrain(ctx.reshape(b, t, -1) @ o_FxD, _ACT), cache
+    ctx_BxTxF = ctx.reshape(b, t, -1)
+    return constrain(adapted(self, "o_proj", ctx_BxTxF, ctx_BxTxF @ o_FxD), _ACT), cache
 
   def _attend_static(self, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, kv_mask_BxS, cache, cache_index, layer, kv_len,
                      positions_BxT, window):
@@ -215,7 +226,7 @@ def _attend_cached(cfg: LlamaConfig, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, cache, lay
     ctx = jnp.einsum("bkgts,bkse->btkge", probs, v_BxKxTxE)
   else:
     if isinstance(cache, PagedKVCache):
-      kv_len = cache.table_BxM.shape[1] * cache.k.shape[2] if kv_len is None else kv_len
+      kv_len = cache.table_BxM.shape[1] * cache.k.shape[3] if kv_len is None else kv_len
     old_k_BxKxSxE, old_v_BxKxSxE = cache.read(layer, kv_len)
     s = old_k_BxKxSxE.shape[2]
     old = jnp.einsum("btkge,bkse->bkgts", q_BxTxKxGxE, old_k_BxKxSxE, preferred_element_type=jnp.float32) * scale
@@ -241,9 +252,9 @@ class MLP(nnx.Module):
     self.down_proj = _param(rngs, (i, d), ("mlp", "embed"), dt)
 
   def __call__(self, x_BxTxD):
-    h = self.act(x_BxTxD @ self.gate_proj[...]) * (x_BxTxD @ self.up_proj[...])
-    h = constrain(h, ("batch", "seq", "mlp"))
-    return constrain(h @ self.down_proj[...], _ACT)
+    gate, up = (adapted(self, n, x_BxTxD, x_BxTxD @ getattr(self, n)[...]) for n in ("gate_proj", "up_proj"))
+    h = constrain(self.act(gate) * up, ("batch", "seq", "mlp"))
+    return constrain(adapted(self, "down_proj", h, h @ self.down_proj[...]), _ACT)
 
 
 class Block(nnx.Module):

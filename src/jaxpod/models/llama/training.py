@@ -69,7 +69,9 @@ class HFExportHook(Hook):
 
 class LlamaTask:
   """The Llama side of a trainer task: `llama` (the architecture) and `start_url` (a HF checkpoint; None: random
-  init) are set by the subclass; `_buffers` says what the state keeps beside the params."""
+  init) are set by the subclass. Hooks a task may override: `_buffers` (what the state keeps beside the params),
+  `_model` (a random model), `_split` (trained params vs frozen buffers), `_loaded` (what a task adds to the
+  loaded checkpoint) and `_place` (params and buffers placed like the state's)."""
 
   llama: LlamaConfig
   start_url: str | None = None
@@ -77,18 +79,25 @@ class LlamaTask:
   def _buffers(self, params) -> dict:
     return {}
 
+  def _model(self, seed: int):
+    """A random model (traced: inside the state's jitted init, or under eval_shape)."""
+    from flax import nnx
+    from jaxpod.models.llama import Llama
+    return Llama(self.llama, rngs=nnx.Rngs(params=seed))
+
+  def _split(self, model):
+    """(graphdef, params, buffers): every weight is trained; the buffers are `_buffers(params)`."""
+    from flax import nnx
+    graphdef, params = nnx.split(model)
+    return graphdef, params, self._buffers(params)
+
   def abstract_model(self, seed: int):
     from flax import nnx
-    from jaxpod.models.llama import abstract
-    graphdef, params = nnx.split(abstract(self.llama))
-    return graphdef, params, self._buffers(params)
+    return self._split(nnx.eval_shape(lambda: self._model(seed)))
 
   def init_model(self, seed: int):
     """Random weights (traced in the state's jitted init), with their buffers."""
-    from flax import nnx
-    from jaxpod.models.llama import Llama
-    params = nnx.split(Llama(self.llama, rngs=nnx.Rngs(params=seed)))[1]
-    return params, self._buffers(params)
+    return self._split(self._model(seed))[1:]
 
   def load_params(self, url: str, mesh):
     """(graphdef, params) of the HF checkpoint at `url`, placed on `mesh` (read as this task's architecture)."""
@@ -96,13 +105,24 @@ class LlamaTask:
     from jaxpod.models.llama import hf_io
     return nnx.split(hf_io.load(url, mesh, cfg=self.llama))
 
+  def _loaded(self, model, mesh):
+    """The starting checkpoint's model as the task trains it (a task may attach adapters)."""
+    return model
+
+  def _place(self, params, buffers, shardings):
+    """(params, buffers) placed like the trainer's state; the buffers are `_buffers` of the placed params."""
+    import jax
+    params = jax.device_put(params, shardings.params)
+    return params, self._buffers(params)
+
   def initial_params(self, mesh, shardings):
     """The starting checkpoint's weights placed like the trainer's params, with their buffers; None: random init."""
     if not self.start_url:
       return None
-    import jax
-    params = jax.device_put(self.load_params(self.start_url, mesh)[1], shardings.params)
-    return params, self._buffers(params)
+    from flax import nnx
+    graphdef, params = self.load_params(self.start_url, mesh)
+    _, params, buffers = self._split(self._loaded(nnx.merge(graphdef, params), mesh))
+    return self._place(params, buffers, shardings)
 
   def init_carry(self, global_batch: int):
     return ()

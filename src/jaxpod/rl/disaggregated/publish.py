@@ -6,8 +6,11 @@ trainer and every worker of a run find the publications from the run alone. The 
 so the two jobs need nothing else in common and either may restart.
 
 `PublishPolicy` (transfer's `PublishWeightsHook`, every step) publishes the starting version at `on_start`
-and version k after step k; publish returns once version k can be fetched (transfer's commit), so a
-worker never waits on a version the trainer already reported. The workers' side is `worker.py`
+(synchronously: the first batch needs it) and version k after step k. With `transfer.background` (RL's
+default) version k uploads while step k+1 trains and is committed at the next publish (or at the end), so
+the step never waits for the bytes and workers sample one version behind (`grpo.max_policy_lag` >= 1,
+checked in the config); a version is reported only once committed, so a worker never waits on a version
+the trainer already reported. The workers' side is `worker.py`
 (`create_client` on the same config).
 """
 from __future__ import annotations
@@ -45,12 +48,17 @@ class PublishPolicy(PublishWeightsHook):
     super().__init__(transfer, every=1)
 
   def on_start(self, info: StepInfo) -> dict | None:
-    return self(info)
+    background, self.background = self.background, False  # workers need the first version for the first batch
+    try:
+      return self(info)
+    finally:
+      self.background = background
 
   def __call__(self, info: StepInfo) -> dict | None:
     out = super().__call__(info)
     if out is None:  # this version was published already
       return None
-    m = self.history[-1]
-    log.info("published policy version %d (%.1f MB, %.3f s)", info.step, m["bytes"] / 1e6, m["seconds"])
-    return {"rl/publish_s": out["transfer/publish_s"]}
+    m = self.history[-1]  # background: the version committed now (the previous one)
+    log.info("published policy version %d (%.1f MB, %.3f s)", m["weight_id"], m["bytes"] / 1e6, m["seconds"])
+    return {"rl/publish_s": out["transfer/publish_s"], **({"rl/publish_wait_s": out["transfer/publish_wait_s"]}
+                                                          if "transfer/publish_wait_s" in out else {})}

@@ -5,8 +5,14 @@ Before step k+1 the trainer holds policy version k (the weights after k steps). 
 (`QueueSource`) takes `num_prompts_per_step` groups from the queue that `grpo.admit` admits (every
 token made by a version in [k - max_policy_lag, k], invariant 9; rewards that differ with
 filter_groups); the others are dropped and counted by reason (`rl/dropped_stale`, `_future`,
-`_uniform`). The leader lists and picks; the pick (file names and group indices, never data) is broadcast; every
-host reads those files from storage and builds the same global batch, then takes its share.
+`_uniform`). The leader lists and picks; the pick (file names and group indices, never data) is broadcast;
+every host reads those files from storage and builds the same global batch, then takes its share.
+
+While a batch waits the leader logs a progress line every WAIT_LINE_S (groups taken, and dropped by
+reason, per worker). `grpo.BatchFill` bounds the wait as in the colocated topology: once
+max_sampling_rounds x sample_prompts_per_step groups were judged on their rewards without filling the
+batch, the leader tells the workers to stop (progress record: done, stopped) and broadcasts the one line;
+every trainer host raises it (`grpo.Starved`, exit 2).
 
 While it waits, the leader reads the workers' heartbeats: a worker whose heartbeat stops
 changing for `rollout.worker_timeout_s` is named as lost (once), one that comes back is named as
@@ -23,7 +29,7 @@ from jaxpod import runtime
 from jaxpod.rl import grpo
 from jaxpod.rl.config import GRPOConfig, RolloutConfig
 from jaxpod.rl.disaggregated.queue import Consumed, Queue, from_bytes, parse_name
-from jaxpod.rl.rollout.groups import Batcher
+from jaxpod.rl.rollout.groups import Batcher, BatchSource
 from jaxpod.runtime.hooks import Hook, StepInfo
 from jaxpod.runtime.log import get_logger
 from jaxpod.transfer.config import TransferConfig
@@ -31,6 +37,7 @@ from jaxpod.transfer.config import TransferConfig
 log = get_logger("rl.trainer")
 POLL_S = (0.05, 0.5)  # first and longest sleep while waiting for rollouts
 HEARTBEAT_CHECK_S = 2.0
+WAIT_LINE_S = 10.0  # while a batch waits, a progress line this often (taken, dropped by reason, per worker)
 
 
 class WorkerMonitor:
@@ -75,14 +82,13 @@ class WorkerMonitor:
                      for w, s in sorted(self.seen.items()))
 
 
-class QueueSource:
+class QueueSource(BatchSource):
   """The trainer's iterator over the rollout queue (see the module docstring); its state is `Consumed`."""
 
   def __init__(self, run_dir: str, transfer: TransferConfig | None, grpo_cfg: GRPOConfig, rollout: RolloutConfig,
                batcher: Batcher):
     self.transfer, self.batcher = transfer, batcher
-    g = grpo_cfg
-    self.need, self.max_policy_lag, self.filter_groups = g.num_prompts_per_step, g.max_policy_lag, g.filter_groups
+    self.grpo = grpo_cfg
     self.rollout_timeout_s = rollout.rollout_timeout_s
     self.queue = Queue(run_dir)
     self.consumed = Consumed()
@@ -94,14 +100,8 @@ class QueueSource:
     self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rl-progress")
     self._last_report: dict | None = None
 
-  def __iter__(self):
-    return self
-
-  def __repr__(self) -> str:  # what the GRPO run's config.json shows for its source
+  def describe(self) -> str:
     return f"QueueSource ({self.queue.root})"
-
-  def __deepcopy__(self, memo) -> "QueueSource":  # dataclasses.asdict of the config that carries it: not copied
-    return self
 
   def _groups(self, name: str) -> list:
     if name not in self.files:
@@ -109,35 +109,43 @@ class QueueSource:
     return self.files[name]
 
   def _pick(self, version: int) -> dict:
-    """Leader: {"take": [[file, [groups]]], "drop": [[file, group, why]]} once enough groups are admitted
-    (`grpo.admit`: the one rule both topologies use), scanning files oldest first, workers interleaved."""
-    lag, need = self.max_policy_lag, self.need
-    take, drop, got = {}, [], 0
+    """Leader: {"take": [[file, [groups]]], "drop": [[file, group, why]], "waited": s} once enough groups are
+    admitted (`grpo.admit`: the one rule both topologies use), scanning files oldest first, workers interleaved;
+    {"starved": the one line} once `grpo.BatchFill` gives up on the batch (the bound the colocated trainer has)."""
+    fill = self.grpo.batch_fill(version)
+    take, drop = {}, []
     t0, sleep = time.monotonic(), POLL_S[0]
+    last_line = t0
     examined: set[tuple[str, int]] = set()
     while True:
       self.monitor.check()
       for name in sorted(self.queue.files(), key=lambda n: parse_name(n)[::-1]):
-        if got >= need:
+        if fill.full or fill.starved():
           break
         if self.consumed.is_full(name):
           continue
         groups, done = self._groups(name), self.consumed.taken(name)
         fresh = [i for i in range(len(groups)) if i not in done and (name, i) not in examined]
-        taken, dropped = grpo.take([groups[i] for i in fresh], need - got, version, max_policy_lag=lag,
-                                   filter_groups=self.filter_groups)
+        taken, dropped = fill.take([groups[i] for i in fresh], f"worker {parse_name(name)[0]}")
         examined.update((name, fresh[j]) for j in taken + [j for j, _ in dropped])
         if taken:
           take.setdefault(name, []).extend(fresh[j] for j in taken)
         drop += [[name, fresh[j], why] for j, why in dropped]
-        got += len(taken)
-      if got >= need:
-        return {"take": [[k, v] for k, v in take.items()], "drop": drop, "waited": time.monotonic() - t0}
       waited = time.monotonic() - t0
+      if fill.full:
+        return {"take": [[k, v] for k, v in take.items()], "drop": drop, "waited": waited}
+      if fill.starved():
+        log.warning("rl trainer: gave up on step %d after %.0f s: %s", version + 1, waited, fill.describe())
+        self._report(done=True, stopped=True)  # the workers stop: nothing more will be taken
+        return {"starved": str(fill.error())}
       self._report(done=False, examined=set(take) | {d[0] for d in drop})
+      if time.monotonic() - last_line >= WAIT_LINE_S:
+        last_line = time.monotonic()
+        log.info("rl trainer: waiting %.0f s for rollouts for step %d: %s", waited, version + 1, fill.describe())
       if waited > self.rollout_timeout_s:
         raise RuntimeError(f"rl trainer: no usable rollouts for {waited:.0f} s at version {version} "
-                           f"(have {got} of {need} groups; rl.grpo.max_policy_lag={lag}); {self.monitor.describe()}")
+                           f"({fill.describe()}; rl.grpo.max_policy_lag={self.grpo.max_policy_lag}); "
+                           f"{self.monitor.describe()}")
       time.sleep(sleep)
       sleep = min(sleep * 2, POLL_S[1])
 
@@ -145,6 +153,8 @@ class QueueSource:
     version = self.trained
     pick = runtime.broadcast_call(lambda: self._pick(version), "rl.queue.pick",
                                   timeout_s=self.rollout_timeout_s + 120)
+    if "starved" in pick:  # every host: the same line, exit 2 (invariant 1: decided on the leader)
+      raise grpo.Starved(pick["starved"])
     groups = [self._groups(name)[i] for name, idxs in pick["take"] for i in idxs]
     for name, idxs in pick["take"]:
       self.consumed.take(name, idxs, len(self._groups(name)))
@@ -166,17 +176,19 @@ class QueueSource:
     self._report(done=False)
     return self.batcher(groups)
 
-  def _report(self, done: bool, examined: set[str] = frozenset()) -> None:
-    """Leader: the progress record workers bound their backlog with (written in the background). Files the
-    leader has examined in a pick still under way count as taken: their groups are spoken for, and a worker
-    that waited for the pick to end would starve a trainer that drops many groups (filter_groups)."""
+  def _report(self, done: bool, examined: set[str] = frozenset(), stopped: bool = False) -> None:
+    """Leader: the progress record workers bound their backlog with (written in the background; with `done`,
+    before returning; `stopped`: the trainer ends without finishing). Files the leader has examined in a pick
+    still under way count as taken: their groups are spoken for, and a worker that waited for the pick to end
+    would starve a trainer that drops many groups (filter_groups)."""
     if runtime.is_leader():
       taken = dict(self.consumed.taken_files)
       for name in examined:
         if not self.consumed.taken(name):
           w = parse_name(name)[0]
           taken[w] = taken.get(w, 0) + 1
-      record = {"step": self.trained, "taken_files": {str(w): n for w, n in taken.items()}, "done": done}
+      record = {"step": self.trained, "taken_files": {str(w): n for w, n in taken.items()}, "done": done,
+                **({"stopped": True} if stopped else {})}
       if record == self._last_report:
         return
       self._last_report = record

@@ -139,14 +139,15 @@ def _loop(problems: VerifiedProblems, r: RolloutConfig, num_generations: int, qu
     poll = now - state["last_poll"] >= POLL_S
     if poll:
       state["last_poll"] = now
-    return {"done": bool(prog.get("done")), "poll": poll,
+    return {"done": bool(prog.get("done")), "stopped": bool(prog.get("stopped")), "poll": poll,
             "admit": max(0, min(room + 1 - roller.open_groups, budget)) if pending is None else 0}
 
   last_log = time.monotonic()
   while True:
     p = runtime.broadcast_call(plan, "rl.worker.plan")
     if p["done"]:
-      log.info("rollout worker %d: the trainer is done; %d files written", w, seq)
+      log.info("rollout worker %d: the trainer %s; %d files written", w,
+               "stopped without finishing (its log says why)" if p["stopped"] else "is done", seq)
       return
     if p["poll"]:
       t = time.perf_counter()

@@ -136,3 +136,23 @@ class Batcher:
     from jaxpod import runtime
     host = runtime.host_info()
     return host_share(self.global_batch(groups), host.process_index, host.process_count)
+
+
+class BatchSource:
+  """What the GRPO task is handed (colocated `RolloutBuffer`, disaggregated `QueueSource`): an iterator of this
+  host's batch rows with `get_state` / `set_state` (the data state of a checkpoint) and `hooks(graphdef, mesh)`
+  (what keeps it filled). Carried inside the task's config, it is never copied when the config is."""
+
+  def __iter__(self):
+    return self
+
+  def __deepcopy__(self, memo) -> "BatchSource":  # dataclasses.asdict of the config that carries it
+    return self
+
+  def __repr__(self) -> str:  # what the GRPO run's config.json shows for its source
+    return self.describe()
+
+  def describe(self) -> str:
+    """One line naming the source (its config.json entry)."""
+    return type(self).__name__
+

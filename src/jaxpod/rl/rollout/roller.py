@@ -24,7 +24,8 @@ from jaxpod.rl.rollout.groups import Group
 
 
 def make_sampler(graphdef, params, mesh, rollout: RolloutConfig, stop_ids, greedy: bool = False, version: int = 0):
-  """A global-mode Sampler over `mesh` reading `params` in place (no copy; `update_params` swaps them)."""
+  """A global-mode Sampler over `mesh` on `params` (in place where they are already in its inference layout, else
+  resharded once per version; `update_params` swaps them)."""
   from flax import nnx
   from jaxpod.sample import Sampler
   stop_ids = tuple(stop_ids) + tuple(rollout.stop_token_ids)  # the policy's EOS ids and the user's extra ones

@@ -1,0 +1,176 @@
+"""LoRA adapters on the decoder's linear layers, built on flax's `nnx.LoRA` (weights typed `nnx.LoRAParam`).
+
+    lcfg = LoraConfig(rank=8, alpha=16)              # default targets: every attention and MLP linear layer
+    model = lora.attach(hf_io.load(folder, mesh), lcfg, mesh=mesh)
+    adapters = nnx.state(model, nnx.LoRAParam)       # exactly the adapters: what the optimizer sees
+    grads = nnx.grad(loss_fn, argnums=nnx.DiffState(0, nnx.LoRAParam))(model, batch)  # no base gradient
+    plain = lora.merged(model)                       # W + s * A B in the base, adapters gone (HF export)
+
+A target projection `W` (jaxpod layout [in..., out...]) gains `<name>_lora`, an `Adapter` holding
+`nnx.LoRA(in, r, out)`: A [in, r] and B [r, out] over the flattened in/out dims, so the layer computes
+`x W + s * (x A) B` (`model.adapted`), with `s = alpha / r`, or `alpha / sqrt(r)` with rsLoRA. B starts
+at zero (the adapted model equals the base at init); A is drawn like PEFT's (Kaiming-uniform, a=sqrt(5):
+U(+-1/sqrt(in))). Adapters are float32 whatever the model's dtype (they compute in the model's dtype),
+and carry logical axes: A's input dim is sharded like the base's input dim, B's output dim like its
+output dim, the rank replicated. The base stays where it is: attaching allocates only the adapters.
+
+Why `nnx.LoRA` rather than qwix's LoRA provider: jaxpod's projections are raw einsums on `nnx.Param`
+arrays (not `nnx.Linear`), so qwix would have to intercept those einsums by module path and name its
+adapters after the intercepted call; `nnx.LoRA` is the flax layer itself, explicit in the module tree
+(PEFT's names map one to one onto paths) and needs no new dependency.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxpod.models.llama import model as model_lib
+from jaxpod.models.llama.config import LlamaConfig
+
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+TARGETS = ATTENTION + MLP
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+  """Low-rank adapters on the decoder's linear layers (PEFT's LoRA; the base stays frozen)."""
+
+  rank: int = 8  # r: inner width of every adapter (PEFT `r`)
+  alpha: float = 16.0  # scale numerator: s = alpha / r, or alpha / sqrt(r) with rslora (PEFT `lora_alpha`)
+  rslora: bool = False  # rank-stabilised scale alpha / sqrt(r) (PEFT `use_rslora`)
+  target_modules: tuple[str, ...] = TARGETS  # projections that get an adapter (HF names); default all linear
+
+  def __post_init__(self):
+    if not isinstance(self.rank, int) or self.rank < 1:
+      raise ValueError(f"LoraConfig.rank={self.rank!r} must be an integer >= 1")
+    if not self.alpha > 0:
+      raise ValueError(f"LoraConfig.alpha={self.alpha!r} must be > 0")
+    targets = tuple(self.target_modules)
+    object.__setattr__(self, "target_modules", targets)
+    bad = [t for t in targets if t not in TARGETS]
+    if bad or not targets:
+      raise ValueError(f"LoraConfig.target_modules={list(targets)}: {bad or 'none'} unknown; use some of {TARGETS}")
+
+  @property
+  def scale(self) -> float:
+    """s: the adapter output's multiplier."""
+    return self.alpha / (math.sqrt(self.rank) if self.rslora else self.rank)
+
+
+def shapes(cfg: LlamaConfig) -> dict[str, tuple[int, int, str, str]]:
+  """HF projection name -> (in, out, in logical axis, out logical axis) of its flattened linear map."""
+  d, i, e = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim_
+  h, k = cfg.num_attention_heads * e, cfg.num_key_value_heads * e
+  return {"q_proj": (d, h, "embed", "heads"), "k_proj": (d, k, "embed", "kv_heads"),
+          "v_proj": (d, k, "embed", "kv_heads"), "o_proj": (h, d, "heads", "embed"),
+          "gate_proj": (d, i, "embed", "mlp"), "up_proj": (d, i, "embed", "mlp"), "down_proj": (i, d, "mlp", "embed")}
+
+
+def owner(name: str) -> str:
+  """The block attribute holding projection `name`: self_attn or mlp."""
+  return "self_attn" if name in ATTENTION else "mlp"
+
+
+class Adapter(nnx.Module):
+  """s * (x A) B for one projection: flax's `nnx.LoRA` (A [in, r], B [r, out], both `nnx.LoRAParam`) times s."""
+
+  def __init__(self, n_in: int, n_out: int, axes: tuple[str, str], lcfg: LoraConfig, dtype, *, rngs: nnx.Rngs,
+               a_init=None):
+    self.scale = lcfg.scale
+    self.lora = nnx.LoRA(n_in, lcfg.rank, n_out, dtype=dtype, param_dtype=jnp.float32, rngs=rngs,
+                         a_initializer=a_init or jax.nn.initializers.variance_scaling(1 / 3, "fan_in", "uniform"),
+                         a_metadata={"logical_axes": (axes[0], None)},
+                         b_metadata={"logical_axes": (None, axes[1])})
+
+  def __call__(self, x_BxTxF):
+    return self.lora(x_BxTxF) * jnp.asarray(self.scale, x_BxTxF.dtype)
+
+
+def _build(model: model_lib.Llama, lcfg: LoraConfig, seed: int, traced: bool) -> None:
+  """Attach fresh adapters to every block of `model` (in place). A is U(+-1/sqrt(in)): drawn with numpy
+  eagerly (no compile per shape), with jax.random when traced (numpy would bake constants into the program)."""
+  cfg, rngs, rng = model.cfg, nnx.Rngs(params=seed), np.random.default_rng(seed)
+
+  def a_init(_, shape, dtype):
+    return jnp.asarray(rng.uniform(-1, 1, shape) / math.sqrt(shape[0]), dtype)
+  table = shapes(cfg)
+  for block in model.layers:
+    for name in lcfg.target_modules:
+      n_in, n_out, a_in, a_out = table[name]
+      setattr(getattr(block, owner(name)), f"{name}_lora",
+              Adapter(n_in, n_out, (a_in, a_out), lcfg, cfg.jnp_dtype, rngs=rngs, a_init=None if traced else a_init))
+
+
+def attach(model: model_lib.Llama, lcfg: LoraConfig, seed: int = 0, mesh=None, rules=None,
+           traced: bool = False) -> model_lib.Llama:
+  """Add LoRA adapters (B = 0: the output is unchanged) to `model` in place and return it; with `mesh`,
+  the adapters are placed in their shardings (the base is not touched). traced: called inside a jit or
+  eval_shape (a train state's init)."""
+  if lora_config(model) is not None:
+    raise ValueError("this model already has LoRA adapters; attach once (or start from lora.merged(model))")
+  _build(model, lcfg, seed, traced)
+  model.lora_config = lcfg
+  if mesh is not None:
+    from jaxpod.runtime.sharding import DEFAULT, state_shardings
+    adapters = nnx.state(model, nnx.LoRAParam)
+    flat, shardings = nnx.to_flat_state(adapters), jax.tree.leaves(state_shardings(adapters, mesh, rules or DEFAULT))
+    nnx.update(model, nnx.from_flat_state([(p, v.replace(_place(np.asarray(v.get_value()), sh)))
+                                           for (p, v), sh in zip(flat, shardings)]))
+  return model
+
+
+def _place(w: np.ndarray, sharding) -> jax.Array:
+  """The same host array on every host -> a global array in `sharding` (each host fills only its own shards)."""
+  return jax.make_array_from_callback(w.shape, sharding, lambda idx: np.ascontiguousarray(w[idx]))
+
+
+def lora_config(model: model_lib.Llama) -> LoraConfig | None:
+  """The LoraConfig the model's adapters were attached with (None: no adapters)."""
+  return getattr(model, "lora_config", None)
+
+
+def adapters(model: model_lib.Llama) -> dict[tuple[int, str], tuple[jax.Array, jax.Array]]:
+  """(layer, projection) -> (A [in, r], B [r, out]) of every adapter of `model`."""
+  lcfg = lora_config(model)
+  if lcfg is None:
+    return {}
+  out = {}
+  for i, block in enumerate(model.layers):
+    for name in lcfg.target_modules:
+      lora = getattr(getattr(block, owner(name)), f"{name}_lora").lora
+      out[(i, name)] = (lora.lora_a[...], lora.lora_b[...])
+  return out
+
+
+def set_adapters(model: model_lib.Llama, values: Mapping[tuple[int, str], tuple]) -> None:
+  """Overwrite adapters in place from (layer, projection) -> (A [in, r], B [r, out]) host arrays (the same on
+  every host), keeping each one's dtype and sharding."""
+  for (i, name), (a, b) in values.items():
+    lora = getattr(getattr(model.layers[i], owner(name)), f"{name}_lora").lora
+    for var, w in ((lora.lora_a, a), (lora.lora_b, b)):
+      old = var[...]
+      var.set_value(_place(np.asarray(w, old.dtype), old.sharding))
+
+
+def merged(model: model_lib.Llama) -> model_lib.Llama:
+  """A plain model (no adapters; `model` untouched) whose projections are W + s * A B: what `hf_io.save` exports
+  as a HF checkpoint."""
+  lcfg = lora_config(model)
+  deltas = {(i, owner(name), name): (a, b) for (i, name), (a, b) in adapters(model).items()}
+
+  def value(path, w):
+    if len(path) != 4 or (path[1], path[2], path[3]) not in deltas:
+      return w
+    a, b = deltas[(path[1], path[2], path[3])]
+    delta = (a.astype(jnp.float32) @ b.astype(jnp.float32)) * lcfg.scale
+    return (w.astype(jnp.float32) + delta.reshape(w.shape)).astype(w.dtype)
+  flat = nnx.to_flat_state(nnx.state(model, nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))))
+  graphdef, _ = nnx.split(model_lib.abstract(model.cfg))
+  return nnx.merge(graphdef, nnx.from_flat_state([(p, v.replace(value(p, v.get_value()))) for p, v in flat]))
