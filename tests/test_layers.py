@@ -2,8 +2,9 @@
 
     cli                                  top: the command table, parse, call one workload
     bench                                benchmarks over the workloads
-    rl  tasks                            compositions: RL post-training (train + sample + transfer); what the
-                                         trainer runs (TRM Sudoku, causal LM); they never import each other
+    tasks                                what `jaxpod train` runs (TRM Sudoku, causal LM, preference); the preference
+                                         default reuses RL's policy evaluator and engine set-up, so tasks sit above rl
+    rl                                   RL post-training (train + sample + transfer); never imports tasks
     train  sample  extract  transfer     the workloads: never import each other
     plan                                 `jaxpod plan` (beside the workloads; imports models and runtime)
     problems                             what is solved: problem sets, environments, rewards, verifiers, pass@k
@@ -22,7 +23,7 @@ from pathlib import Path
 
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-RANK = {"cli": 7, "bench": 6, "tasks": 5, "rl": 5, "train": 4, "sample": 4, "extract": 4, "transfer": 4, "problems": 3,
+RANK = {"cli": 8, "bench": 7, "tasks": 6, "rl": 5, "train": 4, "sample": 4, "extract": 4, "transfer": 4, "problems": 3,
         "plan": 4, "models": 2, "data": 2, "io": 2, "configs": 2, "runtime": 1}
 WORKLOADS = {"train", "sample", "extract", "transfer"}
 
@@ -86,7 +87,7 @@ def test_no_module_imports_upward():
         continue
       if RANK[dst] > RANK[src]:
         bad.append(f"{module} ({src}) imports {target} ({dst})")
-  assert not bad, ("imports must flow downward (cli > bench > rl/tasks > workloads > problems > models/data/io > "
+  assert not bad, ("imports must flow downward (cli > bench > tasks > rl > workloads > problems > models/data/io > "
                    "runtime):\n") + \
       "\n".join(bad)
 
@@ -102,10 +103,9 @@ def test_workloads_do_not_import_each_other():
   assert not bad, "\n".join(f"{m} imports {t}" for m, t in sorted(bad))
 
 
-def test_compositions_do_not_import_each_other():
-  """rl/ and tasks/ sit on one floor: each composes the workloads below, neither builds on the other."""
-  bad = {(m, t) for m, imported in GRAPH.items() for t in imported
-         if {_room(m), _room(t)} == {"rl", "tasks"}}
+def test_rl_never_imports_tasks():
+  """tasks/ sit above rl/: the preference default reuses RL's held-out evaluator and engine set-up, never the reverse."""
+  bad = {(m, t) for m, imported in GRAPH.items() for t in imported if _room(m) == "rl" and _room(t) == "tasks"}
   assert not bad, "\n".join(f"{m} imports {t}" for m, t in sorted(bad))
 
 

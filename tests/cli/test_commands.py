@@ -111,7 +111,7 @@ def test_malformed_prompt_files_name_the_line(tmp_path):
   p.write_text(json.dumps({"prompt": "a"}) + "\n{\"prompt\": \n")
   with pytest.raises(ValueError, match=r"sample.prompts=.*prompts.jsonl line 2 is not JSON"):
     sample_prompts(str(p))
-  with pytest.raises(ValueError, match=r"extract.prompts=.*prompts.jsonl' line 2 is not JSON"):
+  with pytest.raises(ValueError, match=r"extract.prompts=.*prompts.jsonl line 2 is not JSON"):
     extract_prompts(str(p))
 
 

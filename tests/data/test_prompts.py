@@ -106,3 +106,19 @@ def test_text_prompts_take_the_plain_format_and_messages_the_chat_template():
   assert text.endswith("<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n")
   with pytest.raises(PromptDataError, match="p.jsonl row 3: the prompt is a list of chat messages but no chat template"):
     render_prompt([{"role": "user", "content": "2+2?"}], "{prompt}", None, {}, "p.jsonl row 3")
+
+
+def test_one_prompt_list_reader_for_sample_and_extract(tmp_path):
+  """Text lines, .jsonl objects (fields kept, the prompt under the first key given, or a messages list), one-line
+  errors naming the field, the file and the line."""
+  from jaxpod.data.prompts import read_prompt_file
+  from jaxpod.extract.config import read_prompts as extract_prompts
+  from jaxpod.sample.run import read_prompts as sample_prompts
+  (tmp_path / "p.txt").write_text("first\n\n second \n")
+  assert read_prompt_file(str(tmp_path / "p.txt"), "x") == [{"prompt": "first"}, {"prompt": " second "}]
+  chat = [{"role": "user", "content": "hi"}]
+  (tmp_path / "p.jsonl").write_text('{"prompt": "a", "seed": 3}\n\n{"messages": %s}\n' % json.dumps(chat))
+  assert sample_prompts(str(tmp_path / "p.jsonl")) == (["a", chat], [3, None])
+  with pytest.raises(PromptDataError, match=r"extract.prompts=.*p.jsonl line 3: expected an object with a 'text' or "
+                     r"'prompt' string$"):
+    extract_prompts(str(tmp_path / "p.jsonl"))

@@ -98,7 +98,7 @@ def test_precomputed_reference_log_probs_give_the_in_step_loss_and_gradient(dpo_
   arrays, _ = read_pair_file(pair_file, tasks["in_step"].tokenizer, 12, 20, 0.05)
   batch = {k: v[:8].astype(np.int32) for k, v in arrays.items()}
   mesh = runtime.mesh_from_config(load_config(pref_args(tmp_path, tiny_ckpt, pair_file)).mesh)
-  graphdef, start = tasks["in_step"]._load(tiny_ckpt, mesh)
+  graphdef, start = tasks["in_step"].load_params(tiny_ckpt, mesh)
   trained = jax.tree.map(jax.numpy.asarray, keep.end["params"])
   ref = reference_logps(graphdef, start, batch, mesh, 8)
   results = {}

@@ -17,6 +17,10 @@ problems, and a training row whose prompt equals a held-out one is dropped too (
 never leak the held-out set into training). A separate held-out file replaces the hash split.
 
 Errors name the file, the row number (0-based, as `datasets` counts) and the column.
+
+Prompts without answers (`jaxpod sample`, `jaxpod extract`) come from a plain prompt list that needs no
+`datasets`: `read_prompt_file(url, "sample.prompts")`, one prompt per non-empty line of a text file, or one
+JSON object per line of a `.jsonl` file (its fields kept: a per-request "seed", say).
 """
 from __future__ import annotations
 
@@ -48,6 +52,34 @@ class PromptRow:
   row: int  # row number in the file (0-based)
   prompt: Any  # str, or a list of {"role", "content"} messages
   answer: str
+
+
+def read_prompt_file(url: str, field: str, keys: Sequence[str] = ("prompt",),
+                     messages: bool = False) -> list[dict]:
+  """Records of a prompt list, each with "prompt": the line of a text file, or the first of `keys` that a .jsonl
+  object holds as text (with `messages`, else its "messages" list); errors name `field`, the file and the line."""
+  import json
+  import fsspec
+  with fsspec.open(url, "r", encoding="utf-8") as f:
+    lines = f.read().splitlines()
+  if not url.endswith(".jsonl"):
+    return [{"prompt": line} for line in lines if line.strip()]
+  want = " or ".join(repr(k) for k in keys) + (" string or a 'messages' list" if messages else " string")
+  out = []
+  for n, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+    except ValueError as e:
+      raise PromptDataError(f"{field}={url} line {n} is not JSON ({e}); one object per line") from None
+    prompt = next((row[k] for k in keys if isinstance(row.get(k), str)), None) if isinstance(row, dict) else None
+    if prompt is None and messages and isinstance(row, dict) and isinstance(row.get("messages"), list):
+      prompt = row["messages"]
+    if prompt is None:
+      raise PromptDataError(f"{field}={url} line {n}: expected an object with a {want}")
+    out.append({**row, "prompt": prompt})
+  return out
 
 
 def _load(path: str):

@@ -152,22 +152,7 @@ def local_path(url: str) -> str | None:
 
 def read_prompts(url: str) -> list[str]:
   """Prompts from a .txt (one per non-empty line) or .jsonl ("text" or "prompt" field) file."""
-  with fsspec.open(url, "r", encoding="utf-8") as f:
-    lines = f.read().splitlines()
-  if not url.endswith(".jsonl"):
-    return [l for l in lines if l.strip()]
-  out = []
-  for n, line in enumerate(lines, 1):
-    if not line.strip():
-      continue
-    try:
-      row = json.loads(line)
-    except ValueError as e:
-      raise ValueError(f"extract.prompts={url!r} line {n} is not JSON ({e}); one object per line") from None
-    text = row.get("text", row.get("prompt")) if isinstance(row, dict) else None
-    if not isinstance(text, str):
-      raise ValueError(f"extract.prompts={url!r} line {n}: expected an object with a 'text' or 'prompt' string")
-    out.append(text)
-  return out
+  from jaxpod.data.prompts import read_prompt_file
+  return [r["prompt"] for r in read_prompt_file(url, "extract.prompts", keys=("text", "prompt"))]
 
 

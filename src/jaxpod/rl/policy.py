@@ -3,7 +3,8 @@
 `PolicySpec` names the architecture and where the weights start; from it come the tokenizer, the
 Llama config and the stop ids, the same in the trainer, the rollout workers and the checks.
 `PolicyTask` is what the two trainer tasks (`train_tasks.py`) share: the Llama policy, its optimizer
-shape, the held-out accuracy evaluator (`Accuracy`) and the HF export at the end (`HFExportHook`).
+shape and the held-out accuracy evaluator (`Accuracy`); building, loading and the HF export at the end are every
+Llama task's (`jaxpod.models.llama.training.LlamaTask`).
 `check_same_problems` is the setup check every job of a run makes on the problems its hosts read.
 """
 from __future__ import annotations
@@ -15,10 +16,10 @@ import numpy as np
 
 from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.models.llama.tokenizer import Tokenizer
+from jaxpod.models.llama.training import LlamaTask
 from jaxpod.problems.base import ProblemSet
 from jaxpod.problems.rewards import VerifiedProblems
 from jaxpod.rl.config import RLModelConfig, RolloutConfig
-from jaxpod.runtime.hooks import Hook, StepInfo
 from jaxpod.train.config import TrainConfig
 
 
@@ -44,25 +45,9 @@ class PolicySpec:
     return tuple(sorted(set(tokenizer.eos_ids) | set(llama.eos_token_id)))
 
 
-class HFExportHook(Hook):
-  """At the final step, write the policy as a HF checkpoint (every host takes part; the leader writes)."""
-
-  def __init__(self, graphdef, url: str):
-    self.graphdef, self.url = graphdef, url
-
-  def due(self, step: int, final: bool) -> bool:
-    return final
-
-  def __call__(self, info: StepInfo) -> None:
-    from flax import nnx
-    from jaxpod.models.llama import hf_io
-    hf_io.save(nnx.merge(self.graphdef, info.state.params), self.url)
-    return None
-
-
 class Accuracy:
   """Greedy accuracy on the held-out problems, and pass@k with `eval.k` (the trainer's evaluator); for a multi-turn
-  set, the fraction of episodes solved."""
+  set, the fraction of episodes solved. The one held-out evaluator: the preference default uses it too."""
 
   def __init__(self, problems: VerifiedProblems, rollout: RolloutConfig, graphdef, mesh, tokenizer, stop_ids):
     from jaxpod.rl.rollout.episodes import samples_for
@@ -92,8 +77,9 @@ class Accuracy:
     return out | {"seconds": time.perf_counter() - t0}
 
 
-class PolicyTask:
-  """What both trainer tasks share: the Llama policy, its optimizer shape, the accuracy evaluator, the export."""
+class PolicyTask(LlamaTask):
+  """What both trainer tasks share: the Llama policy (built, loaded and exported by `LlamaTask`), its optimizer
+  shape, the accuracy evaluator."""
 
   headline = "accuracy"
 
@@ -102,6 +88,7 @@ class PolicyTask:
     self.cfg, self.policy, self.problems, self.rollout, self.export_to = cfg, policy, problems, rollout, export_to
     self.tokenizer = policy.tokenizer()
     self.llama = policy.llama()
+    self.start_url = policy.start_from  # None: random init
     self.stop_ids = policy.stop_ids(self.tokenizer, self.llama)
     self.row_len = rollout.max_prompt_len + rollout.max_new_tokens  # tokens per training row
     self.host, self.hosts = 0, 1
@@ -112,34 +99,6 @@ class PolicyTask:
   def setup(self, prepared, host_index: int, host_count: int) -> None:
     self.host, self.hosts = host_index, host_count
     check_same_problems(self.problems.problem_set, "trainer")
-
-  def _buffers(self, params) -> dict:
-    return {}
-
-  def abstract_model(self, seed: int):
-    from flax import nnx
-    from jaxpod.models.llama import abstract
-    graphdef, params = nnx.split(abstract(self.llama))
-    return graphdef, params, self._buffers(params)
-
-  def init_model(self, seed: int):
-    from flax import nnx
-    from jaxpod.models.llama import Llama
-    params = nnx.split(Llama(self.llama, rngs=nnx.Rngs(params=seed)))[1]
-    return params, self._buffers(params)
-
-  def initial_params(self, mesh, shardings):
-    """The starting checkpoint's weights placed like the trainer's params; None: random init."""
-    if not self.policy.start_from:
-      return None
-    import jax
-    from flax import nnx
-    from jaxpod.models.llama import hf_io
-    params = jax.device_put(nnx.split(hf_io.load(self.policy.start_from, mesh, cfg=self.llama))[1], shardings.params)
-    return params, self._buffers(params)
-
-  def init_carry(self, global_batch: int):
-    return ()
 
   def _adamw(self, lr: float, warmup: int, weight_decay: float, grad_clip: float):
     import optax
@@ -152,7 +111,7 @@ class PolicyTask:
     return Accuracy(self.problems, self.rollout, graphdef, mesh, self.tokenizer, self.stop_ids)
 
   def hooks(self, graphdef, mesh, tcfg) -> list:
-    return [HFExportHook(graphdef, self.export_to)] if self.export_to else []
+    return self.export_hooks(graphdef, self.export_to)
 
   def eval_summary(self, ev: dict) -> list[tuple[str, str]]:
     return [("held-out accuracy", f"{ev.get('accuracy', float('nan')):.1%} of {ev.get('count', 0)} problems")]

@@ -23,7 +23,9 @@ step (which donates them): the training trajectory is bit-identical with or with
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from typing import Any, Callable, Sequence
 
 import jax
@@ -96,3 +98,19 @@ class SampleHook(Hook):
               for i, (p, text, c) in enumerate(zip(self.prompts, texts, results))]
       storage.append_text(storage.join(info.run_dir, self.file_name), "".join(rows))
     return {"sample/mean_new_tokens": sum(len(c.tokens) for c in results) / max(len(results), 1)}
+
+
+def sample_hooks(task_cfg, tokenizer: Tokenizer, graphdef, mesh, **hook_kwargs) -> list:
+  """[SampleHook] completing `task_cfg.prompts` every `task_cfg.sample_every` steps with `task_cfg.sample`'s options
+  ([] without prompts): the task config of a Llama task of `jaxpod train`."""
+  if not task_cfg.prompts:
+    return []
+  dp = math.prod(mesh.shape[a] for a in mesh.axis_names if a in ("data", "fsdp"))
+  rows = -(-len(task_cfg.prompts) // dp) * dp
+  options = dataclasses.replace(task_cfg.sample, batch_size=rows)
+  hook = SampleHook(task_cfg.sample_every, task_cfg.prompts, tokenizer, graphdef, options=options, **hook_kwargs)
+  longest = max(len(ids) for ids in hook._prompt_ids())  # leader tokenizes, every host gets the ids: now
+  if longest > options.max_prompt_len:                  # (before training), not at the first sampling step
+    raise ValueError(f"task.prompts: a prompt has {longest} tokens but task.sample.max_prompt_len="
+                     f"{options.max_prompt_len}; raise it or shorten the prompt")
+  return [hook]

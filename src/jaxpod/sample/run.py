@@ -19,7 +19,6 @@ import hashlib
 import json
 from typing import Any
 
-import fsspec
 
 from jaxpod import runtime
 from jaxpod.runtime import storage
@@ -32,25 +31,9 @@ from jaxpod.sample.sampler import Sampler, check_batch, check_memory, make_sampl
 def read_prompts(path: str) -> tuple[list[str | list[dict]], list[int | None]]:
   """Prompts (and optional per-request seeds) from .jsonl ({"prompt": text or "messages": [{"role", "content"},
   ...], "seed"?}) or text lines; a message list is returned as is (`tokenized_prompts` renders it)."""
-  with fsspec.open(path, "r") as f:
-    lines = [l.rstrip("\n") for l in f]
-  if path.endswith(".jsonl"):
-    rows = []
-    for n, line in enumerate(lines, 1):
-      if line.strip():
-        try:
-          rows.append(json.loads(line))
-        except ValueError as e:
-          raise ValueError(f"sample.prompts={path} line {n} is not JSON ({e}); one object per line: "
-                           '{"prompt": "..."} or {"messages": [...]}') from None
-    bad = [i for i, r in enumerate(rows) if not isinstance(r, dict)
-           or not (isinstance(r.get("prompt"), str) or isinstance(r.get("messages"), list))]
-    if bad:
-      raise ValueError(f"{path}: line(s) {bad[:5]} lack a string \"prompt\" or a \"messages\" list")
-    return [r["prompt"] if isinstance(r.get("prompt"), str) else r["messages"] for r in rows], \
-        [r.get("seed") for r in rows]
-  prompts = [l for l in lines if l.strip()]
-  return prompts, [None] * len(prompts)
+  from jaxpod.data.prompts import read_prompt_file
+  rows = read_prompt_file(path, "sample.prompts", messages=True)
+  return [r["prompt"] for r in rows], [r.get("seed") for r in rows]
 
 
 def render_messages(cfg: SampleConfig, prompts: list) -> list[tuple[str, bool]]:

@@ -36,6 +36,8 @@ import numpy as np
 
 from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.models.llama.lora import LoraConfig
+from jaxpod.models.llama.tokenizer import tokenizer_from
+from jaxpod.models.llama.training import AdamWConfig, LlamaTask, byte_llama
 from jaxpod.runtime import storage
 from jaxpod.runtime.hooks import Hook
 from jaxpod.sample.config import SamplingOptions
@@ -64,39 +66,6 @@ class TextData(DataConfig):
       raise ValueError(f"task.data.chunk_rows={self.chunk_rows}: expected >= 0 (0: ~64 MiB chunks)")
     if not 0.0 < self.eval_fraction < 1.0:
       raise ValueError(f"task.data.eval_fraction={self.eval_fraction}: expected a value in (0, 1)")
-
-
-@dataclasses.dataclass(frozen=True)
-class AdamWConfig:
-  """AdamW (b1 0.9, b2 0.95) with linear warmup, cosine decay to trainer.steps and global-norm clipping."""
-
-  lr: float = 3e-3  # peak learning rate
-  warmup_steps: int = 50  # linear warmup from 0
-  lr_min_ratio: float = 0.1  # cosine decay to lr * lr_min_ratio at trainer.steps
-  weight_decay: float = 0.01  # decoupled weight decay (not on norm weights)
-  grad_clip: float = 1.0  # global-norm clip (0: none)
-
-  def __post_init__(self):
-    if self.lr <= 0 or self.warmup_steps < 0 or self.weight_decay < 0 or self.grad_clip < 0:
-      raise ValueError("task.optim.lr must be > 0 and task.optim.warmup_steps, weight_decay, grad_clip >= 0")
-    if not 0.0 <= self.lr_min_ratio <= 1.0:
-      raise ValueError(f"task.optim.lr_min_ratio={self.lr_min_ratio}: expected a value in [0, 1]")
-
-  def build(self, steps: int):
-    """(optax transformation, lr schedule) for a run of `steps` optimizer steps."""
-    import optax
-    from jaxpod.models.llama.model import weight_decay_mask
-    sched = optax.warmup_cosine_decay_schedule(0.0, self.lr, self.warmup_steps, steps,
-                                               end_value=self.lr * self.lr_min_ratio)
-    adamw = optax.adamw(sched, b1=0.9, b2=0.95, weight_decay=self.weight_decay, mask=weight_decay_mask)
-    return (optax.chain(optax.clip_by_global_norm(self.grad_clip), adamw) if self.grad_clip else adamw), sched
-
-
-def byte_llama() -> LlamaConfig:
-  """The default causal-LM Llama: byte-level vocabulary (259), hidden 128, 4 layers, 512 positions."""
-  return LlamaConfig(vocab_size=259, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-                     num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
-                     tie_word_embeddings=True, bos_token_id=256, eos_token_id=(257,), pad_token_id=258)
 
 
 @TaskConfig.register_subclass("causal_lm")
@@ -164,34 +133,7 @@ class CausalLMConfig(TaskConfig):
     return LMTask(cfg)
 
 
-def tokenizer_from(spec: str):
-  """The tokenizer a spec names: 'byte' (ByteTokenizer) or a folder with tokenizer.json."""
-  from jaxpod.models.llama.tokenizer import ByteTokenizer, load_tokenizer
-  if spec == "byte":
-    return ByteTokenizer()
-  if not storage.exists(spec):
-    raise FileNotFoundError(f"task.data.tokenizer={spec!r}: no such folder; use 'byte' or a folder with "
-                            "tokenizer.json")
-  return load_tokenizer(spec)
-
-
-def sample_hooks(task_cfg, tokenizer, graphdef, mesh, **hook_kwargs) -> list:
-  """[SampleHook] completing `task_cfg.prompts` every `task_cfg.sample_every` steps ([] without prompts)."""
-  if not task_cfg.prompts:
-    return []
-  from jaxpod.sample.hook import SampleHook
-  dp = math.prod(mesh.shape[a] for a in mesh.axis_names if a in ("data", "fsdp"))
-  rows = -(-len(task_cfg.prompts) // dp) * dp
-  options = dataclasses.replace(task_cfg.sample, batch_size=rows)
-  hook = SampleHook(task_cfg.sample_every, task_cfg.prompts, tokenizer, graphdef, options=options, **hook_kwargs)
-  longest = max(len(ids) for ids in hook._prompt_ids())  # leader tokenizes, every host gets the ids: now
-  if longest > options.max_prompt_len:                  # (before training), not at the first sampling step
-    raise ValueError(f"task.prompts: a prompt has {longest} tokens but task.sample.max_prompt_len="
-                     f"{options.max_prompt_len}; raise it or shorten the prompt")
-  return [hook]
-
-
-class LMTask:
+class LMTask(LlamaTask):
   """Next-token loss on a packed text stream; eval = held-out loss/perplexity; SampleHook."""
 
   name = CausalLMConfig.prefix
@@ -200,7 +142,8 @@ class LMTask:
 
   def __init__(self, cfg: TrainConfig):
     self.cfg, self.lm = cfg, cfg.task
-    self.model_cfg = self.lm.model_config()
+    self.llama = self.model_cfg = self.lm.model_config()
+    self.start_url = self.lm.init_from or None  # task.init_from's weights; None: random init
     self.tokenizer = tokenizer_from(self.lm.data.tokenizer)
     self.loader = None
 
@@ -296,45 +239,34 @@ class LMTask:
     """(graphdef, trained, frozen): every weight and {}, or with task.lora the adapters and the base."""
     from flax import nnx
     if self.lm.lora is None:
-      return (*nnx.split(model), {})
+      return super()._split(model)
     return nnx.split(model, nnx.LoRAParam, ...)
 
   def _model(self, seed: int):
     """A random model (traced: inside the state's jitted init, or under eval_shape), adapters attached."""
-    from flax import nnx
-    from jaxpod.models.llama import Llama, lora
-    model = Llama(self.model_cfg, rngs=nnx.Rngs(params=seed))
+    from jaxpod.models.llama import lora
+    model = super()._model(seed)
     return model if self.lm.lora is None else lora.attach(model, self.lm.lora, seed, traced=True)
-
-  def abstract_model(self, seed: int):
-    from flax import nnx
-    return self._split(nnx.eval_shape(lambda: self._model(seed)))
-
-  def init_model(self, seed: int):
-    return self._split(self._model(seed))[1:]
 
   def weights(self, params, buffers):
     """The whole model's state from the train state's halves (with LoRA: base + adapters)."""
     from flax import nnx
     return params if self.lm.lora is None else nnx.merge_state(buffers, params)
 
-  def initial_params(self, mesh, shardings):
-    """task.init_from's weights placed like the trainer's params; None: random init."""
-    if not self.lm.init_from:
-      return None
-    import jax
-    from jaxpod.models.llama import hf_io, lora
-    from jaxpod.models.llama import peft_io
-    model = hf_io.load(self.lm.init_from, mesh, cfg=self.model_cfg)
+  def _loaded(self, model, mesh):
+    """task.init_from's model, with task.adapter_from's adapters or fresh ones (task.lora) attached."""
+    from jaxpod.models.llama import lora, peft_io
     if self.lm.adapter_from:
       peft_io.load_adapter(model, self.lm.adapter_from, mesh=mesh)
     elif self.lm.lora is not None:
       lora.attach(model, self.lm.lora, self.cfg.trainer.seed, mesh=mesh)
-    _, params, buffers = self._split(model)
-    return jax.device_put(params, shardings.params), jax.device_put(buffers, shardings.buffers)
+    return model
 
-  def init_carry(self, global_batch: int):
-    return ()
+  def _place(self, params, buffers, shardings):
+    if self.lm.lora is None:
+      return super()._place(params, buffers, shardings)
+    import jax
+    return jax.device_put(params, shardings.params), jax.device_put(buffers, shardings.buffers)
 
   def optimizer(self):
     return self.lm.optim.build(self.cfg.trainer.steps)
@@ -381,6 +313,7 @@ class LMTask:
     return evaluate
 
   def hooks(self, graphdef, mesh, tcfg) -> list:
+    from jaxpod.sample.hook import sample_hooks
     if self.lm.lora is None:
       return sample_hooks(self.lm, self.tokenizer, graphdef, mesh)
     return [*sample_hooks(self.lm, self.tokenizer, graphdef, mesh,

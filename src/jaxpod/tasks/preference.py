@@ -35,10 +35,10 @@ import numpy as np
 
 from jaxpod.data.pairs import open_pairs, write_pairs
 from jaxpod.models.llama.config import LlamaConfig
+from jaxpod.models.llama.tokenizer import tokenizer_from
+from jaxpod.models.llama.training import AdamWConfig, LlamaTask, byte_llama
 from jaxpod.runtime import storage
 from jaxpod.sample.config import SamplingOptions
-from jaxpod.tasks.causal_lm import AdamWConfig, sample_hooks, tokenizer_from
-from jaxpod.tasks.causal_lm import byte_llama
 from jaxpod.tasks.preference_loss import METRICS, LossConfig
 from jaxpod.train.config import DataConfig, TaskConfig, TrainConfig
 
@@ -156,7 +156,7 @@ def _sha(obj) -> str:
   return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-class PreferenceTask:
+class PreferenceTask(LlamaTask):
   """Pairs through one forward, the configured preference loss, held-out pair metrics (+ exact match)."""
 
   name = PreferenceConfig.prefix
@@ -234,11 +234,6 @@ class PreferenceTask:
     from jaxpod import runtime
     return runtime.mesh_from_config(self.cfg.mesh)
 
-  def _load(self, url: str, mesh):
-    from flax import nnx
-    from jaxpod.models.llama import hf_io
-    return nnx.split(hf_io.load(url, mesh, cfg=self.llama))
-
   def _sort_pairs(self, folder: str):
     """The default's warm-up (HF checkpoint) and pairs in shared storage; made by every host when missing."""
     from flax import nnx
@@ -254,7 +249,7 @@ class PreferenceTask:
       runtime.barrier("pref.warmup_saved", timeout_s=600)
     self.start_url = warm
     if not runtime.broadcast_call(lambda: storage.exists(storage.join(pairs, "manifest.json")), "pref.has_pairs"):
-      graphdef, params = self._load(warm, mesh)
+      graphdef, params = self.load_params(warm, mesh)
       arrays, counts = start.sort_pairs(graphdef, params, mesh, sort, self.tokenizer, seed, d.max_length)
       runtime.broadcast_call(lambda: (write_pairs(pairs, arrays),
                                       storage.write_text(pairs + ".counts.json", json.dumps(counts))), "pref.pairs")
@@ -273,7 +268,7 @@ class PreferenceTask:
     url = storage.join(self._cache(), f"pref-ref-{_sha([key_url, self.start_url, shape])}.npy")
     if not runtime.broadcast_call(lambda: storage.exists(url), "pref.has_reference"):
       mesh = self._mesh()
-      graphdef, params = self._load(self.start_url, mesh)
+      graphdef, params = self.load_params(self.start_url, mesh)
       ref = reference_logps(graphdef, params, rows.read_all(), mesh, self.pc.data.global_batch_size)
       buf = io.BytesIO()
       np.save(buf, ref, allow_pickle=False)
@@ -286,31 +281,6 @@ class PreferenceTask:
   # ---------------------------------------------------------------- model and loss
   def _buffers(self, params) -> dict:
     return {"ref": params} if self.pc.in_step_reference else {}
-
-  def abstract_model(self, seed: int):
-    from flax import nnx
-    from jaxpod.models.llama import abstract
-    graphdef, params = nnx.split(abstract(self.llama))
-    return graphdef, params, self._buffers(params)
-
-  def init_model(self, seed: int):
-    """Random weights (traced in the state's jitted init); in-step, the reference is a copy of them."""
-    from flax import nnx
-    from jaxpod.models.llama import Llama
-    return self._with_buffers(nnx.split(Llama(self.llama, rngs=nnx.Rngs(params=seed)))[1])
-
-  def _with_buffers(self, params):
-    return params, self._buffers(params)
-
-  def initial_params(self, mesh, shardings):
-    """The starting checkpoint (task.hf or the default's warm-up) as the policy and, in-step, the reference."""
-    if not self.start_url:
-      return None
-    import jax
-    return self._with_buffers(jax.device_put(self._load(self.start_url, mesh)[1], shardings.params))
-
-  def init_carry(self, global_batch: int):
-    return ()
 
   def optimizer(self):
     return self.pc.optim.build(self.cfg.trainer.steps)
@@ -356,14 +326,14 @@ class PreferenceTask:
   def evaluator(self, graphdef, mesh, ema_sh, buffer_sh, batch_sh):
     from jax.sharding import NamedSharding, PartitionSpec
     from jaxpod import runtime
-    from jaxpod.tasks.preference_start import ExactMatch
+    from jaxpod.tasks.preference_start import held_out_accuracy
     from jaxpod.train.state import batch_sharding
     from jaxpod.train.step import global_batch, host_metrics
     loss = self.loss_fn(graphdef)
     eval_sh = {**batch_sh, "valid": batch_sharding(mesh, 1)}
     fn = runtime.jit(lambda p, b, batch: loss(p, b, batch, None, ())[1][1], name="preference_eval_batch",
                      in_shardings=(ema_sh, buffer_sh, eval_sh), out_shardings=NamedSharding(mesh, PartitionSpec()))
-    exact = (ExactMatch(graphdef, mesh, self.pc.sort, self.tokenizer, self.cfg.trainer.seed)
+    exact = (held_out_accuracy(graphdef, mesh, self.pc.sort, self.tokenizer, self.cfg.trainer.seed)
              if self.pc.data.path is None else None)
 
     def evaluate(params, buffers) -> dict:
@@ -374,11 +344,15 @@ class PreferenceTask:
         for k, v in host_metrics(m).items():
           raw[k] = raw.get(k, 0.0) + v
       out = {**self.normalize(raw, 0), "count": int(raw["pairs"])}
-      return out | exact(params) if exact is not None else out
+      if exact is not None:
+        acc = exact(params, buffers)
+        out |= {"accuracy": acc["accuracy"], "accuracy_count": acc["count"]}
+      return out
 
     return evaluate
 
   def hooks(self, graphdef, mesh, tcfg) -> list:
+    from jaxpod.sample.hook import sample_hooks
     return sample_hooks(self.pc, self.tokenizer, graphdef, mesh)
 
   def summary_fields(self, run_dir: str) -> dict:

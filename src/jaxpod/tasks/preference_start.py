@@ -1,10 +1,12 @@
 """What the preference task does before its first step, on every host (SPMD): the built-in default's
-warm-up and on-policy pairs, precomputed reference log-probs, and the default's exact-match evaluator.
+warm-up and on-policy pairs, precomputed reference log-probs, and the default's exact-match evaluator. The
+engine is set up and the held-out problems are evaluated as RL does (`rl.rollout.roller.make_sampler`,
+`rl.policy.Accuracy` on the `sort` problem set: the same problems as `jaxpod.data.sort_digits.held_out`).
 
     params = warm_up(llama_cfg, sort, mesh, seed)                 # supervised imitation of the flawed teacher
     arrays, counts = sort_pairs(graphdef, params, mesh, sort, tokenizer, seed, max_length)  # chosen: correct
     ref_NxP = reference_logps(graphdef, params, arrays, mesh, batch)                 # [N, 2] summed answer log-probs
-    accuracy = ExactMatch(graphdef, mesh, sort, tokenizer, seed)(params)             # held-out greedy exact match
+    accuracy = held_out_accuracy(graphdef, mesh, sort, tokenizer, seed)(params, {})  # held-out greedy exact match
 
 Every function here is called by every host with the same arguments and runs the same programs on
 the global mesh (invariant 1); each host feeds only its share of the rows. Results that must
@@ -16,14 +18,12 @@ import numpy as np
 
 from jaxpod.data import sort_digits
 from jaxpod.data.pairs import encode_pair, stack_pairs
+from jaxpod.problems.environments import answer_ids
 
 
 def _answer_ids(tokenizer, text: str) -> list[int]:
-  """`text` tokenized as a continuation (no BOS), then the end-of-sequence token."""
-  ids = tokenizer.encode(text)
-  if ids and tokenizer.bos_id is not None and ids[0] == tokenizer.bos_id:
-    ids = ids[1:]
-  return ids + [tokenizer.eos_ids[0]]
+  """`text` tokenized as the policy would generate it after a prompt (`answer_ids`: no BOS), then the EOS token."""
+  return answer_ids(tokenizer, text) + [tokenizer.eos_ids[0]]
 
 
 def _global(local: np.ndarray, mesh):
@@ -79,17 +79,14 @@ def warm_up(llama_cfg, sort, mesh, seed: int, tokenizer, max_length: int):
   return graphdef, params
 
 
-def _sampler(graphdef, params, mesh, tokenizer, prompts: int, temperature: float, max_prompt_len: int,
-             max_new_tokens: int):
-  """A global-mode Sampler on the training mesh with up to 128 decode slots (a multiple of data x fsdp)."""
-  from flax import nnx
-  from jaxpod.sample import EngineConfig, Sampler, SamplingParams
+def engine_options(mesh, prompts: int, temperature: float, max_prompt_len: int, max_new_tokens: int):
+  """The engine's options for sampling (or, greedy, evaluating) the default's sort problems on the training mesh: up
+  to 128 decode slots (a multiple of data x fsdp), prompts up to the longest one."""
+  from jaxpod.rl.config import RolloutConfig
   dp = mesh.shape["data"] * mesh.shape["fsdp"]
   rows = -(-min(128, prompts) // dp) * dp
-  ec = EngineConfig(batch_size=rows, max_prompt_len=max_prompt_len, max_new_tokens=max_new_tokens,
-                    min_prefill_len=max_prompt_len)
-  return Sampler(nnx.merge(graphdef, params), mesh, ec, SamplingParams(temperature=temperature), tokenizer.eos_ids,
-                 mode="global")
+  return RolloutConfig(temperature=temperature or 1.0, max_prompt_len=max_prompt_len, max_new_tokens=max_new_tokens,
+                       batch_size=rows, eval_slots=rows, steps_per_round=8)  # temperature 0: make_sampler(greedy=True)
 
 
 def sort_pairs(graphdef, params, mesh, sort, tokenizer, seed: int, max_length: int) -> tuple[dict, dict]:
@@ -98,7 +95,9 @@ def sort_pairs(graphdef, params, mesh, sort, tokenizer, seed: int, max_length: i
   problems = sort_digits.training_problems(seed, 10_000, sort.prompts, sort.eval_size, sort.length)
   prompt_ids = [tokenizer.encode(p) for _, p, _ in problems]
   longest = max(len(i) for i in prompt_ids)
-  sampler = _sampler(graphdef, params, mesh, tokenizer, len(prompt_ids), sort.temperature, longest, sort.length + 2)
+  from jaxpod.rl.rollout.roller import make_sampler
+  rollout = engine_options(mesh, len(prompt_ids), sort.temperature, longest, sort.length + 2)
+  sampler = make_sampler(graphdef, params, mesh, rollout, tokenizer.eos_ids, greedy=sort.temperature == 0)
   outs = sampler.generate(prompt_ids, [seed * 100_003 + i for i, _, _ in problems])
   rows, counts = [], {"on_policy": 0, "teacher": 0, "skipped": 0}
   for (index, _, answer), ids, c in zip(problems, prompt_ids, outs):
@@ -148,22 +147,13 @@ def reference_logps(graphdef, params, arrays: dict, mesh, batch: int) -> np.ndar
   return out
 
 
-class ExactMatch:
-  """Greedy exact-match accuracy on the default's held-out sort problems (a metric the loss never sees)."""
-
-  def __init__(self, graphdef, mesh, sort, tokenizer, seed: int):
-    self.graphdef, self.mesh, self.sort, self.tokenizer = graphdef, mesh, sort, tokenizer
-    self.problems = sort_digits.held_out(seed, sort.eval_size, sort.length)
-    self.sampler = None
-
-  def __call__(self, params) -> dict:
-    ids = [self.tokenizer.encode(p) for p, _ in self.problems]
-    if self.sampler is None:
-      self.sampler = _sampler(self.graphdef, params, self.mesh, self.tokenizer, len(ids), 0.0,
-                              max(len(i) for i in ids), self.sort.length + 2)
-    else:
-      self.sampler.update_params(params, self.sampler.version + 1)
-    outs = self.sampler.generate(ids, [0] * len(ids))
-    right = [c.finish_reason == "stop" and self.tokenizer.decode(c.tokens) == answer
-             for (_, answer), c in zip(self.problems, outs)]
-    return {"accuracy": sum(right) / len(right), "accuracy_count": len(right)}
+def held_out_accuracy(graphdef, mesh, sort, tokenizer, seed: int):
+  """The RL evaluator (`rl.policy.Accuracy`: greedy exact match by the `sort` problem set's verifier) on the default's
+  held-out sort problems (a metric the loss never sees); called with (params, buffers)."""
+  from jaxpod.problems import SortProblems
+  from jaxpod.problems.rewards import VerifiedProblems
+  from jaxpod.rl.policy import Accuracy
+  problems = VerifiedProblems(SortProblems(length=sort.length, eval_size=sort.eval_size), ("exact_match",), (), seed)
+  longest = max(len(tokenizer.encode(p.prompt)) for p in problems.eval_set())
+  rollout = engine_options(mesh, sort.eval_size, 0.0, longest, sort.length + 2)
+  return Accuracy(problems, rollout, graphdef, mesh, tokenizer, tuple(tokenizer.eos_ids))

@@ -126,6 +126,17 @@ def load_tokenizer(url: str) -> Tokenizer:
                                                              else []), tok.pad_token_id)
 
 
+def tokenizer_from(spec: str) -> Tokenizer:
+  """The tokenizer a task's spec names: 'byte' (ByteTokenizer) or a folder with tokenizer.json."""
+  from jaxpod.runtime import storage
+  if spec == "byte":
+    return ByteTokenizer()
+  if not storage.exists(spec):
+    raise FileNotFoundError(f"task.data.tokenizer={spec!r}: no such folder; use 'byte' or a folder with "
+                            "tokenizer.json")
+  return load_tokenizer(spec)
+
+
 def _byte_chars() -> list[str]:
   """Byte b -> the printable character byte-level BPE files spell it with (GPT-2's table)."""
   printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))

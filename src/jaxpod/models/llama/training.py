@@ -1,0 +1,132 @@
+"""What every trainer task of a Llama shares: build, load, export (causal_lm, preference and RL's tasks).
+
+    class MyTask(LlamaTask):                     # a `jaxpod.train.task.Task` of a Llama policy
+      def __init__(self, cfg):
+        self.llama, self.start_url = LlamaConfig(...), "gs://bucket/ckpt"   # None: random init
+    hooks = task.export_hooks(graphdef, "gs://bucket/out")                 # HF checkpoint at the final step
+
+`LlamaTask` gives the trainer the model (`abstract_model`, `init_model`), the starting checkpoint placed like
+the trainer's params (`initial_params`), and `_buffers(params)`: what a task keeps beside the params (a
+frozen reference copy; none by default). `AdamWConfig` is the optimizer section of the Llama tasks of
+`jaxpod train`; `byte_llama` their byte-level default architecture.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from jaxpod.models.llama.config import LlamaConfig
+from jaxpod.runtime.hooks import Hook, StepInfo
+
+
+def byte_llama() -> LlamaConfig:
+  """The default causal-LM Llama: byte-level vocabulary (259), hidden 128, 4 layers, 512 positions."""
+  return LlamaConfig(vocab_size=259, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+                     num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+                     tie_word_embeddings=True, bos_token_id=256, eos_token_id=(257,), pad_token_id=258)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdamWConfig:
+  """AdamW (b1 0.9, b2 0.95) with linear warmup, cosine decay to trainer.steps and global-norm clipping."""
+
+  lr: float = 3e-3  # peak learning rate
+  warmup_steps: int = 50  # linear warmup from 0
+  lr_min_ratio: float = 0.1  # cosine decay to lr * lr_min_ratio at trainer.steps
+  weight_decay: float = 0.01  # decoupled weight decay (not on norm weights)
+  grad_clip: float = 1.0  # global-norm clip (0: none)
+
+  def __post_init__(self):
+    if self.lr <= 0 or self.warmup_steps < 0 or self.weight_decay < 0 or self.grad_clip < 0:
+      raise ValueError("task.optim.lr must be > 0 and task.optim.warmup_steps, weight_decay, grad_clip >= 0")
+    if not 0.0 <= self.lr_min_ratio <= 1.0:
+      raise ValueError(f"task.optim.lr_min_ratio={self.lr_min_ratio}: expected a value in [0, 1]")
+
+  def build(self, steps: int):
+    """(optax transformation, lr schedule) for a run of `steps` optimizer steps."""
+    import optax
+    from jaxpod.models.llama.model import weight_decay_mask
+    sched = optax.warmup_cosine_decay_schedule(0.0, self.lr, self.warmup_steps, steps,
+                                               end_value=self.lr * self.lr_min_ratio)
+    adamw = optax.adamw(sched, b1=0.9, b2=0.95, weight_decay=self.weight_decay, mask=weight_decay_mask)
+    return (optax.chain(optax.clip_by_global_norm(self.grad_clip), adamw) if self.grad_clip else adamw), sched
+
+
+class HFExportHook(Hook):
+  """At the final step, write the policy as a HF checkpoint (every host takes part; the leader writes)."""
+
+  def __init__(self, graphdef, url: str):
+    self.graphdef, self.url = graphdef, url
+
+  def due(self, step: int, final: bool) -> bool:
+    return final
+
+  def __call__(self, info: StepInfo) -> None:
+    from flax import nnx
+    from jaxpod.models.llama import hf_io
+    hf_io.save(nnx.merge(self.graphdef, info.state.params), self.url)
+    return None
+
+
+class LlamaTask:
+  """The Llama side of a trainer task: `llama` (the architecture) and `start_url` (a HF checkpoint; None: random
+  init) are set by the subclass. Hooks a task may override: `_buffers` (what the state keeps beside the params),
+  `_model` (a random model), `_split` (trained params vs frozen buffers), `_loaded` (what a task adds to the
+  loaded checkpoint) and `_place` (params and buffers placed like the state's)."""
+
+  llama: LlamaConfig
+  start_url: str | None = None
+
+  def _buffers(self, params) -> dict:
+    return {}
+
+  def _model(self, seed: int):
+    """A random model (traced: inside the state's jitted init, or under eval_shape)."""
+    from flax import nnx
+    from jaxpod.models.llama import Llama
+    return Llama(self.llama, rngs=nnx.Rngs(params=seed))
+
+  def _split(self, model):
+    """(graphdef, params, buffers): every weight is trained; the buffers are `_buffers(params)`."""
+    from flax import nnx
+    graphdef, params = nnx.split(model)
+    return graphdef, params, self._buffers(params)
+
+  def abstract_model(self, seed: int):
+    from flax import nnx
+    return self._split(nnx.eval_shape(lambda: self._model(seed)))
+
+  def init_model(self, seed: int):
+    """Random weights (traced in the state's jitted init), with their buffers."""
+    return self._split(self._model(seed))[1:]
+
+  def load_params(self, url: str, mesh):
+    """(graphdef, params) of the HF checkpoint at `url`, placed on `mesh` (read as this task's architecture)."""
+    from flax import nnx
+    from jaxpod.models.llama import hf_io
+    return nnx.split(hf_io.load(url, mesh, cfg=self.llama))
+
+  def _loaded(self, model, mesh):
+    """The starting checkpoint's model as the task trains it (a task may attach adapters)."""
+    return model
+
+  def _place(self, params, buffers, shardings):
+    """(params, buffers) placed like the trainer's state; the buffers are `_buffers` of the placed params."""
+    import jax
+    params = jax.device_put(params, shardings.params)
+    return params, self._buffers(params)
+
+  def initial_params(self, mesh, shardings):
+    """The starting checkpoint's weights placed like the trainer's params, with their buffers; None: random init."""
+    if not self.start_url:
+      return None
+    from flax import nnx
+    graphdef, params = self.load_params(self.start_url, mesh)
+    _, params, buffers = self._split(self._loaded(nnx.merge(graphdef, params), mesh))
+    return self._place(params, buffers, shardings)
+
+  def init_carry(self, global_batch: int):
+    return ()
+
+  def export_hooks(self, graphdef, url: str | None) -> list:
+    """[HFExportHook] writing the policy to `url` at the final step ([] without a url)."""
+    return [HFExportHook(graphdef, url)] if url else []
