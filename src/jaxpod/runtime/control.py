@@ -86,6 +86,13 @@ def _timeout(timeout_s: float | None) -> float:
   return state.config().control_timeout_s if timeout_s is None else timeout_s
 
 
+def bytes_timeout_s(base_s: float | None, nbytes: int, min_bytes_per_s: float) -> float:
+  """A control-plane deadline for a wait that covers moving `nbytes` (an upload, a pull): `base_s` (None: the
+  control-plane default) plus the bytes at the slowest rate allowed; a fixed deadline that fits a small model
+  is outrun by a large one's transfer."""
+  return _timeout(base_s) + nbytes / min_bytes_per_s
+
+
 def _next_gen(kind: str, name: str) -> tuple[str, int]:
   base = f"{PREFIX}/{kind}/{_key(name)}"
   _generations[base] += 1

@@ -77,9 +77,9 @@ class TransferConfig:
         raise ValueError(f"transfer.{field}={getattr(self, field)} must be > 0 seconds")
 
   def deadline_s(self, base_s: float, nbytes: int) -> float:
-    """A deadline that scales with the bytes moved: a fixed one that fits a small model would be
-    outrun by a large one's upload or pull on every step."""
-    return base_s + nbytes / (self.min_mb_per_s * 1e6)
+    """`base_s` plus `nbytes` at `min_mb_per_s` (runtime's one rule for deadlines that scale with bytes)."""
+    from jaxpod.runtime.control import bytes_timeout_s
+    return bytes_timeout_s(base_s, nbytes, self.min_mb_per_s * 1e6)
 
   @property
   def off_host(self) -> bool:

@@ -33,7 +33,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxpod.io import owner_gather, safetensors_io
 from jaxpod.models.llama import model as model_lib
 from jaxpod.models.llama.config import LlamaConfig
-from jaxpod.runtime import control, state
+from jaxpod.runtime import control
 from jaxpod.runtime.sharding import DEFAULT as DEFAULT_RULES, ShardingRules, state_shardings
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -280,11 +280,6 @@ def _hf_layout(leaf: str, dtype, w):
   return w.astype(dtype)
 
 
-def _upload_timeout_s(nbytes: int) -> float:
-  """How long the hosts wait for the slowest writer: the control-plane default, plus bytes at a slow 10 MB/s."""
-  return state.config().control_timeout_s + nbytes / UPLOAD_FLOOR_BPS
-
-
 def save(model: model_lib.Llama, url: str, dtype: str | None = None,
          max_shard_bytes: int | None = DEFAULT_SHARD_BYTES) -> None:
   """Write `config.json` + safetensors in HF layout: shards of at most max_shard_bytes + an index (one
@@ -328,7 +323,7 @@ def save(model: model_lib.Llama, url: str, dtype: str | None = None,
     _write_files(fs, root, jobs, file_of, files, shapes, out_dtype, mesh)
   if spread:  # uploads run past the last collective: wait as long as the largest share takes at a slow rate
     most = max(sum(nbytes[n] for f, names in files.items() if owners[f] == h for n in names) for h in hosts)
-    control.barrier("hf_io.save.files", timeout_s=_upload_timeout_s(most))
+    control.barrier("hf_io.save.files", timeout_s=control.bytes_timeout_s(None, most, UPLOAD_FLOOR_BPS))
   if len(files) > 1 and leader:  # the index last: a reader that finds it finds every file
     index = {"metadata": {"total_size": sum(nbytes.values())},
              "weight_map": {n: f for f, names in files.items() for n in names}}
