@@ -53,13 +53,6 @@ class CountingProxy:
           pass
 
 
-def proc_field(path: str, field: str) -> int:
-  """One numeric field of /proc/self/status (kB -> bytes) or /proc/self/io (bytes)."""
-  with open(path) as f:
-    value = int(next(line for line in f if line.startswith(field + ":")).split()[1])
-  return value * 1024 if path.endswith("status") else value
-
-
 class Phases:
   """Measures named phases of this host; every host enters each phase together (a barrier ends it)."""
 
@@ -68,24 +61,22 @@ class Phases:
 
   def measure(self, name: str, fn):
     from jaxpod import runtime
-    with open("/proc/self/clear_refs", "w") as f:
-      f.write("5")  # VmHWM := VmRSS
-    base = proc_field("/proc/self/status", "VmRSS")
-    w0, d0, u0, t0 = proc_field("/proc/self/io", "wchar"), self.proxy.down, self.proxy.up, time.perf_counter()
+    from jaxpod.runtime.procstats import io_bytes, reset_peak, status_bytes
+    reset_peak()
+    base = status_bytes("VmRSS")
+    w0, d0, u0, t0 = io_bytes("wchar"), self.proxy.down, self.proxy.up, time.perf_counter()
     out = fn()
     seconds = time.perf_counter() - t0
     runtime.barrier(f"bench.scale.{name}", timeout_s=3600)
     self.rows[name] = {"down": self.proxy.down - d0, "up": self.proxy.up - u0,
-                       "wchar": proc_field("/proc/self/io", "wchar") - w0,
-                       "hwm_growth": proc_field("/proc/self/status", "VmHWM") - base, "seconds": round(seconds, 2)}
+                       "wchar": io_bytes("wchar") - w0, "hwm_growth": status_bytes("VmHWM") - base, "seconds": round(seconds, 2)}
     return out
 
 
 def train_step(model, batch_per_host: int, seq: int):
-  """One AdamW step of the causal-LM loss on random tokens, the state sharded like the params; its
-  function returns nothing (the step's peak is what the phase measures)."""
+  """The model after one AdamW step of the causal-LM loss on random tokens, the optimizer state sharded like
+  the params (the step's peak memory is what the phase measures)."""
   import jax
-  import jax.numpy as jnp
   import numpy as np
   import optax
   from flax import nnx

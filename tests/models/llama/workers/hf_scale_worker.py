@@ -13,16 +13,6 @@ from __future__ import annotations
 import sys
 
 
-def _io(field: str) -> int:
-  with open("/proc/self/io") as f:
-    return int(next(l for l in f if l.startswith(field + ":")).split()[1])
-
-
-def _hwm() -> int:
-  with open("/proc/self/status") as f:
-    return int(next(l for l in f if l.startswith("VmHWM:")).split()[1]) * 1024
-
-
 def _tmp_files() -> dict[str, int]:
   """Every file under this host's temporary folder, with its size."""
   import os
@@ -34,11 +24,6 @@ def _tmp_files() -> dict[str, int]:
       if os.path.isfile(p):
         out[p] = os.path.getsize(p)
   return out
-
-
-def _reset_hwm() -> None:
-  with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
 
 
 def _check_equal(model, folder: str) -> int:
@@ -73,27 +58,28 @@ def main(argv):
   from jaxpod.io import safetensors_io
   from jaxpod.models.llama import hf_io
   from jaxpod.runtime import make_mesh
+  from jaxpod.runtime.procstats import io_bytes, reset_peak, status_bytes
   ckpt, out, max_shard = argv[0], argv[1], int(argv[2])
   mesh = make_mesh(data=1, fsdp=-1)
   fs, root = fsspec.core.url_to_fs(ckpt)
   size = sum(fs.size(f) for f in fs.ls(root) if f.endswith(".safetensors"))
   safetensors_io.counters(reset=True)
-  w0, tmp0 = _io("wchar"), _tmp_files()
+  w0, tmp0 = io_bytes("wchar"), _tmp_files()
   model = hf_io.load(ckpt, mesh)
   read = safetensors_io.counters()["read"]
   tmp = sum(n for p, n in _tmp_files().items() if p not in tmp0)
-  print(f"LOAD read={read} wchar={_io('wchar') - w0} tmpfiles={tmp} ckpt={size}", flush=True)
+  print(f"LOAD read={read} wchar={io_bytes('wchar') - w0} tmpfiles={tmp} ckpt={size}", flush=True)
   if len(argv) > 3:
     print(f"EQUAL {_check_equal(model, argv[3])}", flush=True)
   model_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model)))
   hf_io.save(model, out + "/warm", max_shard_bytes=max_shard)  # compiles every program the export runs
   runtime.barrier("hf_scale_worker.warm", timeout_s=120)
   safetensors_io.counters(reset=True)
-  _reset_hwm()
-  base = _hwm()
+  reset_peak()
+  base = status_bytes("VmHWM")
   hf_io.save(model, out, max_shard_bytes=max_shard)
   c = safetensors_io.counters()
-  print(f"EXPORT gathered={c['gathered']} written={c['written']} hwm_growth={_hwm() - base} model={model_bytes}",
+  print(f"EXPORT gathered={c['gathered']} written={c['written']} hwm_growth={status_bytes('VmHWM') - base} model={model_bytes}",
         flush=True)
   runtime.barrier("hf_scale_worker.done", timeout_s=120)
   runtime.shutdown()
