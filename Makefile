@@ -32,7 +32,7 @@ doctor: $(BASE_STAMP)
 	$(VENV)/bin/jaxpod launch --hosts 4 -- $(VENV)/bin/jaxpod doctor
 
 test: $(TEST_STAMP)
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=25  # the slowest tests in every log: the suite must stay under 20 min on 2 cores
 
 clean:
 	rm -rf $(VENV) build *.egg-info
