@@ -343,10 +343,11 @@ def test_jaxpod_rl_flags_reach_the_trainers_loss_and_metrics(tmp_path):
                                       "--grpo.mis_low", "0.25", "--grpo.mis_high", "4"])
   train_cfg = grpo_config(cfg, str(tmp_path), None, source=object())
   task = train_cfg.task.build(train_cfg)
-  graphdef, _, _ = task.abstract_model(0)
-  params, buffers = jax.jit(lambda: task.init_model(0))()
+  graphdef, shapes, buffers = task.abstract_model(0)
+  rng = np.random.default_rng(6)
+  params = jax.tree.map(lambda x: rng.normal(0, 0.1, x.shape).astype(x.dtype), shapes)  # no jitted random init
   rows, length = 4, cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens
-  tokens = np.random.default_rng(6).integers(0, 256, (rows, length)).astype(np.int32)
+  tokens = rng.integers(0, 256, (rows, length)).astype(np.int32)
   loss_mask = np.zeros((rows, length), np.int32)
   loss_mask[:, 8:length - 1] = 1  # completion tokens, target-aligned
   shift = np.zeros((rows, length), np.float32)

@@ -85,7 +85,7 @@ class GRPOConfig:
   grad_clip: float = 1.0  # global-norm clip (0: none)
   tis: str = "none"  # truncated importance sampling: weight min(pi_old/mu, tis_cap) per token | sequence (none: off)
   tis_cap: float = 2.0  # TIS cap C on the weight (verl's rollout_is_threshold, slime's tis_clip, TRL's cap)
-  mis: str = "none"  # masked importance sampling: drop tokens | sequence | geometric (samples) whose ratio leaves [mis_low, mis_high]
+  mis: str = "none"  # masked importance sampling: drop token | sequence | geometric whose ratio leaves [mis_low, mis_high]
   mis_low: float = 0.5  # MIS: lower bound of the kept ratio band
   mis_high: float = 2.0  # MIS: upper bound of the kept ratio band
 
