@@ -1,4 +1,7 @@
 """GRPO advantages and loss against a small NumPy implementation written from the formulas, loop by loop."""
+import functools
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -259,15 +262,19 @@ def _logit_batch():
   return logits, targets, mu, adv, np.exp(log_s), onehot - probs  # d logp / d logits = onehot - softmax
 
 
-def _grad(logits, targets, mu, adv, **kw):
-  import jax
-  mask = jnp.ones(targets.shape, bool)
-
+@functools.partial(jax.jit, static_argnames=("tis", "mis"))
+def _loss_and_grad(logits, targets, mu, adv, tis="none", mis="none", **bounds):
+  """(metric sums, d loss / d logits), jitted once per (tis, mis): the bounds are traced."""
   def f(lg):
-    logp = jnp.take_along_axis(jax.nn.log_softmax(lg), jnp.asarray(targets)[..., None], -1)[..., 0]
-    return grpo.policy_loss(logp, jnp.asarray(mu), jnp.asarray(adv), mask, epsilon=0.2, epsilon_high=0.28,
-                            beta=0.0, loss_norm="token", max_new_tokens=4, **kw)
-  (_, sums), g = jax.jit(jax.value_and_grad(f, has_aux=True))(jnp.asarray(logits))
+    logp = jnp.take_along_axis(jax.nn.log_softmax(lg), targets[..., None], -1)[..., 0]
+    return grpo.policy_loss(logp, mu, adv, jnp.ones(targets.shape, bool), epsilon=0.2, epsilon_high=0.28, beta=0.0,
+                            loss_norm="token", max_new_tokens=4, tis=tis, mis=mis, **bounds)
+  (_, sums), g = jax.value_and_grad(f, has_aux=True)(logits)
+  return sums, g
+
+
+def _grad(logits, targets, mu, adv, **kw):
+  sums, g = _loss_and_grad(*map(jnp.asarray, (logits, targets, mu, adv)), **kw)
   return np.asarray(g), {k: float(v) for k, v in sums.items()}
 
 
@@ -334,7 +341,6 @@ def test_jaxpod_rl_flags_reach_the_trainers_loss_and_metrics(tmp_path):
   run.py's GRPO TrainConfig and task, to the jitted loss on a batch where mu differs from pi and the logged
   metrics (is_weight, tis_fraction, mis_fraction, ratio_min/max)."""
   import draccus
-  import jax
   from flax import nnx
   from jaxpod.rl.config import RLConfig
   from jaxpod.rl.run import grpo_config
