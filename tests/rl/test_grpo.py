@@ -1,4 +1,7 @@
 """GRPO advantages and loss against a small NumPy implementation written from the formulas, loop by loop."""
+import functools
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -183,3 +186,188 @@ def test_a_batch_gives_up_after_max_rounds_of_uniform_groups_in_both_topologies(
   assert fill.describe() == ("0 of 2 groups taken, 3 of at most 12 judged on their rewards; worker 0: 0 taken, "
                              "dropped 1 stale, 1 uniform; worker 1: 0 taken, dropped 2 uniform")
   assert source.queue.progress()["stopped"] and source.queue.progress()["done"]  # the workers stop
+
+
+# ----------------------------------------------------------------------------- off-policy corrections
+def np_corrected_loss(logp, behaviour, adv, mask, ref, beta, norm, max_new, tis, cap, mis, low, high):
+  """The published TIS / MIS (decoupled: the clipped ratio against pi_old = pi, so it is 1), loop by loop."""
+  b, t = logp.shape
+  per_row, total, count = [], 0.0, 0
+  for i in range(b):
+    tok = [j for j in range(t) if mask[i, j]]
+    s = {j: np.exp(np.clip(logp[i, j] - behaviour[i, j], -20, 20)) for j in tok}
+    log_seq = sum(logp[i, j] - behaviour[i, j] for j in tok)
+    seq = {"sequence": np.exp(np.clip(log_seq, -20, 20)), "geometric": np.exp(np.clip(log_seq / len(tok), -20, 20))}
+    row_sum = 0.0
+    for j in tok:
+      w = {"none": s[j], "token": min(s[j], cap), "sequence": min(seq.get("sequence", 0), cap)}[tis]
+      r = s[j] if mis == "token" else seq.get(mis, 1.0)
+      keep = mis == "none" or low <= r <= high
+      value = -w * adv[i]  # min(r*A, clip(r)*A) at r = 1
+      if beta:
+        d = ref[i, j] - logp[i, j]
+        value += beta * (np.exp(d) - d - 1)
+      row_sum += value if keep else 0.0
+    per_row.append(row_sum / max(len(tok), 1))
+    total, count = total + row_sum, count + len(tok)
+  return {"token": total / count, "sequence": float(np.mean(per_row)), "constant": total / (b * max_new)}[norm]
+
+
+@pytest.mark.parametrize("tis, mis, norm, beta", [
+    ("token", "none", "token", 0.0), ("sequence", "none", "sequence", 0.05), ("none", "token", "token", 0.05),
+    ("none", "sequence", "constant", 0.0), ("none", "geometric", "token", 0.0), ("token", "token", "sequence", 0.0),
+    ("sequence", "sequence", "token", 0.05)])
+def test_corrections_match_numpy(tis, mis, norm, beta):
+  """TIS and MIS match a NumPy implementation of the published formulas (issue 35), with every normalisation."""
+  rng = np.random.default_rng(4)
+  b, t = 8, 5
+  logp = np.log(rng.uniform(0.05, 1.0, (b, t))).astype(np.float32)
+  behaviour = (logp + rng.normal(0, 0.5, (b, t)) * (rng.uniform(size=(b, 1)) < 0.5)).astype(np.float32)
+  ref = (logp + rng.normal(0, 0.2, (b, t))).astype(np.float32)
+  adv = rng.normal(0, 1, b).astype(np.float32)
+  mask = rng.uniform(size=(b, t)) < 0.8
+  mask[:, 0] = True
+  low, high = (0.85, 1.15) if mis == "geometric" else (0.6, 1.6)  # a mean of log-ratios spreads less
+  kw = dict(tis=tis, tis_cap=1.5, mis=mis, mis_low=low, mis_high=high)
+  loss, sums = grpo.policy_loss(jnp.asarray(logp), jnp.asarray(behaviour), jnp.asarray(adv), jnp.asarray(mask),
+                                jnp.asarray(ref), epsilon=0.2, epsilon_high=0.28, beta=beta, loss_norm=norm,
+                                max_new_tokens=t, **kw)
+  want = np_corrected_loss(logp, behaviour, adv, mask, ref, beta, norm, t, tis, 1.5, mis, low, high)
+  np.testing.assert_allclose(float(loss), want, rtol=1e-5, atol=1e-7)
+  assert float(sums["clipped_sum"]) == 0  # the clip is against pi_old = pi: the gap to mu is in the weight alone
+  ratio = np.exp(logp - behaviour)[mask]
+  np.testing.assert_allclose([float(sums["ratio_min"]), float(sums["ratio_max"])], [ratio.min(), ratio.max()],
+                             rtol=1e-6)
+  if mis != "none":
+    assert 0 < float(sums["mis_masked_sum"]) < mask.sum()  # the data exercise both sides of the band
+  if tis != "none":
+    assert 0 < float(sums["tis_truncated_sum"]) < mask.sum()
+
+
+def _logit_batch():
+  """A hand-built batch: 3 samples x 4 completion tokens over 5 symbols; mu differs from pi on chosen tokens."""
+  rng = np.random.default_rng(5)
+  logits = rng.normal(0, 1, (3, 4, 5)).astype(np.float32)
+  targets = rng.integers(0, 5, (3, 4))
+  z = logits - logits.max(-1, keepdims=True)
+  probs = np.exp(z) / np.exp(z).sum(-1, keepdims=True)
+  logp = np.log(np.take_along_axis(probs, targets[..., None], -1)[..., 0])
+  log_s = np.zeros((3, 4), np.float32)  # log(pi / mu): mu = pi except ...
+  log_s[0, 1] = np.log(5.0)  # pi 5x the sampler's: above every cap and band below
+  log_s[1, 2] = np.log(0.2)  # pi a fifth of it: below the band
+  log_s[2, 3] = np.log(1.2)  # inside the band, under the cap
+  mu = (logp - log_s).astype(np.float32)
+  adv = np.array([1.0, -0.5, 2.0], np.float32)
+  onehot = np.eye(5, dtype=np.float32)[targets]
+  return logits, targets, mu, adv, np.exp(log_s), onehot - probs  # d logp / d logits = onehot - softmax
+
+
+@functools.partial(jax.jit, static_argnames=("tis", "mis"))
+def _loss_and_grad(logits, targets, mu, adv, tis="none", mis="none", **bounds):
+  """(metric sums, d loss / d logits), jitted once per (tis, mis): the bounds are traced."""
+  def f(lg):
+    logp = jnp.take_along_axis(jax.nn.log_softmax(lg), targets[..., None], -1)[..., 0]
+    return grpo.policy_loss(logp, mu, adv, jnp.ones(targets.shape, bool), epsilon=0.2, epsilon_high=0.28, beta=0.0,
+                            loss_norm="token", max_new_tokens=4, tis=tis, mis=mis, **bounds)
+  (_, sums), g = jax.value_and_grad(f, has_aux=True)(logits)
+  return sums, g
+
+
+def _grad(logits, targets, mu, adv, **kw):
+  sums, g = _loss_and_grad(*map(jnp.asarray, (logits, targets, mu, adv)), **kw)
+  return np.asarray(g), {k: float(v) for k, v in sums.items()}
+
+
+def test_tis_caps_the_weight_and_still_trains_the_truncated_token():
+  """TIS: the gradient w.r.t. the logits is -(1/N) sum_t min(pi/mu, C) A (onehot - softmax): the token with ratio 5
+  trains at weight C = 2 (PPO's clip against mu, the default, gives it no gradient at all)."""
+  logits, targets, mu, adv, s, dlogp = _logit_batch()
+  got, sums = _grad(logits, targets, mu, adv, tis="token", tis_cap=2.0)
+  w = np.minimum(s, 2.0)
+  want = -(w * adv[:, None])[..., None] * dlogp / 12
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+  assert sums["tis_truncated_sum"] == 1 and sums["is_weight_sum"] == pytest.approx(w.sum(), rel=1e-5)
+  off, off_sums = _grad(logits, targets, mu, adv)
+  assert np.all(off[0, 1] == 0) and np.abs(got[0, 1]).max() > 0 and "tis_truncated_sum" not in off_sums
+  assert off_sums["ratio_max"] == pytest.approx(5.0, rel=1e-5) and off_sums["ratio_min"] == pytest.approx(0.2, rel=1e-5)
+
+
+@pytest.mark.parametrize("mis", ["token", "sequence"])
+def test_mis_drops_the_masked_tokens_or_whole_samples(mis):
+  """Token MIS zeroes exactly the tokens whose ratio leaves [0.5, 2] (the kept ones train at weight pi/mu); sequence
+  MIS drops every token of a sample whose product ratio leaves it; the fractions count them."""
+  logits, targets, mu, adv, s, dlogp = _logit_batch()
+  got, sums = _grad(logits, targets, mu, adv, mis=mis, mis_low=0.5, mis_high=2.0)
+  ratio = s if mis == "token" else np.broadcast_to(s.prod(1, keepdims=True), s.shape)
+  keep = (ratio >= 0.5) & (ratio <= 2.0)
+  want = -(keep * s * adv[:, None])[..., None] * dlogp / 12
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+  dropped = [(0, 1), (1, 2)] if mis == "token" else [(0, j) for j in range(4)] + [(1, j) for j in range(4)]
+  assert sorted(zip(*np.nonzero(~keep))) == dropped
+  for i, j in dropped:
+    assert np.all(got[i, j] == 0)
+  assert np.abs(got[2]).min() > 0  # the last sample (ratio 1.2, inside the band) trains whole
+  metrics = grpo.correction_metrics(sums, global_batch=3)
+  assert metrics["mis_fraction"] == len(dropped) / 12
+  assert metrics["mis_seq_fraction"] == (0 if mis == "token" else 2 / 3)
+
+
+def test_corrections_off_are_exactly_todays_loss():
+  """With tis and mis "none" (the defaults) the loss, its gradient and its metric sums are those of the plain
+  clipped objective bit for bit (existing runs and figures do not move)."""
+  logits, targets, mu, adv, _, _ = _logit_batch()
+  default, default_sums = _grad(logits, targets, mu, adv)
+  off, off_sums = _grad(logits, targets, mu, adv, tis="none", mis="none", tis_cap=3.0, mis_low=0.1, mis_high=9.0)
+  assert np.array_equal(default, off) and default_sums == off_sums
+  assert not {"is_weight_sum", "tis_truncated_sum", "mis_masked_sum"} & set(off_sums)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--grpo.tis", "always"], "rl.grpo.tis='always' / mis='none'; use one of ('none', 'token', 'sequence') / "),
+    (["--grpo.mis", "seq"], "rl.grpo.tis='none' / mis='seq'; use one of"),
+    (["--grpo.tis_cap", "0"], "rl.grpo.tis_cap=0.0 must be > 0"),
+    (["--grpo.mis_low", "2", "--grpo.mis_high", "0.5"], "0 <= mis_low=2.0 < mis_high=0.5"),
+])
+def test_bad_correction_options_are_one_line_before_jax(argv, message, capsys, tmp_path):
+  """invariant 7: a bad off-policy option fails in one line naming the field, before JAX starts."""
+  from jaxpod.cli.main import main
+  code = main(["rl", "--trainer.runs_dir", str(tmp_path / "runs"), *argv])
+  err = capsys.readouterr().err.strip()
+  assert code == 2 and message in err and len(err.splitlines()) == 1, err
+
+
+def test_jaxpod_rl_flags_reach_the_trainers_loss_and_metrics(tmp_path):
+  """The wiring, without a launch: `jaxpod rl --grpo.tis ... --grpo.mis ...` parsed as the CLI does, through
+  run.py's GRPO TrainConfig and task, to the jitted loss on a batch where mu differs from pi and the logged
+  metrics (is_weight, tis_fraction, mis_fraction, ratio_min/max)."""
+  import draccus
+  from flax import nnx
+  from jaxpod.rl.config import RLConfig
+  from jaxpod.rl.run import grpo_config
+  from tests.rl.clusters import TINY
+  cfg = draccus.parse(RLConfig, args=[*TINY, "--grpo.tis", "token", "--grpo.tis_cap", "1.5", "--grpo.mis", "token",
+                                      "--grpo.mis_low", "0.25", "--grpo.mis_high", "4"])
+  train_cfg = grpo_config(cfg, str(tmp_path), None, source=object())
+  task = train_cfg.task.build(train_cfg)
+  graphdef, shapes, buffers = task.abstract_model(0)
+  rng = np.random.default_rng(6)
+  params = jax.tree.map(lambda x: rng.normal(0, 0.1, x.shape).astype(x.dtype), shapes)  # no jitted random init
+  rows, length = 4, cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens
+  tokens = rng.integers(0, 256, (rows, length)).astype(np.int32)
+  loss_mask = np.zeros((rows, length), np.int32)
+  loss_mask[:, 8:length - 1] = 1  # completion tokens, target-aligned
+  shift = np.zeros((rows, length), np.float32)
+  shift[0, 8], shift[1, 9] = np.log(2.0), np.log(8.0)  # pi / mu = 2 (truncated to 1.5) and 8 (masked)
+
+  def step(params):  # mu = pi / exp(shift), pi the trainer's own log-probs of the rows
+    logp = grpo.token_logprobs(nnx.merge(graphdef, params)(tokens[:, :-1]).logits, tokens[:, 1:],
+                               cfg.rollout.sampling())
+    batch = {"tokens": tokens, "loss_mask": loss_mask, "behaviour": jnp.pad(logp, ((0, 0), (0, 1))) - shift,
+             "advantages": jnp.ones(rows), "reward": jnp.ones(rows), "correct": jnp.ones(rows)}
+    return task.loss_fn(graphdef)(params, buffers, batch, None, ())[1][1]
+  sums = jax.jit(step)(params)
+  metrics = task.normalize({k: float(v) for k, v in sums.items()}, rows)
+  n = loss_mask.sum()
+  assert metrics["tis_fraction"] == pytest.approx(2 / n) and metrics["mis_fraction"] == pytest.approx(1 / n)
+  assert metrics["is_weight"] == pytest.approx((n - 2 + 1.5) / n, rel=1e-4)
+  assert metrics["ratio_max"] == pytest.approx(8.0, rel=1e-4) and metrics["mis_seq_fraction"] == 0

@@ -16,7 +16,7 @@ from typing import ClassVar
 from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.problems import DatasetProblems, ProblemSet, SortProblems
 from jaxpod.problems.passk import EvalConfig
-from jaxpod.rl.grpo import LOSS_NORMS, SCALE_REWARDS, BatchFill
+from jaxpod.rl.grpo import LOSS_NORMS, MIS_LEVELS, SCALE_REWARDS, TIS_LEVELS, BatchFill
 from jaxpod.runtime.mesh import MeshConfig
 from jaxpod.runtime.state import RuntimeConfig
 from jaxpod.sample.config import EngineConfig, SamplingOptions, SamplingParams
@@ -83,6 +83,11 @@ class GRPOConfig:
   lr: float = 3e-4  # AdamW learning rate (constant after a 5-step warm-up)
   weight_decay: float = 0.0  # AdamW decoupled weight decay
   grad_clip: float = 1.0  # global-norm clip (0: none)
+  tis: str = "none"  # truncated importance sampling: weight min(pi_old/mu, tis_cap) per token | sequence (none: off)
+  tis_cap: float = 2.0  # TIS cap C on the weight (verl's rollout_is_threshold, slime's tis_clip, TRL's cap)
+  mis: str = "none"  # masked importance sampling: drop token | sequence | geometric whose ratio leaves [mis_low, mis_high]
+  mis_low: float = 0.5  # MIS: lower bound of the kept ratio band
+  mis_high: float = 2.0  # MIS: upper bound of the kept ratio band
 
   def __post_init__(self):
     if self.num_generations < 2:
@@ -105,6 +110,16 @@ class GRPOConfig:
       raise ValueError(f"rl.grpo.max_sampling_rounds={self.max_sampling_rounds} must be >= 1")
     if self.max_policy_lag < 0:
       raise ValueError(f"rl.grpo.max_policy_lag={self.max_policy_lag} must be >= 0")
+    if self.tis not in TIS_LEVELS or self.mis not in MIS_LEVELS:
+      raise ValueError(f"rl.grpo.tis={self.tis!r} / mis={self.mis!r}; use one of {TIS_LEVELS} / {MIS_LEVELS}")
+    if self.tis_cap <= 0 or not 0 <= self.mis_low < self.mis_high:
+      raise ValueError(f"rl.grpo.tis_cap={self.tis_cap} must be > 0 and 0 <= mis_low={self.mis_low} < "
+                       f"mis_high={self.mis_high}; e.g. tis_cap 2, mis_low 0.5, mis_high 2")
+
+  @property
+  def correction(self) -> dict:
+    """The off-policy correction options, as `grpo.policy_loss` takes them."""
+    return {k: getattr(self, k) for k in ("tis", "tis_cap", "mis", "mis_low", "mis_high")}
 
   @property
   def sampled_prompts(self) -> int:

@@ -37,9 +37,25 @@ The loss over the batch (`loss_norm`):
   token     sum of l_t over every completion token / number of those tokens (DAPO; TRL's default)
   sequence  per-sample mean of l_t, then the mean over samples (the original GRPO; length-biased)
   constant  sum of l_t / (samples * max_new_tokens) (Dr. GRPO)
+
+Off-policy corrections (`grpo.tis`, `grpo.mis`; both "none" by default, and then the loss is exactly the one
+above). The sampler's mu and the trainer's pi of the same token differ (kernels, precision, the lag): with
+pi_old the trainer's log-probs of the batch at this step (stop-gradient: jaxpod takes one optimizer step per
+batch, so pi_old == pi in value), per token s_t = pi_old / mu, per sample S = prod_t s_t (`sequence`) or
+S^(1/n) (`geometric`, n its completion tokens); log-ratios are clipped to +-MAX_LOG_RATIO before exp:
+  weight  w = min(s_t, tis_cap) (tis token) | min(S, tis_cap) (tis sequence) | s_t (tis none)
+  mask    M = 1[mis_low <= s_t | S | S^(1/n) <= mis_high] (mis token | sequence | geometric) | 1 (mis none)
+  l_t = -M * w * min(r * A_i, clip(r, 1 - epsilon, 1 + epsilon_high) * A_i)  [+ M * beta * KL_t],  r = pi / pi_old
+The clipped ratio is then taken against pi_old (decoupled PPO, as verl, TRL and AReaL do), so the whole gap to
+mu is in the weight, a constant: a truncated token still trains, at weight tis_cap (PPO's clip against mu would
+zero its gradient). That is the published TIS min(pi_old / mu, C), not min(pi / mu, C): equal in value here,
+but the latter's gradient vanishes wherever the cap binds. MIS alone weights kept tokens by s_t (IcePop,
+prime-rl, TRL's token_mask); tis sequence + mis sequence with tis_cap >= mis_high is TRL's sequence_mask. A
+masked token still counts in the normalisation (as TRL): it adds nothing, it does not enlarge the others.
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -48,6 +64,9 @@ from jaxpod.sample.tokens import token_logprobs as sample_token_logprobs
 
 SCALE_REWARDS = ("group", "batch", "none")
 LOSS_NORMS = ("token", "sequence", "constant")
+TIS_LEVELS = ("none", "token", "sequence")  # grpo.tis: truncate the weight of each token, or of each sample
+MIS_LEVELS = ("none", "token", "sequence", "geometric")  # grpo.mis: mask tokens, or samples (product or geometric mean)
+MAX_LOG_RATIO = 20.0  # |log s| is clipped to this before exp (as verl and Tunix): no inf from a long product
 
 
 TAKE = "take"
@@ -171,21 +190,52 @@ def token_logprobs(logits_BxTxV, targets_BxT, sampling: SamplingParams):
   return sample_token_logprobs(logits_BxTxV, targets_BxT, sampling)
 
 
+def is_correction(log_ratio_BxT, mask_BxT, *, tis: str, tis_cap: float, mis: str, mis_low: float, mis_high: float):
+  """(weight w, keep M, truncated) [B, T] of the off-policy correction, from log(pi_old / mu) on completion tokens
+  (mask_BxT); no gradient flows through them (see the module docstring)."""
+  m = mask_BxT.astype(jnp.float32)
+  lr = jax.lax.stop_gradient(jnp.where(mask_BxT, log_ratio_BxT, 0.0))
+  seq = jnp.sum(lr, axis=1, keepdims=True)
+  level = {"token": lr, "sequence": seq, "geometric": seq / jnp.maximum(jnp.sum(m, axis=1, keepdims=True), 1.0)}
+  ratio = {k: jnp.broadcast_to(jnp.exp(jnp.clip(v, -MAX_LOG_RATIO, MAX_LOG_RATIO)), lr.shape)
+           for k, v in level.items()}
+  weight, truncated, keep = ratio["token"], jnp.zeros(lr.shape, bool), jnp.ones(lr.shape, jnp.float32)
+  if tis != "none":
+    truncated = ratio[tis] > tis_cap
+    weight = jnp.minimum(ratio[tis], tis_cap)
+  if mis != "none":
+    keep = ((ratio[mis] >= mis_low) & (ratio[mis] <= mis_high)).astype(jnp.float32)
+  return weight, keep, truncated
+
+
 def policy_loss(logp_BxT, behaviour_BxT, adv_B, mask_BxT, ref_BxT=None, *, epsilon: float, epsilon_high: float,
-                beta: float, loss_norm: str, max_new_tokens: int):
-  """(loss, metric sums) of the clipped-ratio objective; mask_BxT marks completion tokens (see module docstring)."""
+                beta: float, loss_norm: str, max_new_tokens: int, tis: str = "none", tis_cap: float = 2.0,
+                mis: str = "none", mis_low: float = 0.5, mis_high: float = 2.0):
+  """(loss, metric sums) of the clipped-ratio objective; mask_BxT marks completion tokens; tis / mis: the off-policy
+  corrections, off by default (see module docstring)."""
   m = mask_BxT.astype(jnp.float32)
   log_ratio = jnp.where(mask_BxT, logp_BxT - behaviour_BxT, 0.0)
   ratio = jnp.exp(log_ratio)
+  corrected = tis != "none" or mis != "none"
+  if corrected:  # decoupled: the clip against pi_old (= pi in value), the gap to mu in a constant weight
+    weight, keep, truncated = is_correction(log_ratio, mask_BxT, tis=tis, tis_cap=tis_cap, mis=mis,
+                                            mis_low=mis_low, mis_high=mis_high)
+    rho = jnp.exp(logp_BxT - jax.lax.stop_gradient(logp_BxT))
+  else:
+    rho = ratio
   a = adv_B[:, None].astype(jnp.float32)
-  unclipped = ratio * a
-  clipped = jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon_high) * a
+  unclipped = rho * a
+  clipped = jnp.clip(rho, 1.0 - epsilon, 1.0 + epsilon_high) * a
   per_token = -jnp.minimum(unclipped, clipped)
+  if corrected:
+    per_token = per_token * weight
   kl = jnp.zeros_like(per_token)
   if ref_BxT is not None and beta > 0:
     d = jnp.where(mask_BxT, ref_BxT - logp_BxT, 0.0)
     kl = jnp.exp(d) - d - 1.0
     per_token = per_token + beta * kl
+  if corrected:
+    per_token = per_token * keep
   tokens = jnp.sum(m)
   b = mask_BxT.shape[0]
   if loss_norm == "token":
@@ -197,7 +247,32 @@ def policy_loss(logp_BxT, behaviour_BxT, adv_B, mask_BxT, ref_BxT=None, *, epsil
   else:
     raise ValueError(f"rl.grpo.loss_norm={loss_norm!r}; use one of {LOSS_NORMS}")
   was_clipped = (unclipped != clipped) & (clipped < unclipped)  # the min picked the clipped term
+  has_tokens = tokens > 0
   sums = {"tokens": tokens, "pg_loss_sum": jnp.sum(per_token * m),
           "clipped_sum": jnp.sum(was_clipped * m), "kl_sum": jnp.sum(kl * m),
-          "ratio_sum": jnp.sum(ratio * m), "logprob_gap_sum": jnp.sum(jnp.abs(log_ratio) * m)}
+          "ratio_sum": jnp.sum(ratio * m), "logprob_gap_sum": jnp.sum(jnp.abs(log_ratio) * m),
+          # exact over the step's global batch (the loss is one jitted computation over every host's rows)
+          "ratio_min": jnp.where(has_tokens, jnp.min(jnp.where(mask_BxT, ratio, jnp.inf)), 1.0),
+          "ratio_max": jnp.where(has_tokens, jnp.max(jnp.where(mask_BxT, ratio, -jnp.inf)), 1.0)}
+  if corrected:
+    sums["is_weight_sum"] = jnp.sum(weight * keep * m)
+  if tis != "none":
+    sums["tis_truncated_sum"] = jnp.sum(truncated * m)
+  if mis != "none":
+    sums["mis_masked_sum"] = jnp.sum((1.0 - keep) * m)
+    sums["mis_masked_seqs"] = jnp.sum((jnp.sum(keep * m, axis=1) == 0) & (jnp.sum(m, axis=1) > 0))
   return loss, sums
+
+
+def correction_metrics(raw: dict, global_batch: int) -> dict:
+  """The logged off-policy metrics from `policy_loss`'s sums (the ones present): ratio_min / ratio_max of pi / mu
+  over the step's completion tokens; is_weight (mean w * M); tis_fraction, mis_fraction (of completion tokens) and
+  mis_seq_fraction (of samples) truncated or masked."""
+  tokens = max(raw["tokens"], 1.0)
+  out = {k: raw[k] for k in ("ratio_min", "ratio_max") if k in raw}
+  for name, key, per in (("is_weight", "is_weight_sum", tokens), ("tis_fraction", "tis_truncated_sum", tokens),
+                         ("mis_fraction", "mis_masked_sum", tokens), ("mis_seq_fraction", "mis_masked_seqs",
+                                                                      max(global_batch, 1))):
+    if key in raw:
+      out[name] = raw[key] / per
+  return out

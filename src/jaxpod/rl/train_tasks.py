@@ -26,6 +26,7 @@ import numpy as np
 from jaxpod.problems import SortProblems
 from jaxpod.problems.rewards import VerifiedProblems
 from jaxpod.rl.config import GRPOConfig, RLModelConfig, RolloutConfig, WarmupConfig
+from jaxpod.rl.grpo import correction_metrics
 from jaxpod.rl.policy import PolicySpec, PolicyTask
 from jaxpod.train.config import DataConfig, TaskConfig, TrainConfig
 
@@ -196,7 +197,7 @@ class GRPOTask(PolicyTask):
                                                    sampling))
       value, sums = policy_loss(logp, batch["behaviour"][:, :-1], batch["advantages"], batch["loss_mask"][:, :-1] > 0,
                                 ref, epsilon=g.epsilon, epsilon_high=g.epsilon_high, beta=g.beta,
-                                loss_norm=g.loss_norm, max_new_tokens=max_new_tokens)
+                                loss_norm=g.loss_norm, max_new_tokens=max_new_tokens, **g.correction)
       sums = {**sums, "reward_sum": jnp.sum(batch["reward"]), "correct_sum": jnp.sum(batch["correct"]),
               "loss_sum": value * tokens.shape[0]}
       return value, (carry, sums)
@@ -208,6 +209,7 @@ class GRPOTask(PolicyTask):
            "accuracy_sampled": raw["correct_sum"] / global_batch, "clip_fraction": raw["clipped_sum"] / tokens,
            "kl": raw["kl_sum"] / tokens, "ratio": raw["ratio_sum"] / tokens,
            "logprob_gap": raw["logprob_gap_sum"] / tokens, "completion_tokens": raw["tokens"]}
+    out.update(correction_metrics(raw, global_batch))
     out.update({k: raw[k] for k in ("lr", "grad_norm") if k in raw})
     return out
 
