@@ -31,7 +31,8 @@ from jaxpod.problems.environments import register_environment
 from jaxpod.problems.sandbox import SandboxLimits, run_python
 
 _ANSWER = re.compile(r"-?\d+")
-_LITERAL_PRINT = re.compile(r"print\((\d{1,12}\s*[+\-*]\s*\d{1,12})\)")
+_INT = r"(?:0|[1-9]\d{0,11})"  # a decimal literal as Python reads it (012 is a SyntaxError)
+_LITERAL_PRINT = re.compile(rf"print\(({_INT} ?[+\-*] ?{_INT})\)")
 
 
 def observe(program: str, limits: SandboxLimits) -> str:
