@@ -73,6 +73,7 @@ def _init() -> None:
 
 
 def main() -> None:
+  """Read the program from stdin, contain it (see the module docstring), run it."""
   code = sys.stdin.read()
   if os.getpid() == 1:
     _init()
