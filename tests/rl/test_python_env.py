@@ -103,7 +103,8 @@ def test_the_python_environment_runs_programs_and_rewards_the_right_answer():
   [[e]] = run_episodes(generate, TOK, PythonProblems(timeout_s=1.0).environment(), [problem], n=1, max_turns=3,
                        seed=0)
   assert e.solved and e.turns == 2
-  assert TOK.decode(e.context()) == "Compute 12*34.\nprint(12*34+0)" + TOK.decode([257]) + "408\n408" + TOK.decode([257])
+  eos = TOK.decode([257])
+  assert TOK.decode(e.context()) == f"Compute 12*34.\nprint(12*34+0){eos}408\n408{eos}"
 
 
 def test_jaxpod_rl_task_type_python_parses_and_its_teacher_episodes_fit():
@@ -123,3 +124,13 @@ def test_jaxpod_rl_task_type_python_parses_and_its_teacher_episodes_fit():
   assert e.solved
   with pytest.raises(ValueError, match=r"rl.task: sandbox memory_mb=16 must be >= 64"):
     PythonProblems(memory_mb=16)
+
+
+def test_without_namespaces_the_other_layers_give_the_same_observations():
+  """A machine without unprivileged user namespaces runs the same programs with rlimits, the process tree and the
+  audit hook only: the observations are those of the namespaced sandbox."""
+  programs = ["print(6*7)", "x = bytearray(8 * 1024 ** 3)", "import socket", "open('/tmp/x', 'a')",
+              "while True:\n  pass"]
+  bare = SandboxLimits(timeout_s=1.0, cpu_s=3, namespaces=False)
+  assert [run_python(p, bare).observation for p in programs] == [run_python(p, FAST).observation for p in programs]
+  assert _sandbox_processes() == []
