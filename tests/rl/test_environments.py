@@ -38,7 +38,7 @@ def test_the_calculator_answers_tool_calls_and_rewards_only_the_right_final_answ
 def test_environments_resolve_by_name_or_import_path_and_name_the_registered_ones():
   assert environment_factory("calculator") is Calculator
   assert environment_factory("jaxpod.problems.calculator:Calculator") is Calculator
-  with pytest.raises(ValueError, match=r"'chess' is not a registered environment \(calculator\)"):
+  with pytest.raises(ValueError, match=r"'chess' is not a registered environment \(calculator, python\)"):
     environment_factory("chess")
 
 

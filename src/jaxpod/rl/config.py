@@ -221,7 +221,7 @@ class RLTransferConfig(TransferConfig):
 class RLConfig:
   """`jaxpod rl`: warm-up, then GRPO with rollouts from the continuous engine (see the module docstring)."""
 
-  task: ProblemSet = dataclasses.field(default_factory=SortProblems)  # problem set: sort|addition|dataset|calculator
+  task: ProblemSet = dataclasses.field(default_factory=SortProblems)  # problem set: sort|addition|dataset|calculator|python
   rewards: tuple[str, ...] = ("exact_match",)  # reward plugins (registered names or "module:function"), summed
   reward_weights: tuple[float, ...] = ()  # one weight per reward (empty: all 1.0)
   model: RLModelConfig = dataclasses.field(default_factory=RLModelConfig)  # the policy (or model.hf)

@@ -1,0 +1,122 @@
+"""The `python` environment (the policy's programs run in a sandbox) and the `python` problem set that needs it.
+
+    jaxpod rl --task.type python                     # the embedded configs/rl_python.yaml
+    task: {type: python, digits: 4, max_turns: 3, teacher_skip_tool: 0.6, timeout_s: 2.0, memory_mb: 256}
+
+`PythonTool` (registered as `python`): a turn that is a whole number is the final answer (reward 1 if it is
+the problem's); any other turn is a Python program, run by `jaxpod.problems.sandbox.run_python` (no network,
+CPU, memory, file and process limits, a fresh scratch directory, killed on timeout), and what it prints is
+the observation, with a note when it failed or hit a limit ("ZeroDivisionError: division by zero",
+"[timeout after 2.0 s]", "[memory limit: 256 MiB]", "PermissionError: [network disabled]").
+
+A program that is just `print(a op b)` with two integer literals (op one of + - *, what the warm-up's
+teacher writes) is answered in-process by `calculator.calculate`, with the output Python would print: the
+warm-up replays thousands of teacher episodes and a subprocess costs ~0.1 s; every other program runs in
+the sandbox.
+
+The `python` problem set: "Compute 4821*7395.\\n" -> "35651295", as the calculator's, with a teacher that
+writes `print(4821*7395)`, reads the output and copies it, or (`teacher_skip_tool`) guesses at once.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+
+import numpy as np
+
+from jaxpod.problems.base import Problem, ProblemSet
+from jaxpod.problems.calculator import _FACTORS, calculate, calculator_problem
+from jaxpod.problems.environments import register_environment
+from jaxpod.problems.sandbox import SandboxLimits, run_python
+
+_ANSWER = re.compile(r"-?\d+")
+_INT = r"(?:0|[1-9]\d{0,11})"  # a decimal literal as Python reads it (012 is a SyntaxError)
+_LITERAL_PRINT = re.compile(rf"print\(({_INT} ?[+\-*] ?{_INT})\)")
+
+
+def observe(program: str, limits: SandboxLimits) -> str:
+  """What the policy reads after writing `program`: its output and how it ended (see the module docstring)."""
+  m = _LITERAL_PRINT.fullmatch(program)
+  if m:
+    return f"{calculate(m.group(1))}\n"
+  return run_python(program, limits).observation
+
+
+@register_environment("python")
+class PythonTool:
+  """Answer `problem.answer` (a whole-number turn); any other turn is a program whose output is the observation."""
+
+  def __init__(self, limits: SandboxLimits | None = None):
+    self.limits = limits or SandboxLimits()
+    self.problem: Problem | None = None
+
+  def reset(self, problem: Problem) -> str:
+    self.problem = problem
+    return problem.prompt
+
+  def step(self, completion: str) -> tuple[str, float, bool]:
+    text = completion.strip()
+    if _ANSWER.fullmatch(text):
+      return "", float(text == self.problem.answer), True
+    return observe(text, self.limits), 0.0, False
+
+
+@ProblemSet.register_subclass("python")
+@dataclasses.dataclass(frozen=True)
+class PythonProblems(ProblemSet):
+  """Products of two `digits`-digit numbers, solved in episodes with a Python tool (see the module docstring)."""
+
+  digits: int = 4  # digits of each factor
+  max_turns: int = 3  # policy turns per episode at most (a program and the answer need 2)
+  teacher_skip_tool: float = 0.0  # warm-up demonstrations guess the answer without the tool with this probability
+  timeout_s: float = 2.0  # wall-clock seconds a program may run (then its whole process tree is killed)
+  cpu_s: int = 2  # CPU seconds a program may use
+  memory_mb: int = 256  # address space per process, MiB
+  max_output_chars: int = 256  # characters of a program's output in the observation
+
+  def __post_init__(self):
+    super().__post_init__()
+    if not 1 <= self.digits <= 9:
+      raise ValueError(f"rl.task.digits={self.digits} must be in 1..9")
+    if self.max_turns < 1:
+      raise ValueError(f"rl.task.max_turns={self.max_turns} must be >= 1")
+    if not 0.0 <= self.teacher_skip_tool <= 1.0:
+      raise ValueError(f"rl.task.teacher_skip_tool={self.teacher_skip_tool} must be in [0, 1]")
+    try:
+      self.limits()
+    except ValueError as e:
+      raise ValueError(f"rl.task: {e}") from None
+
+  def limits(self) -> SandboxLimits:
+    """The sandbox limits of this set's programs."""
+    return SandboxLimits(timeout_s=self.timeout_s, cpu_s=self.cpu_s, memory_mb=self.memory_mb,
+                         max_output_chars=self.max_output_chars)
+
+  def make(self, rng):
+    return calculator_problem(rng, self.digits)
+
+  def environment(self):
+    return functools.partial(PythonTool, self.limits())
+
+  def demonstration_turns(self, problem: Problem) -> list[str]:
+    """`print(a*b)` then the product; with probability teacher_skip_tool a wrong guess of the same length at once."""
+    rng = np.random.default_rng([problem.stream, problem.index, 13])
+    answer = self.demonstration(problem)
+    if rng.random() >= self.teacher_skip_tool:
+      a, b = _FACTORS.search(problem.prompt).groups()
+      return [f"print({a}*{b})", answer]
+    n = len(problem.answer)
+    guess = problem.answer
+    while guess == problem.answer:
+      guess = str(int(rng.integers(10 ** (n - 1), 10 ** n)))
+    return [guess]
+
+  def well_formed(self, completion: str) -> bool:
+    return completion.isdigit() and len(completion) <= 2 * self.digits
+
+  def max_prompt_chars(self) -> int:
+    return len("Compute *.\n") + 2 * self.digits
+
+  def max_answer_chars(self) -> int:
+    return len("print(*)") + 2 * self.digits
