@@ -131,7 +131,8 @@ def to_bytes(groups: Sequence[Group], meta: dict) -> bytes:
       k = len(grp.sampled[j])
       sampled[i, j, :k], logprobs[i, j, :k], versions[i, j, :k] = grp.sampled[j], grp.logprobs[j], grp.versions[j]
       from_policy[i, j, :k] = grp.from_policy[j]
-  arrays = {"prompt": prompt, "sampled": sampled, "logprobs": logprobs, "versions": versions, "from_policy": from_policy,
+  arrays = {"prompt": prompt, "sampled": sampled, "logprobs": logprobs, "versions": versions,
+            "from_policy": from_policy,
             "rewards": np.asarray([grp.rewards for grp in groups], np.float32),
             "correct": np.asarray([grp.correct for grp in groups], np.int32),
             "finished": np.asarray([grp.finished for grp in groups], np.int32)}

@@ -125,6 +125,29 @@ def run_worker(policy: PolicySpec, problems: VerifiedProblems, rollout: RolloutC
     client.close()
 
 
+def _round(roller, sampler, admitted: list, stats: dict) -> list | None:
+  """One round of sampling: the groups it completed, or None when there was nothing to sample (it waited).
+  One-turn samples stream through the engine (one decode step); a multi-turn set's round is the whole episodes
+  of the problems admitted (`Roller.run`)."""
+  if roller.continuous and admitted:
+    roller.submit(admitted)
+  busy = not sampler.idle if roller.continuous else bool(admitted)
+  if not busy:
+    t = time.perf_counter()
+    time.sleep(0.02)
+    stats["waiting_s"] += time.perf_counter() - t
+    return None
+  t = time.perf_counter()
+  before = roller.tokens
+  groups = roller.collect(sampler.step()) if roller.continuous else roller.run(admitted)
+  if "compile_s" not in stats:  # the first rounds compile the engine: kept out of the rollout rate
+    stats["compile_s"] = time.perf_counter() - t
+  else:
+    stats["rollout_s"] += time.perf_counter() - t
+    stats["tokens"] += roller.tokens - before
+  return groups
+
+
 def _loop(problems: VerifiedProblems, r: RolloutConfig, num_generations: int, queue: Queue, client, like, sampler, roller,
           stats: dict) -> None:
   w = r.worker_id
@@ -174,21 +197,10 @@ def _loop(problems: VerifiedProblems, r: RolloutConfig, num_generations: int, qu
       stats["version"], pending = pending.weight_id, None
     admitted = problems.train_problems(STREAM_BASE + w, next_problem, p["admit"]) if p["admit"] else []
     next_problem += p["admit"]
-    if admitted and roller.continuous:
-      roller.submit(admitted)
-    if not (admitted if not roller.continuous else not sampler.idle):  # nothing to sample this round
-      t = time.perf_counter()
-      time.sleep(0.02)
-      stats["waiting_s"] += time.perf_counter() - t
+    groups = _round(roller, sampler, admitted, stats)
+    if groups is None:
       continue
-    t = time.perf_counter()
-    before = roller.tokens
-    finished += roller.collect(sampler.step()) if roller.continuous else roller.run(admitted)
-    if "compile_s" not in stats:  # the first rounds compile the engine: kept out of the rollout rate
-      stats["compile_s"] = time.perf_counter() - t
-    else:
-      stats["rollout_s"] += time.perf_counter() - t
-      stats["tokens"] += roller.tokens - before
+    finished += groups
     while len(finished) >= r.groups_per_file:
       batch, finished = finished[:r.groups_per_file], finished[r.groups_per_file:]
       if runtime.is_leader():
