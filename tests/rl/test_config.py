@@ -12,7 +12,7 @@ from jaxpod.cli.main import main
     (["--rewards", "no_such_module:fn"], "rl.rewards: cannot import 'no_such_module:fn'"),
     (["--grpo.num_generations", "1"], "rl.grpo.num_generations=1: GRPO needs n >= 2 samples per prompt"),
     (["--task.length", "20"], "rl.task prompts reach 27 tokens (e.g."),
-    (["--rollout.max_new_tokens", "3"], "rl.task answers need 7 tokens with EOS but rl.rollout.max_new_tokens=3"),
+    (["--rollout.max_new_tokens", "3"], "rl.task turns need 7 tokens with EOS (e.g. on "),
     (["--topology", "sideways"], "rl.topology='sideways'; use one of ('colocated', 'disaggregated')"),
     (["--role", "trainer"], "rl.role='trainer' needs --topology disaggregated"),
     (["--model.hf", "/no/such/checkpoint"], "model.hf=/no/such/checkpoint: no config.json there"),

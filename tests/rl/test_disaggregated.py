@@ -174,3 +174,43 @@ def test_uniform_rewards_end_the_disaggregated_run_in_one_line(bucket, tmp_path)
                           "dropped 16 uniform")
   assert worker.join().returncode == 0, worker.text()[-3000:]
   assert "the trainer stopped without finishing" in worker.text()
+
+
+@pytest.mark.slow
+@pytest.mark.multihost
+def test_a_disaggregated_calculator_trains_on_episodes_with_observations_masked(bucket, tmp_path):
+  """Invariant 9 for episodes (issue 35): `--task.type calculator --topology disaggregated` runs. The rollout
+  worker runs the environment (the calculator, answering an untrained policy's first turn too: no warm-up to pay
+  for); the files the trainer took hold episodes with observations, each token with its version (NO_VERSION
+  exactly on the environment's tokens) and its from_policy flag; the trainer's rows of them put no loss on an
+  observation token, and it counted only the policy's tokens."""
+  import numpy as np
+  from jaxpod.problems.environments import NO_VERSION
+  from jaxpod.rl.rollout.groups import Batcher
+  args = ["--task.type", "calculator", "--task.digits", "1", "--task.eval_size", "4", "--task.environment_name",
+          "tool_first:ToolFirst", "--model.hidden_size", "32", "--model.intermediate_size", "64",
+          "--model.num_hidden_layers", "1", "--rollout.max_prompt_len", "40", "--rollout.max_new_tokens", "12",
+          "--rollout.batch_size", "8", "--rollout.eval_slots", "4", "--rollout.groups_per_file", "2",
+          "--grpo.num_prompts_per_step", "2", "--grpo.num_generations", "4", "--grpo.sample_prompts_per_step", "0",
+          "--grpo.filter_groups", "false", "--warmup.steps", "0", "--trainer.steps", "2", "--trainer.eval_at_start",
+          "false", "--trainer.progress", "false", "--topology", "disaggregated", "--trainer.runs_dir",
+          f"{bucket}/runs", "--rollout.heartbeat_s", "1"]
+  trainer = Cluster("trainer", [*args, "--role", "trainer"], tmp_path)
+  worker = Cluster("worker0", [*args, "--role", "rollout"], tmp_path)
+  assert trainer.join().returncode == 0, trainer.text()[-3000:]
+  assert worker.join().returncode == 0, worker.text()[-3000:]
+  folder = _run_folder(f"{bucket}/runs")
+  queue, steps = Queue(folder), [r for r in _metrics(folder) if "rl/took" in r]
+  assert len(steps) == 2
+  for record in steps:
+    groups = [queue.read(t.split(":")[0])[0][int(i)] for t in record["rl/took"] for i in t.split(":")[1].split(",")]
+    # every first turn fits with its observation (14 prompt + 12 + 8 "= error\n" <= 40): each episode has one
+    assert all(not all(mine) for g in groups for mine in g.from_policy)
+    assert record["rl/rollout_tokens"] == sum(g.policy_tokens() for g in groups)
+    for g in groups:
+      for mine, versions in zip(g.from_policy, g.versions):
+        assert [v == NO_VERSION for v in versions] == [not m for m in mine]  # a version on every sampled token
+    rows = Batcher(row_len=52, pad_id=0, scale_rewards="group").global_batch(groups)  # the trainer's rows
+    for b, (g, j) in enumerate((g, j) for g in groups for j in range(g.n)):
+      observed = np.flatnonzero(~np.asarray(g.from_policy[j])) + len(g.prompt_ids) - 1
+      assert rows["loss_mask"][b, observed].sum() == 0 and rows["loss_mask"][b].sum() == sum(g.from_policy[j])

@@ -185,7 +185,6 @@ def test_a_warmup_demonstration_is_a_whole_episode_with_the_loss_on_the_teachers
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--topology", "disaggregated"], "rl.topology='disaggregated': multi-turn problem sets (CalculatorProblems) run colocated only"),
     (["--rewards", "[format]"], "rl.rewards=['format']: the episodes of a multi-turn problem set (CalculatorProblems) are scored"),
     (["--rollout.max_new_tokens", "12"], "rl.task turns need 16 tokens with EOS (e.g. on 'Compute "),
     (["--rollout.max_prompt_len", "40"], "rl.task episodes continue from 47 tokens (prompt, turns and observations"),

@@ -1,7 +1,9 @@
 """The rollout queue's bookkeeping: what the trainer took survives a restart exactly (invariant 9)."""
 import numpy as np
+import pytest
 
-from jaxpod.rl.disaggregated.queue import Consumed, Queue, file_name, from_bytes, to_bytes
+from jaxpod.problems.environments import NO_VERSION
+from jaxpod.rl.disaggregated.queue import Consumed, Queue, _metadata, file_name, from_bytes, to_bytes
 from jaxpod.rl.rollout.groups import Group, to_batch
 from jaxpod.problems.base import Problem
 
@@ -18,6 +20,52 @@ def test_rollout_file_round_trip_keeps_tokens_logprobs_versions():
   back, meta = from_bytes(to_bytes(groups, {"worker": 3, "seq": 7}))
   assert meta == {"worker": 3, "seq": 7}
   assert [g.__dict__ for g in back] == [g.__dict__ for g in groups]
+
+
+def _episodes(i):
+  """A group of two episodes: a tool call (versions 3, 4), the environment's observation, an answer (version 5)."""
+  sampled = [[99, 257, 61, 32, 52, 10, 52, 257], [52, 257]]
+  from_policy = [[True, True, False, False, False, False, True, True], [True, True]]
+  versions = [[3, 4, NO_VERSION, NO_VERSION, NO_VERSION, NO_VERSION, 5, 5], [4, 4]]
+  logprobs = [[-0.5 * mine for mine in f] for f in from_policy]
+  return Group(Problem(f"{i}*2=", "4", 2, i), [256, 50, 42], sampled, logprobs, versions, [True, True], [1.0, 0.0],
+               [True, False], from_policy)
+
+
+def test_rollout_file_round_trip_keeps_episodes_flags_and_versions_per_token():
+  """Invariant 9 for episodes: a file keeps each token's from_policy flag and version (NO_VERSION on observations),
+  so the trainer admits by the policy's tokens and masks the observations as a colocated trainer does."""
+  from jaxpod.rl.disaggregated.queue import FORMAT
+  groups = [_episodes(0), _group(1)]
+  blob = to_bytes(groups, {"worker": 0})
+  assert _metadata(blob)["format"] == str(FORMAT) == "2"
+  back, _ = from_bytes(blob)
+  assert [g.__dict__ for g in back] == [g.__dict__ for g in groups]
+  assert back[1].from_policy == [[True, True], [True]]  # a single turn: a one-turn episode, every token the policy's
+  assert (back[0].oldest_version(), back[0].newest_version()) == (3, 5)
+  rows = to_batch(back[:1], length=12, pad_id=258, scale_rewards="group")
+  assert rows["loss_mask"][0].tolist() == [0, 0, 1, 1, 0, 0, 0, 0, 1, 1, 0, 0]  # target-aligned: observations out
+  assert rows["versions"][0, 2:10].tolist() == [3, 4, NO_VERSION, NO_VERSION, NO_VERSION, NO_VERSION, 5, 5]
+
+
+@pytest.mark.parametrize("format", [None, "3"])
+def test_a_rollout_file_of_another_format_is_refused_in_one_line(tmp_path, format):
+  """An older worker's file (no format field, no from_policy flags) or an unknown format: the trainer refuses it in
+  one line naming the file and the fix instead of guessing which tokens the policy sampled."""
+  from safetensors.numpy import load, save
+  blob = to_bytes([_group(0)], {})
+  meta = _metadata(blob)
+  arrays = {k: v for k, v in load(blob).items() if format or k != "from_policy"}
+  meta = {k: v for k, v in meta.items() if k != "format"} | ({"format": format} if format else {})
+  q = Queue(str(tmp_path / "run"))
+  q.put(0, 0, save(arrays, metadata=meta))
+  with pytest.raises(ValueError) as e:
+    q.read(file_name(0, 0))
+  what = "no format field (format 1: no per-token from_policy flags)" if format is None else "format 3"
+  assert str(e.value).startswith(f"rollout file {tmp_path}/run/queue/rollouts/w0/00000000.st has {what}; this "
+                                 "jaxpod reads format 2 only: run the trainer and the rollout workers from the same "
+                                 "jaxpod, and start a new run (another trainer.runs_dir)"), e.value
+  assert "\n" not in str(e.value)
 
 
 def test_batch_rows_are_target_aligned():

@@ -7,9 +7,9 @@ in this order: the rewards resolve (a plugin not found); per job (the trainer, t
 rows per step split over its hosts in whole groups and over its data-parallel devices (the warm-up's
 batch and GRPO's prompts x samples), the engine's decode slots over its data-parallel devices; storage is
 reachable (and shared when several jobs or hosts use it); the starting checkpoint exists; the problem set's
-prompts and answers fit the engine's context (prompts are never truncated; a multi-turn set: every
-turn of its teacher's episodes and every context a turn continues from). A multi-turn set runs
-colocated only and is scored by its environment (`check_environment`). Each error names the
+prompts and answers fit the engine's context (prompts are never truncated; every turn of the teacher's
+episodes and every context a turn continues from: a single-turn set's episode is one turn). A
+multi-turn set is scored by its environment (`check_environment`), in either topology. Each error names the
 field the user typed and the fix. The trainer and the engine check again at run time (a library's own
 guard); with these checks passed they never fire.
 """
@@ -41,13 +41,10 @@ def before_jax(cfg: RLConfig) -> None:
 
 
 def check_environment(cfg: RLConfig) -> None:
-  """A multi-turn problem set: its environment resolves, it runs colocated, and its environment is what scores it."""
+  """A multi-turn problem set: its environment resolves, and it is what scores the episodes (either topology)."""
   name = type(cfg.task).__name__
   if cfg.task.environment() is None:  # resolves the environment: a one-line error naming the field if it cannot
     return
-  if cfg.topology != "colocated":
-    raise ValueError(f"rl.topology={cfg.topology!r}: multi-turn problem sets ({name}) run colocated only (rollout "
-                     "workers sample single turns); drop --topology or use --topology colocated")
   if tuple(cfg.rewards) != ("exact_match",) or cfg.reward_weights:
     raise ValueError(f"rl.rewards={list(cfg.rewards)}: the episodes of a multi-turn problem set ({name}) are scored "
                      "by its environment's rewards; leave rl.rewards and rl.reward_weights at their defaults")
@@ -96,7 +93,6 @@ def check_rows(cfg: RLConfig, job: str, hosts: int, devices_per_host: int | None
 
 def check_lengths(cfg: RLConfig) -> None:
   """Prompts within rollout.max_prompt_len, answers + EOS within max_new_tokens, both within the model's positions."""
-  from jaxpod.problems.environments import answer_ids
   from jaxpod.rl.policy import PolicySpec
   r = cfg.rollout
   policy = PolicySpec(cfg.model, cfg.model.hf or None)
@@ -110,13 +106,7 @@ def check_lengths(cfg: RLConfig) -> None:
     raise ValueError(f"rl.task prompts reach {n} tokens (e.g. {longest.prompt!r}) but rl.rollout.max_prompt_len="
                      f"{r.max_prompt_len}; raise it to >= {n} (prompts are never truncated)")
   llama = policy.llama()
-  if cfg.task.environment() is not None:
-    check_turns(cfg, tok, problems, policy.stop_ids(tok, llama)[0])
-  else:
-    answer = max(len(answer_ids(tok, a)) + 1 for p in problems for a in (p.answer, cfg.task.demonstration(p)))
-    if answer > r.max_new_tokens:
-      raise ValueError(f"rl.task answers need {answer} tokens with EOS but rl.rollout.max_new_tokens="
-                       f"{r.max_new_tokens}; raise it to >= {answer}")
+  check_turns(cfg, tok, problems, policy.stop_ids(tok, llama)[0])
   if r.max_prompt_len + r.max_new_tokens > llama.max_position_embeddings:
     raise ValueError(f"rl.rollout.max_prompt_len + max_new_tokens = {r.max_prompt_len + r.max_new_tokens} exceeds "
                      f"the model's max_position_embeddings={llama.max_position_embeddings}; lower them or raise "
@@ -130,13 +120,15 @@ def check_lengths(cfg: RLConfig) -> None:
 
 
 def check_turns(cfg: RLConfig, tok, problems, stop_id: int) -> None:
-  """A multi-turn problem set: each turn of the teacher's episodes (with EOS) within rollout.max_new_tokens, and the
-  context each turn continues from (prompt, earlier turns, observations) within rollout.max_prompt_len."""
+  """Each turn of the teacher's episodes and each answer (with EOS) within rollout.max_new_tokens, and the context
+  each turn continues from (prompt, earlier turns, observations) within rollout.max_prompt_len. A single-turn
+  set's episode is the prompt and one turn."""
   import itertools
-  from jaxpod.problems.environments import demonstration
+  from jaxpod.problems.environments import answer_ids, demonstration
   r = cfg.rollout
   turn, context = (0, None), (0, None)
   for p in problems:
+    turn = max(turn, (len(answer_ids(tok, p.answer)) + 1, p.prompt))  # the answer, said in one turn
     e = demonstration(cfg.task, tok, p, stop_id)
     start = len(e.prompt_ids)  # where the current run of policy or observation tokens begins
     for mine, run in itertools.groupby(e.from_policy):

@@ -11,6 +11,9 @@ every cluster's lines are echoed from its leader with a label (`[trainer host 0/
 full logs go to `<run>/logs/` (a local run folder) or a temporary folder. A local runs folder is shared
 by the simulated hosts (it is this machine's disk, declared shared); a bucket needs nothing shared.
 
+The workers wait for the trainer's first version (its warm-up) as long as the trainer runs
+(AUTO_WAIT_S): this process stops them if the trainer ends without publishing, so
+`rollout.wait_for_weights_s` bounds only workers started on their own (`--role rollout`).
 When the trainer finishes, the workers get WORKERS_GRACE_S to read its "done" and exit; when it fails
 or is preempted (exit 143) they are stopped at once; the job's exit code is the trainer's. SIGTERM to
 this process (a preemption notice: ~30 s left) is passed to the trainer's hosts, which save and exit
@@ -35,6 +38,7 @@ log = get_logger("rl.launch")
 WORKERS_GRACE_S = 60.0  # after the trainer is done, how long workers get to see it and exit
 PREEMPT_GRACE_S = 20.0  # SIGTERM -> SIGKILL for the trainer's hosts: their time to save a checkpoint
 PREEMPTED = 143  # 128 + SIGTERM: what a preempted jaxpod job exits with
+AUTO_WAIT_S = 86400.0  # role auto: the workers' rollout.wait_for_weights_s (a warm-up may take long; a day)
 
 
 def _config_file(cfg: RLConfig, folder: str) -> str:
@@ -68,7 +72,8 @@ def run_clusters(cfg: RLConfig, folder: str) -> dict | None:
            cfg.rollout.workers, cfg.rollout.hosts, folder)
   clusters = {"trainer": cluster("trainer", ["--role", "trainer"], cfg.trainer_hosts, PREEMPT_GRACE_S)}
   for i in range(cfg.rollout.workers):
-    clusters[f"worker{i}"] = cluster(f"worker{i}", ["--role", "rollout", "--rollout.worker_id", str(i)],
+    clusters[f"worker{i}"] = cluster(f"worker{i}", ["--role", "rollout", "--rollout.worker_id", str(i),
+                                                    "--rollout.wait_for_weights_s", str(AUTO_WAIT_S)],
                                      cfg.rollout.hosts, 5.0)
   try:
     rc = supervise(clusters, _child_env(cfg))

@@ -7,6 +7,12 @@ It survives either side's restart because it is nothing but objects in storage, 
     queue/workers/w<worker>.json            its heartbeat (incarnation, version, counters), every heartbeat_s
     queue/progress.json                     the trainer's record: step, files taken per worker, done
 
+A rollout file holds groups of episodes (a single-turn sample is a one-turn episode): per token
+after the prompt, the token, its behaviour log-prob, the weights version that made it (NO_VERSION
+for an environment's observation) and whether the policy sampled it (`from_policy`); its metadata
+says the file's `format` (FORMAT). The trainer refuses a file of another format (an older worker's
+has none) in one line naming the file and the fix, rather than guess what its tokens were.
+
 Exactly-once consumption (invariant 9, "never trains on a rollout twice, across restarts too") lives
 in the trainer's checkpoint, not in the queue: `Consumed` is the set of (file, group) the trainer
 has taken (trained on, or dropped as too old), saved with every checkpoint as the data state. A
@@ -30,6 +36,7 @@ from jaxpod.runtime import storage
 
 ROLLOUTS, WORKERS, PROGRESS = "rollouts", "workers", "progress.json"
 NO_TOKEN = -1  # padding in a rollout file's arrays
+FORMAT = 2  # the rollout files' format: 2 added per-token from_policy flags (episodes); 1 had none and no field
 
 
 def file_name(worker: int, seq: int) -> str:
@@ -61,6 +68,10 @@ class Queue:
 
   def get(self, name: str) -> bytes:
     return storage.read_bytes(self._url(ROLLOUTS, name))
+
+  def read(self, name: str) -> tuple[list[Group], dict]:
+    """Groups and metadata of a rollout file (`from_bytes`: a file of another format is refused, named)."""
+    return from_bytes(self.get(name), self._url(ROLLOUTS, name))
 
   def files(self, worker: int | None = None) -> list[str]:
     """Queue-relative names of the complete rollout files (of one worker, or all), in (worker, seq) order."""
@@ -103,8 +114,8 @@ class Queue:
 
 # ----------------------------------------------------------------------------- rollout files
 def to_bytes(groups: Sequence[Group], meta: dict) -> bytes:
-  """A rollout file: safetensors holding padded arrays, the problems and `meta` (worker, file number, ...) as JSON
-  metadata; no pickle."""
+  """A rollout file of format FORMAT: safetensors holding padded arrays, the problems and `meta` (worker, file
+  number, ...) as JSON metadata; no pickle."""
   from safetensors.numpy import save
   g, n = len(groups), groups[0].n
   width = max(1, max(len(s) for grp in groups for s in grp.sampled))
@@ -113,17 +124,20 @@ def to_bytes(groups: Sequence[Group], meta: dict) -> bytes:
   sampled = np.full((g, n, width), NO_TOKEN, np.int32)
   logprobs = np.zeros((g, n, width), np.float32)
   versions = np.full((g, n, width), NO_TOKEN, np.int32)
+  from_policy = np.zeros((g, n, width), np.uint8)
   for i, grp in enumerate(groups):
     prompt[i, :len(grp.prompt_ids)] = grp.prompt_ids
     for j in range(n):
       k = len(grp.sampled[j])
       sampled[i, j, :k], logprobs[i, j, :k], versions[i, j, :k] = grp.sampled[j], grp.logprobs[j], grp.versions[j]
+      from_policy[i, j, :k] = grp.from_policy[j]
   arrays = {"prompt": prompt, "sampled": sampled, "logprobs": logprobs, "versions": versions,
+            "from_policy": from_policy,
             "rewards": np.asarray([grp.rewards for grp in groups], np.float32),
             "correct": np.asarray([grp.correct for grp in groups], np.int32),
             "finished": np.asarray([grp.finished for grp in groups], np.int32)}
   problems = [dataclasses.asdict(grp.problem) for grp in groups]
-  return save(arrays, metadata={"meta": json.dumps(meta), "problems": json.dumps(problems)})
+  return save(arrays, metadata={"format": str(FORMAT), "meta": json.dumps(meta), "problems": json.dumps(problems)})
 
 
 def _metadata(blob: bytes) -> dict:
@@ -132,22 +146,35 @@ def _metadata(blob: bytes) -> dict:
   return json.loads(blob[8:8 + size]).get("__metadata__", {})
 
 
-def from_bytes(blob: bytes) -> tuple[list[Group], dict]:
-  """Groups and metadata of a rollout file written by `to_bytes`."""
+def check_format(meta: dict, name: str) -> None:
+  """ValueError (one line naming the file and the fix) unless a rollout file's metadata says format FORMAT."""
+  found = meta.get("format")
+  if found != str(FORMAT):
+    what = "no format field (format 1: no per-token from_policy flags)" if found is None else f"format {found}"
+    raise ValueError(f"rollout file {name} has {what}; this jaxpod reads format {FORMAT} only: run the trainer and "
+                     "the rollout workers from the same jaxpod, and start a new run (another trainer.runs_dir) "
+                     "rather than resume one whose queue an older worker wrote")
+
+
+def from_bytes(blob: bytes, name: str = "<bytes>") -> tuple[list[Group], dict]:
+  """Groups and metadata of a rollout file written by `to_bytes` (`name` for the error on another format)."""
   from safetensors.numpy import load
-  arrays, meta = load(blob), _metadata(blob)
+  meta = _metadata(blob)
+  check_format(meta, name)
+  arrays = load(blob)
   groups = []
   for i, problem in enumerate(Problem(**p) for p in json.loads(meta["problems"])):
-    sampled, logprobs, versions = [], [], []
+    sampled, logprobs, versions, from_policy = [], [], [], []
     for j in range(arrays["sampled"].shape[1]):
       keep = arrays["sampled"][i, j] != NO_TOKEN
       sampled.append(arrays["sampled"][i, j][keep].tolist())
       logprobs.append(arrays["logprobs"][i, j][keep].tolist())
       versions.append(arrays["versions"][i, j][keep].tolist())
+      from_policy.append([bool(x) for x in arrays["from_policy"][i, j][keep]])
     prompt = arrays["prompt"][i]
     groups.append(Group(problem, prompt[prompt != NO_TOKEN].tolist(), sampled, logprobs, versions,
                         [bool(x) for x in arrays["finished"][i]], arrays["rewards"][i].tolist(),
-                        [bool(x) for x in arrays["correct"][i]]))
+                        [bool(x) for x in arrays["correct"][i]], from_policy))
   return groups, json.loads(meta["meta"])
 
 

@@ -28,7 +28,7 @@ import time
 from jaxpod import runtime
 from jaxpod.rl import grpo
 from jaxpod.rl.config import GRPOConfig, RolloutConfig
-from jaxpod.rl.disaggregated.queue import Consumed, Queue, from_bytes, parse_name
+from jaxpod.rl.disaggregated.queue import Consumed, Queue, parse_name
 from jaxpod.rl.rollout.groups import Batcher, BatchSource
 from jaxpod.runtime.hooks import Hook, StepInfo
 from jaxpod.runtime.log import get_logger
@@ -105,7 +105,7 @@ class QueueSource(BatchSource):
 
   def _groups(self, name: str) -> list:
     if name not in self.files:
-      self.files[name] = from_bytes(self.queue.get(name))[0]
+      self.files[name] = self.queue.read(name)[0]
     return self.files[name]
 
   def _pick(self, version: int) -> dict:
@@ -169,7 +169,7 @@ class QueueSource(BatchSource):
                        "rl/dropped": [f"{name}:{i}:{why}" for name, i, why in pick["drop"]],
                        "rl/waiting_s": pick["waited"], "rl/behaviour_version": sum(newest) / len(newest),
                        "rl/lag": version - sum(g.oldest_version() for g in groups) / len(groups),
-                       "rl/rollout_tokens": sum(g.tokens() for g in groups),
+                       "rl/rollout_tokens": sum(g.policy_tokens() for g in groups),
                        **{f"rl/{k}": float(v) for k, v in self.counts.items()},
                        "rl/workers_alive": float(len(self.monitor.alive()))}
     self.trained += 1

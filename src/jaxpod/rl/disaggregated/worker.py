@@ -9,6 +9,12 @@
       - one engine round; finished groups go to the queue, `groups_per_file` per file (the leader writes);
     until the trainer's progress record says done.
 
+A multi-turn problem set (the calculator) runs its environments here, with the colocated topology's
+episode loop (`Roller.run`, `rollout.episodes`): a round is the whole episodes of the problems
+admitted (one engine call per turn), so a newer version is swapped in between rounds; each token
+keeps its version and whether the policy sampled it, and the trainer's admission rule and loss mask
+read them from the file as in the colocated topology.
+
 The worker's leader writes a heartbeat every `rollout.heartbeat_s` from a background thread (so a
 long compile does not look like a death): incarnation, version, files written, tokens, seconds
 spent rolling out, fetching and waiting. A restarted worker continues its file numbering and
@@ -88,6 +94,7 @@ def run_worker(policy: PolicySpec, problems: VerifiedProblems, rollout: RolloutC
                mesh: MeshConfig, transfer: TransferConfig, run_dir: str) -> None:
   """The worker loop (see the module docstring); every host of the worker job calls it. `transfer`: resolved."""
   from jaxpod.rl.policy import check_same_problems
+  from jaxpod.rl.rollout.episodes import samples_for
   from jaxpod.rl.rollout.roller import Roller, make_sampler
   from jaxpod.runtime import mesh_from_config
   check_same_problems(problems.problem_set, f"rollout-worker-{rollout.worker_id}")
@@ -109,12 +116,36 @@ def run_worker(policy: PolicySpec, problems: VerifiedProblems, rollout: RolloutC
     stats.update(version=update.weight_id, waited_first_s=time.perf_counter() - t0)  # not a fetch: waiting
     log.info("rollout worker %d: received policy version %d", w, update.weight_id)
     sampler = make_sampler(graphdef, update.params, device_mesh, r, stop_ids, version=update.weight_id)
-    roller = Roller(sampler, tokenizer, problems.scorer(), num_generations, problems.seed)
+    roller = Roller(sampler, tokenizer, problems.scorer(), num_generations, problems.seed,
+                    samples_for(problems, r.max_prompt_len))  # one turn, or a multi-turn set's episodes
     _loop(problems, r, num_generations, queue, client, like, sampler, roller, stats)
   finally:
     if beat is not None:
       beat.close()
     client.close()
+
+
+def _round(roller, sampler, admitted: list, stats: dict) -> list | None:
+  """One round of sampling: the groups it completed, or None when there was nothing to sample (it waited).
+  One-turn samples stream through the engine (one decode step); a multi-turn set's round is the whole episodes
+  of the problems admitted (`Roller.run`)."""
+  if roller.continuous and admitted:
+    roller.submit(admitted)
+  busy = not sampler.idle if roller.continuous else bool(admitted)
+  if not busy:
+    t = time.perf_counter()
+    time.sleep(0.02)
+    stats["waiting_s"] += time.perf_counter() - t
+    return None
+  t = time.perf_counter()
+  before = roller.tokens
+  groups = roller.collect(sampler.step()) if roller.continuous else roller.run(admitted)
+  if "compile_s" not in stats:  # the first rounds compile the engine: kept out of the rollout rate
+    stats["compile_s"] = time.perf_counter() - t
+  else:
+    stats["rollout_s"] += time.perf_counter() - t
+    stats["tokens"] += roller.tokens - before
+  return groups
 
 
 def _loop(problems: VerifiedProblems, r: RolloutConfig, num_generations: int, queue: Queue, client, like, sampler, roller,
@@ -139,8 +170,9 @@ def _loop(problems: VerifiedProblems, r: RolloutConfig, num_generations: int, qu
     poll = now - state["last_poll"] >= POLL_S
     if poll:
       state["last_poll"] = now
+    want = room + 1 - roller.open_groups if roller.continuous else room  # +1: the engine never runs dry
     return {"done": bool(prog.get("done")), "stopped": bool(prog.get("stopped")), "poll": poll,
-            "admit": max(0, min(room + 1 - roller.open_groups, budget)) if pending is None else 0}
+            "admit": max(0, min(want, budget)) if pending is None else 0}
 
   last_log = time.monotonic()
   while True:
@@ -163,28 +195,18 @@ def _loop(problems: VerifiedProblems, r: RolloutConfig, num_generations: int, qu
     if pending is not None and sampler.idle:
       sampler.update_params(pending.params, pending.weight_id)
       stats["version"], pending = pending.weight_id, None
-    if p["admit"]:
-      roller.submit(problems.train_problems(STREAM_BASE + w, next_problem, p["admit"]))
-      next_problem += p["admit"]
-    if sampler.idle:
-      t = time.perf_counter()
-      time.sleep(0.02)
-      stats["waiting_s"] += time.perf_counter() - t
+    admitted = problems.train_problems(STREAM_BASE + w, next_problem, p["admit"]) if p["admit"] else []
+    next_problem += p["admit"]
+    groups = _round(roller, sampler, admitted, stats)
+    if groups is None:
       continue
-    t = time.perf_counter()
-    before = roller.tokens
-    finished += roller.collect(sampler.step())
-    if "compile_s" not in stats:  # the first rounds compile the engine: kept out of the rollout rate
-      stats["compile_s"] = time.perf_counter() - t
-    else:
-      stats["rollout_s"] += time.perf_counter() - t
-      stats["tokens"] += roller.tokens - before
+    finished += groups
     while len(finished) >= r.groups_per_file:
       batch, finished = finished[:r.groups_per_file], finished[r.groups_per_file:]
       if runtime.is_leader():
-        versions = [v for g in batch for s in g.versions for v in s]
+        versions = [min(g.oldest_version() for g in batch), max(g.newest_version() for g in batch)]
         queue.put(w, seq, to_bytes(batch, {"worker": w, "seq": seq, "incarnation": stats["incarnation"],
-                                           "versions": [min(versions), max(versions)], "created": time.time()}))
+                                           "versions": versions, "created": time.time()}))
       seq += 1
       stats["produced"] = seq
     if time.monotonic() - last_log > 10:

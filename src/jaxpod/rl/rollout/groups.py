@@ -2,10 +2,10 @@
 
 A `Group` is one problem's n samples as the engine returned them: every sampled token (the
 stop token included), its log-prob under the distribution it was drawn from, and the weights
-version that produced it (invariant 9), plus each sample's reward. A sample of a multi-turn set is
-a whole episode (`episodes.episode_group`): its tokens after the prompt are the policy's turns and
-the environment's observations, and `from_policy` says which is which; an observation token has no
-log-prob (0), no version (`NO_VERSION`) and is never trained on.
+version that produced it (invariant 9), plus each sample's reward. Every sample is an episode: its
+tokens after the prompt are the policy's turns and the environment's observations, and `from_policy`
+says which is which; an observation token has no log-prob (0), no version (`NO_VERSION`) and is
+never trained on. A single-turn sample is a one-turn episode: every token the policy's.
 
 The trainer's batch (`to_batch`), G groups -> B = G*n rows of T = max_prompt_len + max_new_tokens:
   tokens      [B, T] int32    prompt (BOS first) then the sampled tokens, PAD after
@@ -43,7 +43,11 @@ class Group:
   finished: list[bool]  # per sample: ended with a stop token (not the length limit); episodes: the environment ended it
   rewards: list[float]
   correct: list[bool]
-  from_policy: list[list[bool]] | None = None  # per sample, per token: the policy sampled it (None: every token)
+  from_policy: list[list[bool]] | None = None  # per sample, per token: the policy sampled it (left out: every token)
+
+  def __post_init__(self):
+    if self.from_policy is None:  # a one-turn episode: every token the policy's
+      self.from_policy = [[True] * len(s) for s in self.sampled]
 
   @property
   def n(self) -> int:
@@ -61,7 +65,7 @@ class Group:
 
   def policy_tokens(self) -> int:
     """Tokens the policy sampled (an episode's observations left out)."""
-    return sum(map(sum, self.from_policy)) if self.from_policy else self.tokens()
+    return sum(map(sum, self.from_policy))
 
   @property
   def mixed(self) -> bool:
@@ -77,6 +81,7 @@ def make_group(problem: Problem, prompt_ids: Sequence[int], completions, texts: 
                sampled=[list(c.sampled) for c in completions],
                logprobs=[[float(x) for x in c.logprobs] for c in completions],
                versions=[[int(v) for v in c.versions] for c in completions], finished=finished,
+               from_policy=[[True] * len(c.sampled) for c in completions],
                rewards=[scorer(problem, t, f) for t, f in zip(texts, finished)],
                correct=[scorer.correct(problem, t, f) for t, f in zip(texts, finished)])
 
@@ -100,7 +105,7 @@ def to_batch(groups: Sequence[Group], length: int, pad_id: int, scale_rewards: s
         raise ValueError(f"prompt {group.problem.prompt!r}: {p} prompt + {len(s)} sampled tokens exceed the "
                          f"row length {length}")
       tokens[b, :p], tokens[b, p:p + len(s)] = group.prompt_ids, s
-      policy = np.asarray(group.from_policy[j], bool) if group.from_policy else True
+      policy = np.asarray(group.from_policy[j], bool)
       targets = slice(p - 1, p - 1 + len(s))  # position t predicts token t+1
       mask[b, targets] = policy
       behaviour[b, targets] = np.where(policy, group.logprobs[j], 0.0)

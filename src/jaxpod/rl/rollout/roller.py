@@ -10,7 +10,7 @@ samples do not depend on batching, slots, hosts or restarts.
 `run`, `accuracy` and `pass_at_k` take their samples from `episodes.samples_for`: one turn per problem,
 or episodes for a multi-turn set (one engine call per turn over every open episode, each turn's seed
 fixed the same way; an episode is correct when it is solved). `submit` / `collect` serve one-turn
-samples only (the disaggregated workers).
+samples only (`continuous`); a disaggregated worker on a multi-turn set calls `run` (see its loop).
 """
 from __future__ import annotations
 
@@ -47,6 +47,11 @@ class Roller:
     groups = self.samples.groups(self.sampler.generate, self.tokenizer, problems, self.n, self.seed)
     self.tokens += sum(g.policy_tokens() for g in groups)
     return groups
+
+  @property
+  def continuous(self) -> bool:
+    """Whether samples stream through `submit` / `collect` (one turn each); else `run` makes whole episodes."""
+    return isinstance(self.samples, OneTurn)
 
   def submit(self, problems: Sequence[Problem]) -> None:
     """Queue problems on the engine (one turn each); their groups come back from `collect` as they finish."""
