@@ -9,7 +9,7 @@ every linear layer (B drawn non-zero, so they change the outputs), two engine mo
              plain model on that copy (the base is kept beside it to merge the next version)
 
 Per mode: seconds per decode step (a whole-batch `generate` of max_new_tokens tokens, divided by them,
-median of `--repeats`), seconds per update (median), and the engine's extra weight bytes. Beside them, the
+median of `--repeats`, the two modes interleaved), seconds per update (median), and the engine's extra weight bytes. Beside them, the
 bytes of one adapter version published and fetched through `jaxpod.transfer` (checkpoint mode, a local
 folder) against the whole model's. Prints a table and JSON (`--json PATH`).
 """
@@ -19,17 +19,6 @@ import argparse
 import statistics
 import tempfile
 import time
-
-
-def _timed(fn, repeats: int) -> float:
-  """Median seconds of `fn()` over `repeats` calls after one untimed call (compiles)."""
-  fn()
-  out = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    fn()
-    out.append(time.perf_counter() - t)
-  return statistics.median(out)
 
 
 def _ready(tree):
@@ -62,35 +51,36 @@ def measure(rank: int = 1, repeats: int = 5, seed: int = 0) -> dict:
   prompts = [[int(t) for t in rng.integers(0, 256, rollout.max_prompt_len)] for _ in range(rollout.batch_size)]
   seeds = list(range(len(prompts)))
   steps = rollout.max_new_tokens
-  out = {"rank": rank, "device": jax.devices()[0].device_kind, "model_bytes": param_bytes(nnx.state(init(llama))),
+  out = {"rank": rank, "device": jax.devices()[0].device_kind, "model_bytes": param_bytes(base),
          "adapter_bytes": param_bytes(adapters)}
 
-  # unmerged: base + adapters in the engine's programs
-  s = make_sampler(graphdef, weights(version(0), base), mesh, rollout, stop_ids=())
-  s.warmup()
-  k = iter(range(1, 10_000))
-  out["unmerged"] = {
-      "decode_step_s": _timed(lambda: s.generate(prompts, seeds), repeats) / steps,
-      "update_s": _timed(lambda: (s.update_params(weights(version(0), base), next(k)), _ready(s.runner.params)),
-                         repeats),
-      "extra_weight_bytes": param_bytes(adapters)}
-
-  # merged: W + s A B once per version, the plain model in the engine
+  # unmerged: base + adapters in the engine's programs; merged: the plain model on W + s A B, merged per version
   plain = plain_graphdef(llama)
 
   @jax.jit
   def merge(adapters, base):
     return nnx.state(lora.merged(nnx.merge(graphdef, weights(adapters, base))))
-  m = make_sampler(plain, merge(version(0), base), mesh, rollout, stop_ids=())
-  m.warmup()
-  targeted = sum(x.size * x.dtype.itemsize for p, x in jax.tree_util.tree_flatten_with_path(nnx.state(model))[0]
+  engines = {"unmerged": (make_sampler(graphdef, weights(version(0), base), mesh, rollout, stop_ids=()),
+                          lambda a: weights(a, base)),
+             "merged": (make_sampler(plain, merge(version(0), base), mesh, rollout, stop_ids=()),
+                        lambda a: merge(a, base))}
+  versions = [version(k) for k in range(repeats + 1)]
+  times = {mode: {"decode_step_s": [], "update_s": []} for mode in engines}
+  for k, a in enumerate(versions):  # the modes interleaved: a shared machine's load drifts over both alike
+    for mode, (sampler, to_engine) in engines.items():
+      t = time.perf_counter()
+      sampler.update_params(to_engine(a), k)
+      _ready(sampler.runner.params)
+      times[mode]["update_s"].append(time.perf_counter() - t)
+      t = time.perf_counter()
+      sampler.generate(prompts, seeds)
+      times[mode]["decode_step_s"].append((time.perf_counter() - t) / steps)
+  targeted = sum(x.size * x.dtype.itemsize for p, x in jax.tree_util.tree_flatten_with_path(base)[0]
                  if any(f"'{n}'" in jax.tree_util.keystr(p) for n in lcfg.target_modules))
-  out["merged"] = {
-      "decode_step_s": _timed(lambda: m.generate(prompts, seeds), repeats) / steps,
-      "update_s": _timed(lambda: (m.update_params(merge(version(0), base), next(k)), _ready(m.runner.params)),
-                         repeats),
-      "extra_weight_bytes": targeted}
-  out["wire"] = _wire(adapters, nnx.state(model))
+  extra = {"unmerged": param_bytes(adapters), "merged": targeted}
+  for mode in engines:  # the first round compiles: left out
+    out[mode] = {k: statistics.median(v[1:]) for k, v in times[mode].items()} | {"extra_weight_bytes": extra[mode]}
+  out["wire"] = _wire(adapters, base)
   return out
 
 
