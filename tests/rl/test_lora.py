@@ -119,3 +119,16 @@ def test_grpo_with_lora_trains_the_adapters_and_references_the_base(warm_policy,
   assert all(isinstance(v, nnx.LoRAParam) for _, v in nnx.to_flat_state(params))
   assert not any(isinstance(v, nnx.LoRAParam) for _, v in nnx.to_flat_state(buffers))
   assert param_bytes(buffers) == param_bytes(nnx.state(hf_io.load(warm_policy, make_mesh(devices=jax.devices()[:1]))))
+
+
+def test_lora_settings_it_cannot_serve_fail_in_one_line():
+  """Invariant 7: LoRA without a base to adapt (no model.hf, no warm-up), rank < 1, an unknown target or a
+  non-positive lr scale fail when the config is built, in one line naming the field."""
+  from jaxpod.rl.config import RLConfig, RLLoraConfig, WarmupConfig
+  for make, field in ((lambda: RLConfig(lora=RLLoraConfig(rank=1), warmup=WarmupConfig(steps=0)), "rl.lora"),
+                      (lambda: RLLoraConfig(rank=0), "rank"), (lambda: RLLoraConfig(target_modules=("w1",)), "w1"),
+                      (lambda: RLLoraConfig(lr_scale=0), "lr_scale")):
+    with pytest.raises(ValueError, match=field) as e:
+      make()
+    assert "\n" not in str(e.value)
+  assert RLConfig(lora=RLLoraConfig(rank=1)).lora.rank == 1  # the warm-up makes the base
