@@ -47,8 +47,10 @@ def _moved(adapters, seed=1):
 def test_only_adapters_go_on_the_wire(tmp_path, mode):
   """Invariant 10 for LoRA RL: a version is the LoRAParam leaves alone, <= 2% of the model's bytes at rank 1 on the
   rl default's shape, and a worker receives them onto its base (loaded once) with the values sent."""
-  from jaxpod.rl.adapters import worker_side
+  from types import SimpleNamespace
+  from jaxpod.rl.adapters import weights, worker_side
   from jaxpod.transfer import TransferConfig, create_client, create_server
+  from jaxpod.transfer.hooks import PublishWeightsHook, adapters_of
   mesh = make_mesh(devices=jax.devices()[:1])
   base_url, model, adapters = _trainer(tmp_path, mesh)
   base_bytes = param_bytes(nnx.state(model, nnx.Not(nnx.LoRAParam)))
@@ -57,14 +59,17 @@ def test_only_adapters_go_on_the_wire(tmp_path, mode):
   with create_server(cfg) as server, create_client(cfg) as raw:
     _, like, client = worker_side(policy, LLAMA, mesh, raw)
     moved = _moved(adapters)
-    sent = server.publish(3, moved)
+    whole = weights(moved, nnx.state(model, nnx.Not(nnx.LoRAParam)))  # a state whose params are the whole model
+    hook = PublishWeightsHook(server, every=1, select=adapters_of, background=False)  # the LoRAParam filter
+    hook(SimpleNamespace(step=3, state=SimpleNamespace(params=whole)))
+    sent = hook.history[-1]["bytes"]
     update = client.receive(like, wait=30)
-  assert sent.nbytes == param_bytes(adapters) and sent.nbytes / base_bytes <= 0.02, sent.nbytes / base_bytes
-  assert update.weight_id == 3 and update.metrics.nbytes == sent.nbytes
+  assert sent == param_bytes(adapters) and sent / base_bytes <= 0.02, sent / base_bytes
+  assert update.weight_id == 3 and update.metrics.nbytes == sent
   got = dict(nnx.to_flat_state(update.params))
   for path, v in nnx.to_flat_state(moved):
     np.testing.assert_array_equal(np.asarray(got[path].get_value()), np.asarray(v.get_value()))
-  assert param_bytes(update.params) == base_bytes + sent.nbytes  # the base it loaded + the adapters fetched
+  assert param_bytes(update.params) == base_bytes + sent  # the base it loaded + the adapters fetched
 
 
 def test_adapter_swap_changes_outputs_without_recompiling(tmp_path):
