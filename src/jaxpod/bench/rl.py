@@ -133,7 +133,8 @@ def _table(opts: RLBench, results: dict, checks: dict) -> None:
       notes.append(f"{a}: publish + fetch = {v:.1%} of a train step")
   print_table(f"rl: {opts.steps} GRPO steps per arm from one warm-up (ms per step, steady state), medians of "
               f"{opts.repeats}, max_policy_lag {opts.max_policy_lag}, transfer {opts.transfer_mode}; "
-              + "; ".join(notes), ["arm", "step", "roll", "train", "pub", "fetch", "wait", "tok/s", "rew/s", "acc", "kB/ver"],
+              + "; ".join(notes),
+              ["arm", "step", "roll", "train", "pub", "fetch", "wait", "tok/s", "rew/s", "acc", "kB/ver"],
               rows)
 
 

@@ -8,10 +8,10 @@ every linear layer (B drawn non-zero, so they change the outputs), two engine mo
   merged     one jitted program per version computes W + s A B for every targeted weight; the engine runs the
              plain model on that copy (the base is kept beside it to merge the next version)
 
-Per mode: seconds per decode step (a whole-batch `generate` of max_new_tokens tokens, divided by them,
-median of `--repeats`, the two modes interleaved), seconds per update (median), and the engine's extra weight bytes. Beside them, the
-bytes of one adapter version published and fetched through `jaxpod.transfer` (checkpoint mode, a local
-folder) against the whole model's. Prints a table and JSON (`--json PATH`).
+Per mode: seconds per decode step (a whole-batch `generate` of max_new_tokens tokens, divided by them, median
+of `--repeats`, the two modes interleaved), seconds per update (median), and the engine's extra weight bytes.
+Beside them, the bytes of one adapter version published and fetched through `jaxpod.transfer` (checkpoint
+mode, a local folder) against the whole model's. Prints a table and JSON (`--json PATH`).
 """
 from __future__ import annotations
 

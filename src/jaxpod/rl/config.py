@@ -3,10 +3,11 @@
     jaxpod rl                                        # the built-in default (addition, colocated)
     jaxpod rl --grpo.num_generations 8 --trainer.steps 300 --topology disaggregated
 
-Sections: task (the problem set, `jaxpod.problems`: what the policy solves), rewards, model (architecture,
-or `model.hf` to start from a HF checkpoint), warmup (supervised steps on the problem set's own data before
-RL), grpo (the algorithm), lora (GRPO on adapters only, `--lora.rank 1`), rollout (the engine and the workers), transfer (weights between clusters when
-disaggregated), trainer / tracker / runtime / mesh (as in `jaxpod train`).
+Sections: task (the problem set, `jaxpod.problems`: what the policy solves), rewards, model (architecture, or
+`model.hf` to start from a HF checkpoint), warmup (supervised steps on the problem set's own data before RL),
+grpo (the algorithm), lora (GRPO on adapters only, `--lora.rank 1`), rollout (the engine and the workers),
+transfer (weights between clusters when disaggregated), trainer / tracker / runtime / mesh (as in `jaxpod
+train`).
 """
 from __future__ import annotations
 
@@ -227,7 +228,7 @@ class RLConfig:
   grpo: GRPOConfig = dataclasses.field(default_factory=GRPOConfig)  # the algorithm
   rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)  # engine + workers
   eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)  # pass@k next to greedy accuracy
-  lora: RLLoraConfig | None = None  # GRPO trains LoRA adapters only, the base frozen (needs a base: warm-up or model.hf)
+  lora: RLLoraConfig | None = None  # GRPO on LoRA adapters, the base frozen (the warm-up's export or model.hf)
   topology: str = "colocated"  # colocated: one cluster, trainer and engine alternate | disaggregated: two clusters
   role: str = "auto"  # auto: everything here (disaggregated: launches the clusters) | trainer | rollout
   trainer_hosts: int = 1  # disaggregated, role auto: hosts of the trainer cluster it launches
