@@ -72,24 +72,32 @@ def test_only_adapters_go_on_the_wire(tmp_path, mode):
   assert param_bytes(update.params) == base_bytes + sent  # the base it loaded + the adapters fetched
 
 
-def test_adapter_swap_changes_outputs_without_recompiling(tmp_path):
-  """Invariant 9 with adapters: a worker's engine swaps in a new adapter version between generations with no new
-  compilation, its outputs CHANGE (the classic silent failure: an adapter that never reaches the engine), and
-  every token carries the new version."""
-  from jaxpod.rl.adapters import EngineWeights, adapter_like
+def test_adapter_publish_changes_outputs_without_recompiling(tmp_path):
+  """Invariant 9 with adapters: a worker fetches each published adapter version (checkpoint transport) and swaps it
+  into its engine between generations with no new compilation (publish, fetch, swap and generate counted), its
+  outputs CHANGE (the classic silent failure: an adapter that never reaches the engine), and every token
+  carries the new version."""
+  from jaxpod.rl.adapters import worker_side
   from jaxpod.rl.rollout.roller import make_sampler
+  from jaxpod.transfer import TransferConfig, create_client, create_server
   mesh = make_mesh(devices=jax.devices()[:1])
   base_url, model, adapters = _trainer(tmp_path, mesh)
-  graphdef, _ = adapter_like(LLAMA, lora.lora_config(model), mesh)
-  engine_weights = EngineWeights(base_url, LLAMA, mesh)
+  cfg = TransferConfig(mode="checkpoint", coordinator="filesystem", folder=str(tmp_path / "weights"))
+  policy = PolicySpec(RLModelConfig(), None, lora.lora_config(model), base_url)
   rollout = RolloutConfig(batch_size=8, eval_slots=8, max_prompt_len=8, max_new_tokens=6, temperature=1.0)
-  sampler = make_sampler(graphdef, engine_weights(adapters), mesh, rollout, stop_ids=(), version=0)
-  sampler.generate(PROMPTS, range(8))  # no stop ids: every row runs to its limit, the same programs every time
-  before = sampler.generate(PROMPTS, range(8))
-  moved = _moved(adapters)  # (its float64 -> float32 casts compile: the trainer's side, not the swap)
-  compiles = _compiles()
-  sampler.update_params(engine_weights(moved), version=1)
-  after = sampler.generate(PROMPTS, range(8))
+  with create_server(cfg) as server, create_client(cfg) as raw:
+    graphdef, like, client = worker_side(policy, LLAMA, mesh, raw)
+    server.publish(0, adapters)
+    update = client.receive(like, wait=30)
+    sampler = make_sampler(graphdef, update.params, mesh, rollout, stop_ids=(), version=update.weight_id)
+    sampler.generate(PROMPTS, range(8))  # no stop ids: every row runs to its limit, the same programs every time
+    before = sampler.generate(PROMPTS, range(8))
+    moved = _moved(adapters)  # the trainer's side, before counting
+    compiles = _compiles()
+    server.publish(1, moved)
+    update = client.receive(like, wait=30)
+    sampler.update_params(update.params, update.weight_id)
+    after = sampler.generate(PROMPTS, range(8))
   assert compiles == [], compiles
   assert [c.sampled for c in after] != [c.sampled for c in before]
   assert all(set(c.versions) == {1} for c in after) and all(set(c.versions) == {0} for c in before)
