@@ -9,7 +9,9 @@ checkpoint (`--model.hf`) for `--steps` GRPO steps in its own process(es), arms 
               cluster), weights through `--transfer-mode`, workers swap weights between decode steps
   drain       the same, but workers finish the sequences in flight before swapping (drain-and-sync)
 
-Both disaggregated arms run with the same `max_policy_lag`. Per arm, per GRPO step (seconds): rollout
+With `--lora-rank R` every arm runs twice from the same warm-up, full fine-tuning and `<arm>+lora`
+(`jaxpod rl --lora.rank R`: adapters trained and published alone), interleaved; the table adds kB per
+published version. Both disaggregated arms run with the same `max_policy_lag`. Per arm, per GRPO step (seconds): rollout
 (the engine), train (the trainer's step and its hooks), publish (trainer), fetch (worker, per step),
 waiting (trainer idle for rollouts); sampled tokens/s; reward per wall-clock second (the rewards of
 every sample trained on, summed, over the RL wall time) and held-out accuracy at the end. Checks
@@ -43,6 +45,7 @@ class RLBench:
   # length, where a drain waits for the longest sequence in flight (rollout lengths in RL vary like this)
   extra: tuple[str, ...] = ("--task.min_length", "2", "--task.length", "12", "--rollout.max_prompt_len", "24",
                             "--rollout.max_new_tokens", "16")
+  lora_rank: int = 0  # > 0: every arm runs twice from the same warm-up, full fine-tuning and `<arm>+lora` at this rank
   json: str | None = None  # write the results here
   against: str = ""  # trl: jaxpod's colocated loop vs TRL's GRPOTrainer on a prompt file instead (rl_against_trl.py)
   policy: str = ""  # --against trl: start from this HF checkpoint (tokenizer files included) instead of a warm-up
@@ -80,13 +83,16 @@ def run(json_path: str | None = None, **overrides) -> dict:
                  "--trainer.run_name", "warm", "--trainer.progress", "false", "--export_hf", "false", *opts.extra],
                 os.path.join(root, "warm.log"))
   warm = os.path.join(runs, "warm", "warmup", "hf")
-  by_arm: dict[str, list[dict]] = {a: [] for a in opts.arms}
+  variants = [("", [])] + ([("+lora", ["--lora.rank", str(opts.lora_rank)])] if opts.lora_rank else [])
+  by_arm = {a + v: [] for a in opts.arms for v, _ in variants}
   for r in range(opts.repeats):
     for arm in opts.arms:
-      name = f"{arm}-{r}"
-      wall = run_jaxpod_rl(_arm_args(arm, opts, warm, runs, name), os.path.join(root, f"{name}.log"))
-      by_arm[arm].append(rl_run_figures(os.path.join(runs, name)) | {"wall_s": wall})
-      print(f"bench rl: {name} done in {wall:.0f} s", flush=True)
+      for variant, more in variants:  # full fine-tuning and LoRA side by side, interleaved
+        name = f"{arm}{variant.replace('+', '-')}-{r}"
+        wall = run_jaxpod_rl(_arm_args(arm, opts, warm, runs, name) + more, os.path.join(root, f"{name}.log"))
+        by_arm[arm + variant].append(rl_run_figures(os.path.join(runs, name)) | {"wall_s": wall}
+                                     | _extra_figures(os.path.join(runs, name)))
+        print(f"bench rl: {name} done in {wall:.0f} s", flush=True)
   results = {a: {k: (statistics.median(v[k] for v in runs_) if all(v[k] is not None for v in runs_) else None)
                  for k in runs_[0]} for a, runs_ in by_arm.items()}  # medians over the repeats
   checks = {}
@@ -104,11 +110,20 @@ def run(json_path: str | None = None, **overrides) -> dict:
   return payload
 
 
+def _extra_figures(folder: str) -> dict:
+  """Bytes per published version (median; disaggregated arms, 0 colocated: weights stay in memory)."""
+  from jaxpod.rl.summary import read_metrics
+  rows = read_metrics(os.path.join(folder, "train"))
+  sent = [r["rl/publish_bytes"] for r in rows if "rl/publish_bytes" in r]
+  return {"publish_bytes": statistics.median(sent) if sent else 0.0}
+
+
 def _table(opts: RLBench, results: dict, checks: dict) -> None:
   ms = lambda x: "(w)" if x is None else f"{1e3 * x:.0f}"  # noqa: E731 - (w): on the workers, beside the trainer
   rows = [(arm, ms(r["step_s"]), ms(r["rollout_s"]), ms(r["train_s"]), ms(r["publish_s"]), ms(r["fetch_s"]),
            ms(r["waiting_s"]), f"{r['tokens_per_s'] or 0:.0f}", f"{r['reward_per_s']:.1f}",
-           f"{r['accuracy_start']:.0%}>{r['accuracy_end']:.0%}") for arm, r in results.items()]
+           f"{r['accuracy_start']:.0%}>{r['accuracy_end']:.0%}", f"{r['publish_bytes'] / 1e3:.1f}")
+          for arm, r in results.items()]
   notes = []
   if checks.get("inflight_over_drain_reward_per_s") is not None:
     notes.append(f"in-flight / drain-and-sync reward per second = {checks['inflight_over_drain_reward_per_s']:.2f}")
@@ -118,7 +133,8 @@ def _table(opts: RLBench, results: dict, checks: dict) -> None:
       notes.append(f"{a}: publish + fetch = {v:.1%} of a train step")
   print_table(f"rl: {opts.steps} GRPO steps per arm from one warm-up (ms per step, steady state), medians of "
               f"{opts.repeats}, max_policy_lag {opts.max_policy_lag}, transfer {opts.transfer_mode}; "
-              + "; ".join(notes), ["arm", "step", "roll", "train", "pub", "fetch", "wait", "tok/s", "rew/s", "acc"],
+              + "; ".join(notes),
+              ["arm", "step", "roll", "train", "pub", "fetch", "wait", "tok/s", "rew/s", "acc", "kB/ver"],
               rows)
 
 

@@ -71,6 +71,7 @@ class RolloutBuffer(BatchSource):
   def __init__(self, problems: VerifiedProblems, policy: PolicySpec, rollout: RolloutConfig, grpo_cfg: GRPOConfig,
                batcher: Batcher):
     self.problems, self.rollout, self.batcher = problems, rollout, batcher
+    self.lora = policy.lora  # LoRA: the engine samples with the adapters on the trainer's frozen base
     self.tokenizer = policy.tokenizer()
     self.stop_ids = policy.stop_ids(self.tokenizer, policy.llama())
     g = grpo_cfg
@@ -102,6 +103,11 @@ class RolloutBuffer(BatchSource):
   def hooks(self, graphdef, mesh) -> list:
     return [ColocatedRollouts(self, graphdef, mesh)]
 
+  def weights(self, state):
+    """The policy the engine samples with: the params, or with LoRA the adapters on the base (no copy)."""
+    from jaxpod.rl.adapters import weights
+    return state.params if self.lora is None else weights(state.params, state.buffers)
+
 
 class ColocatedRollouts(Hook):
   """After every step (and once at the start): sample the next batch with the weights just made."""
@@ -116,7 +122,8 @@ class ColocatedRollouts(Hook):
 
   def on_start(self, info: StepInfo) -> dict:
     from flax import nnx
-    check_memory(info.state, self.mesh, self.buffer.rollout, nnx.merge(self.graphdef, info.state.params).cfg)
+    model = nnx.merge(self.graphdef, self.buffer.weights(info.state))
+    check_memory(info.state, self.mesh, self.buffer.rollout, model.cfg)
     return self(info)
 
   def __call__(self, info: StepInfo) -> dict:
@@ -124,7 +131,7 @@ class ColocatedRollouts(Hook):
     interval = t0 - self.last_end if self.last_end is not None else 0.0
     buffer = self.buffer
     problems = buffer.problems
-    params, version = info.state.params, int(info.step)
+    params, version = buffer.weights(info.state), int(info.step)
     if self.roller is None:
       from jaxpod.rl.rollout.episodes import samples_for
       from jaxpod.rl.rollout.roller import Roller, make_sampler

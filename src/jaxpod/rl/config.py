@@ -3,10 +3,11 @@
     jaxpod rl                                        # the built-in default (addition, colocated)
     jaxpod rl --grpo.num_generations 8 --trainer.steps 300 --topology disaggregated
 
-Sections: task (the problem set, `jaxpod.problems`: what the policy solves), rewards, model (architecture,
-or `model.hf` to start from a HF checkpoint), warmup (supervised steps on the problem set's own data before
-RL), grpo (the algorithm), rollout (the engine and the workers), transfer (weights between clusters when
-disaggregated), trainer / tracker / runtime / mesh (as in `jaxpod train`).
+Sections: task (the problem set, `jaxpod.problems`: what the policy solves), rewards, model (architecture, or
+`model.hf` to start from a HF checkpoint), warmup (supervised steps on the problem set's own data before RL),
+grpo (the algorithm), lora (GRPO on adapters only, `--lora.rank 1`), rollout (the engine and the workers),
+transfer (weights between clusters when disaggregated), trainer / tracker / runtime / mesh (as in `jaxpod
+train`).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import dataclasses
 from typing import ClassVar
 
 from jaxpod.models.llama.config import LlamaConfig
+from jaxpod.models.llama.lora import LoraConfig
 from jaxpod.problems import DatasetProblems, ProblemSet, SortProblems
 from jaxpod.problems.passk import EvalConfig
 from jaxpod.rl.grpo import LOSS_NORMS, MIS_LEVELS, SCALE_REWARDS, TIS_LEVELS, BatchFill
@@ -195,6 +197,18 @@ class RolloutConfig(SamplingOptions):
 # Sections with RL's own defaults are subclasses, not default_factory values: draccus rebuilds a
 # section from its class defaults as soon as one of its fields is given on the command line.
 @dataclasses.dataclass(frozen=True)
+class RLLoraConfig(LoraConfig):
+  """LoRA for RL (`--lora.rank N` turns it on): the causal-LM adapters, and GRPO's learning rate scaled for them."""
+
+  lr_scale: float = 10.0  # GRPO trains the adapters at grpo.lr x this ("LoRA Without Regret": ~10x full FT's lr)
+
+  def __post_init__(self):
+    super().__post_init__()
+    if not self.lr_scale > 0:
+      raise ValueError(f"rl.lora.lr_scale={self.lr_scale} must be > 0 (1: the same lr as full fine-tuning)")
+
+
+@dataclasses.dataclass(frozen=True)
 class RLTrainerConfig(TrainerConfig):
   """`jaxpod train`'s trainer section with RL's defaults (steps are rollout batches; metrics every step)."""
 
@@ -229,6 +243,7 @@ class RLConfig:
   grpo: GRPOConfig = dataclasses.field(default_factory=GRPOConfig)  # the algorithm
   rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)  # engine + workers
   eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)  # pass@k next to greedy accuracy
+  lora: RLLoraConfig | None = None  # GRPO on LoRA adapters, the base frozen (the warm-up's export or model.hf)
   topology: str = "colocated"  # colocated: one cluster, trainer and engine alternate | disaggregated: two clusters
   role: str = "auto"  # auto: everything here (disaggregated: launches the clusters) | trainer | rollout
   trainer_hosts: int = 1  # disaggregated, role auto: hosts of the trainer cluster it launches
@@ -248,6 +263,9 @@ class RLConfig:
       raise ValueError(f"rl.role={self.role!r} needs --topology disaggregated (colocated runs one job: role auto)")
     if self.trainer_hosts < 1:
       raise ValueError(f"rl.trainer_hosts={self.trainer_hosts} must be >= 1")
+    if self.lora is not None and not self.model.hf and self.warmup.steps == 0:
+      raise ValueError("rl.lora: adapters train on a frozen base, and a random base has nothing to adapt; set "
+                       "--model.hf to a HF checkpoint or --warmup.steps > 0 (the warm-up trains every weight first)")
     if isinstance(self.task, DatasetProblems) and not self.task.chat_template and self.model.hf:
       # message prompts are rendered with the policy's own chat template unless another is named
       object.__setattr__(self, "task", dataclasses.replace(self.task, chat_template=self.model.hf))

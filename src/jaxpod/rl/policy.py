@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 
 from jaxpod.models.llama.config import LlamaConfig
+from jaxpod.models.llama.lora import LoraConfig
 from jaxpod.models.llama.tokenizer import Tokenizer
 from jaxpod.models.llama.training import LlamaTask
 from jaxpod.problems.base import ProblemSet
@@ -29,6 +30,8 @@ class PolicySpec:
 
   model: RLModelConfig  # the architecture (when start_from is None); model.hf: the tokenizer's checkpoint
   start_from: str | None = None  # HF checkpoint the weights (and config.json) start from; None: random init
+  lora: LoraConfig | None = None  # train LoRA adapters on the frozen start_from (rl/adapters.py); None: every weight
+  lora_base: str | None = None  # LoRA: the frozen base's HF checkpoint (a worker's start_from may be None: warm-up)
 
   def tokenizer(self) -> Tokenizer:
     """The HF checkpoint's tokenizer (model.hf), else byte-level."""
@@ -49,8 +52,10 @@ class Accuracy:
   """Greedy accuracy on the held-out problems, and pass@k with `eval.k` (the trainer's evaluator); for a multi-turn
   set, the fraction of episodes solved. The one held-out evaluator: the preference default uses it too."""
 
-  def __init__(self, problems: VerifiedProblems, rollout: RolloutConfig, graphdef, mesh, tokenizer, stop_ids):
+  def __init__(self, problems: VerifiedProblems, rollout: RolloutConfig, graphdef, mesh, tokenizer, stop_ids,
+               weights: Callable | None = None):
     from jaxpod.rl.rollout.episodes import samples_for
+    self.weights = weights  # (params, buffers) -> the whole policy's state (LoRA: adapters + base); None: params
     self.rollout, self.graphdef, self.mesh, self.tokenizer, self.stop_ids = rollout, graphdef, mesh, tokenizer, stop_ids
     self.problems = problems.eval_set()
     self.evaluation, self.seed = problems.evaluation, problems.seed
@@ -62,6 +67,8 @@ class Accuracy:
     import time
     from jaxpod.rl.rollout.roller import accuracy, make_sampler, pass_at_k
     t0 = time.perf_counter()
+    if self.weights is not None:
+      params = self.weights(params, buffers)
     if self.sampler is None:
       self.sampler = make_sampler(self.graphdef, params, self.mesh, self.rollout, self.stop_ids, greedy=True)
     else:
@@ -92,6 +99,8 @@ class PolicyTask(LlamaTask):
     self.stop_ids = policy.stop_ids(self.tokenizer, self.llama)
     self.row_len = rollout.max_prompt_len + rollout.max_new_tokens  # tokens per training row
     self.host, self.hosts = 0, 1
+    self.lora = policy.lora  # None: every weight trained; else the adapters only, the base frozen in the buffers
+    self._plain = None  # LoRA: the adapter-free graphdef (GRPO's KL reference runs the base through it)
 
   def prepare(self) -> dict:
     return {}
@@ -100,18 +109,59 @@ class PolicyTask(LlamaTask):
     self.host, self.hosts = host_index, host_count
     check_same_problems(self.problems.problem_set, "trainer")
 
+  # ---------------------------------------------------------------- LoRA (rl/adapters.py); plain without it
+  def _model(self, seed: int):
+    from jaxpod.models.llama import lora
+    model = super()._model(seed)
+    return model if self.lora is None else lora.attach(model, self.lora, seed, traced=True)
+
+  def _split(self, model):
+    """(graphdef, trained, frozen): with LoRA the adapters and the base (no reference copy: the base is it)."""
+    from flax import nnx
+    if self.lora is None:
+      return super()._split(model)
+    return nnx.split(model, nnx.LoRAParam, ...)
+
+  def _loaded(self, model, mesh):
+    from jaxpod.models.llama import lora
+    return model if self.lora is None else lora.attach(model, self.lora, self.cfg.trainer.seed, mesh=mesh)
+
+  def _place(self, params, buffers, shardings):
+    if self.lora is None:
+      return super()._place(params, buffers, shardings)
+    import jax
+    return jax.device_put(params, shardings.params), jax.device_put(buffers, shardings.buffers)
+
+  def weights(self, params, buffers):
+    """The whole policy's state from the train state's halves (LoRA: adapters + base; else the params)."""
+    from jaxpod.rl.adapters import weights
+    return params if self.lora is None else weights(params, buffers)
+
+  def reference(self, graphdef, buffers):
+    """(graphdef, weights) of the frozen KL reference: the starting weights' copy, or with LoRA the base with the
+    adapters off (the same arrays as the policy's base)."""
+    from jaxpod.rl.adapters import plain_graphdef, reference
+    if self.lora is not None and self._plain is None:
+      self._plain = plain_graphdef(self.llama)
+    return reference(graphdef, buffers, self.lora, self._plain)
+
   def _adamw(self, lr: float, warmup: int, weight_decay: float, grad_clip: float):
     import optax
     from jaxpod.models.llama.model import weight_decay_mask
+    lr = lr * getattr(self.lora, "lr_scale", 1.0)  # LoRA's rule: ~10x full fine-tuning's learning rate
     sched = optax.linear_schedule(0.0, lr, max(warmup, 1)) if warmup else optax.constant_schedule(lr)
     adamw = optax.adamw(sched, b1=0.9, b2=0.99, weight_decay=weight_decay, mask=weight_decay_mask)
     return (optax.chain(optax.clip_by_global_norm(grad_clip), adamw) if grad_clip else adamw), sched
 
   def evaluator(self, graphdef, mesh, ema_sh, buffer_sh, batch_sh) -> Callable:
-    return Accuracy(self.problems, self.rollout, graphdef, mesh, self.tokenizer, self.stop_ids)
+    return Accuracy(self.problems, self.rollout, graphdef, mesh, self.tokenizer, self.stop_ids,
+                    weights=None if self.lora is None else self.weights)
 
   def hooks(self, graphdef, mesh, tcfg) -> list:
-    return self.export_hooks(graphdef, self.export_to)
+    if self.lora is None or not self.export_to:
+      return self.export_hooks(graphdef, self.export_to)
+    from jaxpod.rl.adapters import LoraExportHook, sibling
+    return [LoraExportHook(graphdef, self.export_to, sibling(self.export_to, "adapter"), self.start_url or "")]
 
   def eval_summary(self, ev: dict) -> list[tuple[str, str]]:
     return [("held-out accuracy", f"{ev.get('accuracy', float('nan')):.1%} of {ev.get('count', 0)} problems")]

@@ -72,9 +72,9 @@ def run(cfg: RLConfig) -> dict | None:
   if cfg.role == "rollout":
     from jaxpod.rl.disaggregated.worker import run_worker
     with runtime.guard():
-      run_worker(policy_spec(cfg, cfg.model.hf or None), verified_problems(cfg), cfg.rollout,
-                 num_generations=cfg.grpo.num_generations, mesh=cfg.mesh, transfer=transfer_config(cfg, folder),
-                 run_dir=folder)
+      run_worker(policy_spec(cfg, cfg.model.hf or None, base=start_url(cfg, folder)), verified_problems(cfg),
+                 cfg.rollout, num_generations=cfg.grpo.num_generations, mesh=cfg.mesh,
+                 transfer=transfer_config(cfg, folder), run_dir=folder)
     return None
   with runtime.guard():
     return train_policy(cfg, folder)
@@ -107,9 +107,19 @@ def train_policy(cfg: RLConfig, folder: str) -> dict | None:
   return out
 
 
-def policy_spec(cfg: RLConfig, start_from: str | None) -> PolicySpec:
-  """The policy slice: the model section, starting from `start_from` (None: random init)."""
-  return PolicySpec(cfg.model, start_from)
+def policy_spec(cfg: RLConfig, start_from: str | None, base: str | None = None) -> PolicySpec:
+  """The policy slice: the model section, starting from `start_from` (None: random init); with `lora`, adapters on
+  the frozen `base` (default start_from; the warm-up, which starts from None, trains every weight)."""
+  base = base or start_from
+  lora = cfg.lora if base else None
+  return PolicySpec(cfg.model, start_from, lora, base if lora else None)
+
+
+def start_url(cfg: RLConfig, folder: str) -> str | None:
+  """The checkpoint GRPO starts from: model.hf, else the warm-up's export (None: neither, random init)."""
+  if cfg.model.hf:
+    return cfg.model.hf
+  return storage.join(folder, "warmup", "hf") if cfg.warmup.steps > 0 else None
 
 
 def verified_problems(cfg: RLConfig) -> VerifiedProblems:

@@ -190,11 +190,11 @@ class GRPOTask(PolicyTask):
     def loss(params, buffers, batch, rng, carry):
       tokens = batch["tokens"]
       inputs, targets = tokens[:, :-1], tokens[:, 1:]
-      logp = token_logprobs(forward(graphdef, params, inputs).logits, targets, sampling)
+      logp = token_logprobs(forward(graphdef, self.weights(params, buffers), inputs).logits, targets, sampling)
       ref = None
-      if g.beta > 0:
-        ref = jax.lax.stop_gradient(token_logprobs(forward(graphdef, buffers["ref"], inputs).logits, targets,
-                                                   sampling))
+      if g.beta > 0:  # the frozen reference: a copy of the start, or with LoRA the base with the adapters off
+        ref = jax.lax.stop_gradient(token_logprobs(forward(*self.reference(graphdef, buffers), inputs).logits,
+                                                   targets, sampling))
       value, sums = policy_loss(logp, batch["behaviour"][:, :-1], batch["advantages"], batch["loss_mask"][:, :-1] > 0,
                                 ref, epsilon=g.epsilon, epsilon_high=g.epsilon_high, beta=g.beta,
                                 loss_norm=g.loss_norm, max_new_tokens=max_new_tokens, **g.correction)

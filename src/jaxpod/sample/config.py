@@ -171,6 +171,7 @@ class SampleConfig(SamplingOptions):
   mode: str = "global"  # global: model sharded over all hosts | replicated: a full copy per host
   dtype: str | None = None  # compute dtype override: float32 | bfloat16 (None: the checkpoint's)
   weight_version: str = ""  # recorded with each output; "" means the checkpoint path
+  adapter: str = ""  # PEFT LoRA adapter folder or URL (adapter_config.json + adapter_model.safetensors) on model
   mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)  # over all devices (global) or a host's
   runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)  # how this process joins the job
 
@@ -199,3 +200,6 @@ class SampleConfig(SamplingOptions):
       LlamaConfig.from_hf_config(hf)
     except (ValueError, KeyError) as e:
       raise ValueError(f"sample.model={self.model}: {e}") from None
+    if self.adapter:  # its shapes against the base's, in one line naming what does not fit
+      from jaxpod.models.llama import peft_io
+      peft_io.check_adapter(self.adapter, LlamaConfig.from_hf_config(hf))

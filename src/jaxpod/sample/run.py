@@ -132,6 +132,9 @@ def run(cfg: SampleConfig) -> list[dict[str, Any]] | None:
   tok, prompts, ids, seeds = _same_prompts_everywhere(cfg, plan, leader_box[0] if leader_box else None)
   model_cfg = LlamaConfig.from_hf_config(plan["model_cfg"], dtype=plan["model_cfg"]["dtype"])
   model = hf_io.load(cfg.model, mesh, cfg=model_cfg)
+  if cfg.adapter:  # LoRA: the adapters on the base, applied unmerged by the engine
+    from jaxpod.models.llama import peft_io
+    peft_io.load_adapter(model, cfg.adapter, mesh=mesh)
   runtime.barrier("sample.loaded")  # a host whose load failed is named here, before any device collective
   sampler = Sampler(model, mesh, cfg.engine(), cfg.sampling(), plan["stop_ids"], mode=cfg.mode)
   bar = _progress(len(ids) * cfg.n)
@@ -141,7 +144,7 @@ def run(cfg: SampleConfig) -> list[dict[str, Any]] | None:
     bar.close()
   records = None
   if runtime.is_leader():
-    version = cfg.weight_version or cfg.model
+    version = cfg.weight_version or (f"{cfg.model}+{cfg.adapter}" if cfg.adapter else cfg.model)
     n = cfg.n
     records = [{"index": c.request, **({"sample": c.sample} if n > 1 else {}), "prompt": prompts[c.request],
                 "completion": tok.decode(c.tokens), "token_ids": c.tokens, "finish_reason": c.finish_reason,

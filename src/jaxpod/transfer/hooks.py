@@ -1,10 +1,10 @@
 """`PublishWeightsHook(every=N)`: publish the trainer's params every N steps.
 
-It subclasses the one hook interface (`jaxpod.runtime.hooks.Hook`: attribute `every`,
-`due(step, final)`, `__call__(info: StepInfo)`, `close()`), which lives below every workload, so
-train/ and transfer/ stay siblings that never import each other. Outside the trainer it can be
-called directly as `hook(step, params)`. Every host calls it (publish is collective on a
-multi-host trainer); the weight id is the step. The trainer's state is donated to its next
+It subclasses the one hook interface (`jaxpod.runtime.hooks.Hook`: attribute `every`, `due(step, final)`,
+`__call__(info: StepInfo)`, `close()`), which lives below every workload, so train/ and transfer/ stay
+siblings that never import each other. Outside the trainer it can be called directly as `hook(step, params)`.
+`select=adapters_of` publishes LoRA adapters alone. Every host calls it (publish is collective on a multi-host
+trainer); the weight id is the step. The trainer's state is donated to its next
 step: transports that keep serving from memory hold numpy views of the published buffers, which
 JAX then does not donate (the step writes new buffers; see `flatten._host`).
 
@@ -24,6 +24,13 @@ from jaxpod.transfer.config import TransferConfig
 
 def _params_of(state: Any) -> Any:
   return state.params
+
+
+def adapters_of(state: Any) -> Any:
+  """`select` for adapter-only publishing: the `nnx.LoRAParam` leaves of `state.params` (LoRA adapters), nothing
+  of the frozen base; a trainer whose params are the adapters already (`jaxpod rl --lora.rank N`) needs none."""
+  from flax import nnx
+  return nnx.filter_state(state.params, nnx.LoRAParam)
 
 
 class PublishWeightsHook(Hook):

@@ -60,5 +60,5 @@ class PublishPolicy(PublishWeightsHook):
       return None
     m = self.history[-1]  # background: the version committed now (the previous one)
     log.info("published policy version %d (%.1f MB, %.3f s)", m["weight_id"], m["bytes"] / 1e6, m["seconds"])
-    return {"rl/publish_s": out["transfer/publish_s"], **({"rl/publish_wait_s": out["transfer/publish_wait_s"]}
-                                                          if "transfer/publish_wait_s" in out else {})}
+    return {"rl/publish_s": out["transfer/publish_s"], "rl/publish_bytes": m["bytes"],
+            **({"rl/publish_wait_s": out["transfer/publish_wait_s"]} if "transfer/publish_wait_s" in out else {})}

@@ -105,6 +105,9 @@ def run_worker(policy: PolicySpec, problems: VerifiedProblems, rollout: RolloutC
   stop_ids = policy.stop_ids(tokenizer, llama)
   graphdef, like = _like(llama, device_mesh)
   client = create_client(transfer)
+  if policy.lora is not None:  # adapters only on the wire; the base loaded once (rl/adapters.py)
+    from jaxpod.rl.adapters import worker_side
+    graphdef, like, client = worker_side(policy, llama, device_mesh, client)
   queue = Queue(run_dir)
   stats = {"worker": w, "incarnation": runtime.broadcast_call(lambda: uuid.uuid4().hex[:8], "rl.worker.id"),
            "hosts": runtime.host_info().process_count, "pid": os.getpid(), "update": r.update, "version": None,

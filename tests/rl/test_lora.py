@@ -1,0 +1,147 @@
+"""LoRA in `jaxpod rl`: adapters only on the wire, swapped into a worker's engine without recompiling, and
+GRPO on adapters over a frozen base (no second copy for the KL reference)."""
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxpod.models.llama import hf_io, init, lora
+from jaxpod.models.llama.config import LlamaConfig
+from jaxpod.rl.config import RLModelConfig, RolloutConfig
+from jaxpod.rl.policy import PolicySpec
+from jaxpod.runtime import make_mesh
+from jaxpod.sample.layout import param_bytes
+
+LLAMA = LlamaConfig(vocab_size=259, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+                    tie_word_embeddings=True, bos_token_id=256, eos_token_id=(257,), pad_token_id=258)
+PROMPTS = [[256, 3 + i, 40 + 7 * i, 9] for i in range(8)]
+
+
+def _compiles():
+  """A list that grows by one name per XLA compilation (persistent-cache hits included) from now on."""
+  seen = []
+  jax.monitoring.register_event_duration_secs_listener(
+      lambda event, _, **kw: seen.append(kw.get("fun_name")) if event == "/jax/core/compile/backend_compile_duration"
+      else None)
+  return seen
+
+
+def _trainer(tmp_path, mesh, rank=1):
+  """(base url, the trainer's adapted model, its adapters: what a LoRA trainer's state.params are)."""
+  base_url = str(tmp_path / "base")
+  hf_io.save(init(LLAMA, seed=0), base_url)
+  model = lora.attach(hf_io.load(base_url, mesh), lora.LoraConfig(rank=rank), mesh=mesh)
+  return base_url, model, nnx.state(model, nnx.LoRAParam)
+
+
+def _moved(adapters, seed=1):
+  """Another adapter version: same tree, shapes and shardings, B non-zero."""
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(lambda x: jax.device_put(rng.normal(0, 0.5, x.shape).astype(x.dtype), x.sharding), adapters)
+
+
+@pytest.mark.parametrize("mode", ["checkpoint", "arrow_flight"])
+def test_only_adapters_go_on_the_wire(tmp_path, mode):
+  """Invariant 10 for LoRA RL: a version is the LoRAParam leaves alone, <= 2% of the model's bytes at rank 1 on the
+  rl default's shape, and a worker receives them onto its base (loaded once) with the values sent."""
+  from types import SimpleNamespace
+  from jaxpod.rl.adapters import weights, worker_side
+  from jaxpod.transfer import TransferConfig, create_client, create_server
+  from jaxpod.transfer.hooks import PublishWeightsHook, adapters_of
+  mesh = make_mesh(devices=jax.devices()[:1])
+  base_url, model, adapters = _trainer(tmp_path, mesh)
+  base_bytes = param_bytes(nnx.state(model, nnx.Not(nnx.LoRAParam)))
+  cfg = TransferConfig(mode=mode, coordinator="filesystem", folder=str(tmp_path / "weights"))
+  policy = PolicySpec(RLModelConfig(), None, lora.lora_config(model), base_url)
+  with create_server(cfg) as server, create_client(cfg) as raw:
+    _, like, client = worker_side(policy, LLAMA, mesh, raw)
+    moved = _moved(adapters)
+    whole = weights(moved, nnx.state(model, nnx.Not(nnx.LoRAParam)))  # a state whose params are the whole model
+    hook = PublishWeightsHook(server, every=1, select=adapters_of, background=False)  # the LoRAParam filter
+    hook(SimpleNamespace(step=3, state=SimpleNamespace(params=whole)))
+    sent = hook.history[-1]["bytes"]
+    update = client.receive(like, wait=30)
+  assert sent == param_bytes(adapters) and sent / base_bytes <= 0.02, sent / base_bytes
+  assert update.weight_id == 3 and update.metrics.nbytes == sent
+  got = dict(nnx.to_flat_state(update.params))
+  for path, v in nnx.to_flat_state(moved):
+    np.testing.assert_array_equal(np.asarray(got[path].get_value()), np.asarray(v.get_value()))
+  assert param_bytes(update.params) == base_bytes + sent  # the base it loaded + the adapters fetched
+
+
+def test_adapter_publish_changes_outputs_without_recompiling(tmp_path):
+  """Invariant 9 with adapters: a worker fetches each published adapter version (checkpoint transport) and swaps it
+  into its engine between generations with no new compilation (publish, fetch, swap and generate counted), its
+  outputs CHANGE (the classic silent failure: an adapter that never reaches the engine), and every token
+  carries the new version."""
+  from jaxpod.rl.adapters import worker_side
+  from jaxpod.rl.rollout.roller import make_sampler
+  from jaxpod.transfer import TransferConfig, create_client, create_server
+  mesh = make_mesh(devices=jax.devices()[:1])
+  base_url, model, adapters = _trainer(tmp_path, mesh)
+  cfg = TransferConfig(mode="checkpoint", coordinator="filesystem", folder=str(tmp_path / "weights"))
+  policy = PolicySpec(RLModelConfig(), None, lora.lora_config(model), base_url)
+  rollout = RolloutConfig(batch_size=8, eval_slots=8, max_prompt_len=8, max_new_tokens=6, temperature=1.0)
+  with create_server(cfg) as server, create_client(cfg) as raw:
+    graphdef, like, client = worker_side(policy, LLAMA, mesh, raw)
+    server.publish(0, adapters)
+    update = client.receive(like, wait=30)
+    sampler = make_sampler(graphdef, update.params, mesh, rollout, stop_ids=(), version=update.weight_id)
+    sampler.generate(PROMPTS, range(8))  # no stop ids: every row runs to its limit, the same programs every time
+    before = sampler.generate(PROMPTS, range(8))
+    moved = _moved(adapters)  # the trainer's side, before counting
+    compiles = _compiles()
+    server.publish(1, moved)
+    update = client.receive(like, wait=30)
+    sampler.update_params(update.params, update.weight_id)
+    after = sampler.generate(PROMPTS, range(8))
+  assert compiles == [], compiles
+  assert [c.sampled for c in after] != [c.sampled for c in before]
+  assert all(set(c.versions) == {1} for c in after) and all(set(c.versions) == {0} for c in before)
+
+
+@pytest.mark.slow
+def test_grpo_with_lora_trains_the_adapters_and_references_the_base(warm_policy, tmp_path):
+  """`jaxpod rl --lora.rank 1` (colocated, beta > 0): the train state's params are the adapters alone, the base is
+  held once in the buffers (no reference copy: the KL reference is the base with the adapters off, so KL > 0
+  once the adapters move), the engine samples with the adapters (behaviour log-probs = the trainer's), and the
+  run exports the merged model and PEFT's adapter files."""
+  import json
+  import draccus
+  from jaxpod.rl.config import RLConfig
+  from jaxpod.rl.run import run, run_dir
+  from tests.rl.clusters import TINY
+  cfg = draccus.parse(RLConfig, args=[*TINY, "--model.hf", warm_policy, "--lora.rank", "1", "--grpo.beta", "0.05",
+                                      "--trainer.steps", "3", "--trainer.eval_every", "3",
+                                      "--trainer.eval_at_start", "false", "--trainer.runs_dir", str(tmp_path)])
+  run(cfg)
+  folder = run_dir(cfg)
+  rows = [json.loads(line) for line in open(f"{folder}/train/metrics.jsonl")]
+  last = [r for r in rows if "kl" in r][-1]
+  assert last["kl"] > 0 and abs(last["logprob_gap"]) < 1e-4
+  assert last["lr"] == pytest.approx(10 * 3e-4 * 2 / 5)  # lr_scale 10; step 3: 2/5 of the 5 warm-up steps
+  adapter_cfg = json.load(open(f"{folder}/adapter/adapter_config.json"))
+  assert adapter_cfg["r"] == 1 and adapter_cfg["base_model_name_or_path"] == warm_policy
+  from jaxpod.rl.run import grpo_config
+  task = grpo_config(cfg, folder, warm_policy, source=object()).task.build(grpo_config(cfg, folder, warm_policy,
+                                                                                       source=object()))
+  _, params, buffers = task.abstract_model(0)
+  assert all(isinstance(v, nnx.LoRAParam) for _, v in nnx.to_flat_state(params))
+  assert not any(isinstance(v, nnx.LoRAParam) for _, v in nnx.to_flat_state(buffers))
+  assert param_bytes(buffers) == param_bytes(nnx.state(hf_io.load(warm_policy, make_mesh(devices=jax.devices()[:1]))))
+
+
+def test_lora_settings_it_cannot_serve_fail_in_one_line():
+  """Invariant 7: LoRA without a base to adapt (no model.hf, no warm-up), rank < 1, an unknown target or a
+  non-positive lr scale fail when the config is built, in one line naming the field."""
+  from jaxpod.rl.config import RLConfig, RLLoraConfig, WarmupConfig
+  for make, field in ((lambda: RLConfig(lora=RLLoraConfig(rank=1), warmup=WarmupConfig(steps=0)), "rl.lora"),
+                      (lambda: RLLoraConfig(rank=0), "rank"), (lambda: RLLoraConfig(target_modules=("w1",)), "w1"),
+                      (lambda: RLLoraConfig(lr_scale=0), "lr_scale")):
+    with pytest.raises(ValueError, match=field) as e:
+      make()
+    assert "\n" not in str(e.value)
+  assert RLConfig(lora=RLLoraConfig(rank=1)).lora.rank == 1  # the warm-up makes the base
