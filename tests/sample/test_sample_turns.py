@@ -46,7 +46,7 @@ def test_a_kept_sequence_continues_after_appended_tokens_as_a_whole_prefill_woul
   assert [set(c.versions) for t, out in enumerate(kept) for c in out] == [{t} for t in range(2) for _ in range(2)]
   plen = len(IDS[0])
   assert kept_counts[0] == whole_counts[0] == (plen, 0)  # the prompt once for its 2 samples
-  assert [x for _, x in whole_counts] == [0, 0, 0]
+  assert [x for _, x in whole_counts] == [0, 0]
   assert kept_counts[1] == (sum(len(o) + 1 for o in OBS), 2)  # the last sampled token + the observation each
   assert whole_counts[1][0] == sum(plen + len(c.sampled) + len(o) for c, o in zip(kept[0], OBS))
   assert s.kept == 2 and s.drop_kept() == 2 and s.kept == 0
