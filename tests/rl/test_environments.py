@@ -119,10 +119,10 @@ def test_the_engine_continues_each_episode_after_its_observation_with_the_versio
   params = nnx.split(model)[1]
   turn = {"version": 0}
 
-  def generate(contexts, seeds):  # a new weights version for every turn, as an in-flight update would give
+  def generate(contexts, seeds, **kw):  # a new weights version for every turn, as an in-flight update would give
     sampler.update_params(params, turn["version"])
     turn["version"] += 1
-    return sampler.generate(contexts, seeds)
+    return sampler.generate(contexts, seeds, **kw)
 
   groups = run_episodes(generate, TOK, _Counter, [Problem("a", ""), Problem("hi", "")], n=2, max_turns=3, seed=0)
   ok = TOK.encode("ok\n")[1:]
@@ -139,15 +139,45 @@ def test_the_engine_continues_each_episode_after_its_observation_with_the_versio
     assert observations == ok * 2  # after turns 1 and 2; the last turn gets none
 
 
+@pytest.mark.parametrize("layout", ["slots", "paged"])
+def test_episodes_with_the_kv_kept_across_turns_are_those_that_re_prefill_every_turn(layout):
+  """Invariant 9: the same episodes (tokens, who made them, versions; log-probs to fp32 rounding) whether the
+  engine keeps each episode's KV between turns or re-prefills its context, in fewer prefill tokens; 4 episodes
+  in 2 slots (or a pool of 11 pages): kept KV is also evicted and those turns are prefilled whole."""
+  from flax import nnx
+  from jaxpod.models.llama import Llama
+  from tests.sample.sample_fixtures import small_sampler, tiny_sample_cfg
+  model = Llama(tiny_sample_cfg(), rngs=nnx.Rngs(params=0))
+  sampler = small_sampler(model, SamplingParams(temperature=1.0), kv_layout=layout, max_prompt_len=16,
+                          max_new_tokens=3)
+  prefilled = {}
+
+  def run(keep):
+    prefilled[keep] = 0
+
+    def generate(ids, seeds, **kw):
+      out = sampler.generate(ids, seeds, **kw)
+      prefilled[keep] += sampler.last.prefill_prompt_tokens
+      return out
+    return [e for g in run_episodes(generate, TOK, _Counter, [Problem("a", ""), Problem("hi", "")], n=2,
+                                    max_turns=3, seed=0, max_context=16, keep_kv=keep) for e in g]
+
+  kept, whole = run(True), run(False)
+  for a, b in zip(kept, whole):
+    assert (a.tokens, a.from_policy, a.versions, a.turns) == (b.tokens, b.from_policy, b.versions, b.turns)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+  assert prefilled[True] < prefilled[False]
+
+
 def test_an_episode_ends_on_the_policys_turn_when_the_next_context_would_not_fit():
   """The context a turn continues from stays within the engine's prompt limit; the episode's last token is the
   policy's (no observation dangles after it), and an episode cut that way is not `done`."""
   from types import SimpleNamespace
   reply = TOK.encode("calc: 1+1")[1:]
 
-  def generate(contexts, seeds):
+  def generate(contexts, seeds, n=1, keep=False):
     return [SimpleNamespace(sampled=reply + [257], logprobs=[0.0] * (len(reply) + 1), versions=[0] * (len(reply) + 1),
-                            tokens=reply) for _ in contexts]
+                            tokens=reply) for _ in contexts for _ in range(n)]
 
   prompt = TOK.encode("Compute 1+1.\n")
   limit = len(prompt) + 2 * (len(reply) + 1) + 4  # two turns and one "= 2\n" observation fit, not a second one

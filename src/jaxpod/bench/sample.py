@@ -64,7 +64,7 @@ class SampleBench:
   hosts: int = 1  # > 1: compare the global and replicated modes on this many simulated hosts (no HF)
   num_prompts: int = 32  # prompts per timed run in the modes comparison
   threads: int = 0  # XLA's and torch's threads in their processes: 0 = their defaults, 1 = one each
-  workloads: tuple[str, ...] = ("decode", "rollout")  # decode: (a) at batch_size; rollout: (b)
+  workloads: tuple[str, ...] = ("decode", "rollout")  # decode: (a) at batch_size; rollout: (b); episodes: multi-turn
   layouts: tuple[str, ...] = ("slots", "paged")  # KV layouts of the continuous engine; the first is the default
   min_prefill_len: int = 16  # smallest prefill bucket and slot KV capacity of jaxpod's engines
   rollout_prompts: int = 24  # prompts of the rollout workload
@@ -185,6 +185,9 @@ def run(json_path: str | None = None, **overrides) -> dict:
         payload |= _decode(opts, cfg, children, engines)
       if "rollout" in opts.workloads:
         payload["rollout"] = _rollout(opts, children, engines, json_path)
+      if "episodes" in opts.workloads:
+        from jaxpod.bench.sample_rollout import episodes_report
+        payload["episodes"] = episodes_report(opts, lambda name: children["jax"].ask("episodes", name))
       payload["load_average"]["after"] = os.getloadavg()[0]
     finally:
       for c in children.values():

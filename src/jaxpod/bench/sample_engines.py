@@ -8,6 +8,7 @@ Each loads the model saved by the parent, compiles / warms up every engine it se
   decode ENGINE         seconds of a full generate and of prefill + first token (decode workload)
   decode_tokens ENGINE  the greedy tokens of the decode workload
   rollout ENGINE        seconds and per-sample token counts of one rollout, plus engine statistics
+  episodes L:ENV:MODE   one batch of multi-turn episodes, KV kept or re-prefilled (`sample_rollout.episodes`)
   profile ENGINE        a traced rollout: the share of device time per category (`sample_profile`)
   memcpy                memcpy bytes per second in this process (the roofline's bandwidth)
 
@@ -115,6 +116,8 @@ class Side:
     if "rollout" in opts.workloads:
       self.rollout = {f"continuous_{layout}": rollout.continuous(model, mesh, opts, layout) for layout in opts.layouts}
       self.rollout["lockstep"] = rollout.lockstep(model, opts)
+    if "episodes" in opts.workloads:
+      self.episodes = {layout: rollout.episodes(model, mesh, opts, layout) for layout in opts.layouts}
 
   def handle(self, cmd: str, name: str) -> Any:
     if cmd == "decode":
@@ -127,6 +130,9 @@ class Side:
       t = time.perf_counter()
       counts = e["run"]()
       return {"wall_s": time.perf_counter() - t, "counts": counts, "stats": e["stats"]()}
+    if cmd == "episodes":  # layout:env:kept|whole
+      layout, env, mode = name.split(":")
+      return self.episodes[layout](env, mode == "kept")
     if cmd == "profile":
       from jaxpod.bench.sample_profile import device_shares
       e = self.rollout[name]

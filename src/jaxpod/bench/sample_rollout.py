@@ -1,4 +1,5 @@
-"""The RL-rollout workload of `jaxpod bench sample` and its runner per engine; the occupancy plot.
+"""The RL-rollout workload of `jaxpod bench sample` and its runner per engine; the occupancy plot; the episodes
+workload (`--workloads [episodes]`: multi-turn episodes with the KV kept across turns vs re-prefilled, `episodes`).
 
 Workload (fixed by the options, the same for every engine): `rollout_prompts` random prompts
 of `rollout_min_prompt`..`rollout_max_prompt` tokens, `rollout_n` samples each at
@@ -20,6 +21,7 @@ counts the prompt tokens prefilled (1/n when a prompt is prefilled once per grou
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -161,3 +163,108 @@ def plot_occupancy(occupancy: list, slots: int, path: str, title: str) -> None:
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
+
+
+# -- episodes: the KV kept across turns vs every turn re-prefilled ---------------------------------------------
+EPISODE_PROBLEMS, EPISODE_N, EPISODE_MAX_NEW, EPISODE_MEAN_TURN = 4, 4, 16, 12  # 16 episodes, turns of ~12 tokens
+EPISODE_ENVS = {"calculator": (3, 64), "synthetic": (6, 224)}  # environment -> (max turns, max_prompt_len)
+
+
+class CalculatorShapes:
+  """The calculator's episode shapes under a random policy: its prompts ("Compute a*b.\\n"), its tool's `= value`
+  observation after every turn (as if each turn were `calc: a*b`: a random model never writes `calc:` itself),
+  its 3 turns at most (configs/rl_calculator.yaml)."""
+
+  def reset(self, problem):
+    self.answer = problem.answer
+    return problem.prompt
+
+  def step(self, completion):
+    return f"= {self.answer}\n", 0.0, False
+
+
+class Synthetic:
+  """A synthetic environment: a 16-token observation after every turn, never done (6 turns: the turn limit)."""
+
+  def reset(self, problem):
+    self.turn = 0
+    return problem.prompt
+
+  def step(self, completion):
+    self.turn += 1
+    return f"observation {self.turn:03d}\n", 0.0, False
+
+
+def episodes(model, mesh, opts, layout: str):
+  """`run(env, keep) -> stats` of one batch of episodes (EPISODE_PROBLEMS x EPISODE_N) of `env` on the continuous
+  engine with `layout`, the KV kept across turns or every turn re-prefilled (same seeds: the same episodes)."""
+  import hashlib
+  from jaxpod.models.llama import ByteTokenizer
+  from jaxpod.problems.base import Problem
+  from jaxpod.problems.calculator import calculator_problem
+  from jaxpod.rl.rollout.episodes import run_episodes
+  from jaxpod.sample import EngineConfig, Sampler, SamplingParams
+  rng, tok = np.random.default_rng(2), ByteTokenizer()
+  problems = {"calculator": [Problem(*calculator_problem(rng, 4), 0, i) for i in range(EPISODE_PROBLEMS)],
+              "synthetic": [Problem(f"Synthetic task {i:03d}: go on.\n", "", 0, i) for i in range(EPISODE_PROBLEMS)]}
+  factories = {"calculator": CalculatorShapes, "synthetic": Synthetic}
+  stops = tuple(range(opts.vocab_size - opts.vocab_size // EPISODE_MEAN_TURN, opts.vocab_size))
+  samplers = {env: Sampler(model, mesh, EngineConfig(
+      batch_size=opts.rollout_slots, kv_layout=layout, max_prompt_len=plen, max_new_tokens=EPISODE_MAX_NEW,
+      page_size=opts.rollout_page_size, min_prefill_len=opts.min_prefill_len),  # prefill and extend: all rows at once
+      SamplingParams(1.0), stops) for env, (_, plen) in EPISODE_ENVS.items()}
+
+  def run(env: str, keep: bool) -> dict:
+    s, (turns, plen), count = samplers[env], EPISODE_ENVS[env], {"real": 0, "computed": 0}
+
+    def generate(ids, seeds, **kw):
+      out = s.generate(ids, seeds, **kw)
+      count["real"] += s.last.prefill_prompt_tokens
+      count["computed"] += s.last.prefill_tokens
+      return out
+    t = time.perf_counter()
+    got = [e for g in run_episodes(generate, tok, factories[env], problems[env], EPISODE_N, turns, seed=0,
+                                   max_context=plen, keep_kv=keep) for e in g]
+    wall = time.perf_counter() - t
+    k = len(got)
+    return {"wall_s": wall, "episodes": k, "turns": sum(e.turns for e in got) / k,
+            "distinct_per_episode": sum(len(e.context()) for e in got) / k,
+            "prefill_real_per_episode": count["real"] / k, "prefill_computed_per_episode": count["computed"] / k,
+            "digest": hashlib.sha256(repr([(e.tokens, e.versions) for e in got]).encode()).hexdigest()[:12]}
+  return run
+
+
+def episodes_report(opts, ask) -> dict:
+  """Interleaved timed episode batches (`ask(name) -> stats`, name = layout:env:kept|whole) after one untimed batch
+  each (compiles); medians of `opts.repeats`; the table."""
+  import statistics
+  from jaxpod.bench.common import print_table
+  names = [f"{layout}:{env}:{mode}" for layout in opts.layouts for env in EPISODE_ENVS for mode in ("kept", "whole")]
+  for name in names:
+    ask(name)
+  runs: dict[str, list] = {n: [] for n in names}
+  for r in range(opts.repeats):
+    for name in names[r % len(names):] + names[:r % len(names)]:
+      runs[name].append(ask(name))
+  out: dict = {}
+  for name, rs in runs.items():
+    out[name] = dict(rs[-1], wall_s=statistics.median(x["wall_s"] for x in rs))
+  rows = []
+  for layout in opts.layouts:
+    for env in EPISODE_ENVS:
+      kept, whole = out[f"{layout}:{env}:kept"], out[f"{layout}:{env}:whole"]
+      kept["vs_whole"] = whole["wall_s"] / kept["wall_s"]
+      kept["same_episodes"] = kept["digest"] == whole["digest"]
+      for mode, r in (("kept", kept), ("whole", whole)):
+        rows.append((layout, env, mode, f"{r['turns']:.1f}", f"{r['distinct_per_episode']:.0f}",
+                     f"{r['prefill_real_per_episode']:.0f}", f"{r['prefill_real_per_episode'] / r['distinct_per_episode']:.2f}",
+                     f"{r['prefill_computed_per_episode']:.0f}", r["wall_s"],
+                     f"{r['vs_whole']:.2f}x" if mode == "kept" else "-",
+                     ("yes" if r["same_episodes"] else "NO") if mode == "kept" else "-"))
+  print_table(f"episodes: {EPISODE_PROBLEMS} problems x n={EPISODE_N}, turns of <= {EPISODE_MAX_NEW} tokens (stop "
+              f"chance 1/{EPISODE_MEAN_TURN}), {opts.rollout_slots} slots; prefill tokens per episode (real; / the "
+              f"episode's distinct tokens; computed incl. padding), seconds per episode batch (medians of "
+              f"{opts.repeats}, interleaved); kept = KV kept across turns, whole = every turn re-prefilled",
+              ["layout", "env", "KV", "turns", "distinct", "prefill", "/ distinct", "computed", "batch s",
+               "speed-up", "same episodes"], rows)
+  return out

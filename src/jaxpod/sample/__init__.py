@@ -20,6 +20,11 @@ incrementally, with new weights between scheduling rounds (RL rollout workers):
       done = sampler.step()                     # completions finished in this round
       sampler.update_params(new_params, version=7)  # same shapes/shardings: no recompilation
 
+multi-turn (an episode's turns): keep each finished sample's KV; a request extending its tokens prefills only
+what was appended (the last sampled token + the observation) and decodes on:
+    out = sampler.generate(prompts, seeds, n=4, keep=True)
+    out = sampler.generate([p + c.sampled + obs for ...], turn_seeds, keep=True)   # continues each one
+
 during training (a `jaxpod.runtime.hooks.Hook`):
     from jaxpod.sample.hook import SampleHook
     train(cfg, extra_hooks=[SampleHook(every=N, prompts=[...], tokenizer=tok, graphdef=graphdef,

@@ -8,6 +8,9 @@ the free list when its last reference is dropped.
                   first token of each of up to D = batch_size sequences it starts (samples of those
                   prompts); then the copies of each prompt's partial last page into the own page of
                   each extra sample (copy-on-write of the one page they cannot share).
+  extend_paged    (program) continuations of kept sequences: each row's new tokens at positions start.. over its
+                  pages below them (read as a decode reads), their keys/values written into the row's pages
+                  (padding into scratch), the first token of the turn.
   PagePool        a free list and a reference count per page, per data shard.
   PagedScheduler  (host side) admission, page growth, preemption when a shard's pool runs short.
   PagedRunner     (device side) page pools [L, N, P, page_size, K, E]: one pool of P pages per data shard
@@ -18,9 +21,11 @@ the free list when its last reference is dropped.
 """
 from __future__ import annotations
 
+import collections
 import time
 from typing import Sequence
 
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -28,7 +33,7 @@ from jaxpod.models.llama.model import PAGE_AXES, Llama, PagedKVCache
 from jaxpod.sample.config import EngineConfig, SamplingParams
 from jaxpod.sample.runner import Runner
 from jaxpod.sample.scheduler import Scheduler, Seq
-from jaxpod.sample.steps import Program, prompts_forward
+from jaxpod.sample.steps import Program, chunk_forward, prompts_forward
 
 
 def prefill_paged(graphdef, params, k_pool, v_pool, tokens_RxP, lengths_R, table_RxM, seeds_R, row_D, sample_D,
@@ -41,7 +46,20 @@ def prefill_paged(graphdef, params, k_pool, v_pool, tokens_RxP, lengths_R, table
   return committed.k, committed.v, first_D, logp_D
 
 
+def extend_paged(graphdef, params, k_pool, v_pool, tokens_RxT, start_R, lengths_R, table_RxM, seeds_R, samples_R, *,
+                 sp: SamplingParams, kv_len: int):
+  """Pure: (k_pool, v_pool, first tokens [R], their log-probs [R]) after R kept sequences' new tokens."""
+  model: Llama = nnx.merge(graphdef, params)
+  cache, positions_RxT, first_R, logp_R = chunk_forward(model, tokens_RxT, start_R, lengths_R, seeds_R, samples_R,
+                                                        PagedKVCache(k_pool, v_pool, table_RxM), sp, kv_len)
+  page_RxT, off_RxT, k, v = cache.pending(positions_RxT)
+  real_RxT = jnp.arange(tokens_RxT.shape[1])[None, :] < lengths_R[:, None]
+  committed = cache.write((jnp.where(real_RxT, page_RxT, 0), off_RxT, k, v))  # padding: into scratch
+  return committed.k, committed.v, first_R, logp_R
+
+
 PREFILL = Program("prefill_paged", prefill_paged, (2, 3), True)
+EXTEND = Program("extend_paged", extend_paged, (2, 3), True)
 
 
 class PagePool:
@@ -126,12 +144,21 @@ class PagedScheduler(Scheduler):
     self.pool = PagePool(ec.shard_pages(self.shards), self.shards)
     self._slot_block, self._row_block = ec.batch_size // self.shards, ec.prefill_rows // self.shards
 
+  def adopt(self, old: "PagedScheduler") -> None:
+    super().adopt(old)
+    self.pool = old.pool
+    self.pool.peak_used = self.pool.used
+
+  def _hold(self, seq: Seq) -> bool:
+    return True  # its pages stay taken
+
   # -- admission -------------------------------------------------------------------------
   def _prompt_pages(self, plen: int, samples: int) -> int:
     partial = plen % self.ec.page_size != 0
     return -(-plen // self.ec.page_size) + (samples - 1 if partial else 0)
 
   def _admit(self) -> None:
+    self._extend_waiting()
     self._prefill_waiting()
     for i, s in enumerate(self.slots):  # ready sequences take free slots of their shard, oldest first
       if s is None:
@@ -154,12 +181,17 @@ class PagedScheduler(Scheduler):
           reserve[s.shard] += self._need(s)
       while self.waiting and len(batch) < self.ec.prefill_rows:
         req, samples = self.waiting[0]
+        if req in self._parent:  # a continuation waiting for room or pages: it goes first
+          break
         plen, choice = len(self._ids[req]), None
         for h in sorted(range(n), key=lambda h: (started[h] - self._room(h), h)):
           if rows[h] >= rl or started[h] >= bl or (started[h] and len(samples) > bl - started[h]):
             continue  # at most B/N sequences per shard and prefill: this group goes whole into another one
           free, most = self.pool.free_in(h) - reserve[h], min(len(samples), bl)
           fit = max((k for k in range(1, most + 1) if self._prompt_pages(plen, k) <= free), default=0)
+          while not fit and self._prompt_pages(plen, 1) > free and self._evict(h):  # kept KV nobody claimed
+            free = self.pool.free_in(h) - reserve[h]
+            fit = max((k for k in range(1, most + 1) if self._prompt_pages(plen, k) <= free), default=0)
           if fit:
             choice = (h, fit)
             break
@@ -173,6 +205,46 @@ class PagedScheduler(Scheduler):
       if not batch:
         return
       self._prefill(batch)
+
+  def _busy(self, shard: int) -> bool:
+    return any(s is not None and s.shard == shard for s in self.slots) or any(r.shard == shard for r in self.ready)
+
+  def _extend_waiting(self) -> None:
+    """Continue waiting requests from their kept sequences (rows, slots and pages of the kept one's shard), in one
+    call; a continuation that finds no pages waits while its shard has work, else it is prefilled whole."""
+    rl, ps = self._row_block, self.ec.page_size
+    rows, items, rest = [0] * self.shards, [], collections.deque()
+    for req, samples in self.waiting:
+      p = self._parent.get(req)
+      h = p.shard if p is not None else 0
+      if p is None or rows[h] >= min(rl, self._room(h)):
+        rest.append((req, samples))
+        continue
+      need = (len(self._ids[req]) - 1) // ps + 1 - len(p.pages)
+      while need > self.pool.free_in(h) and self._evict(h):
+        pass
+      if need > self.pool.free_in(h):
+        if not self._busy(h):
+          self._unclaim(req)
+        rest.append((req, samples))
+        continue
+      p.pages = p.pages + self.pool.alloc(max(need, 0), h)
+      items.append((h * rl + rows[h], req, samples[0], p))
+      rows[h] += 1
+    self.waiting = rest
+    if not items:
+      return
+    tokens, start, lengths, seeds, samples = self._chunk_rows(items, self.ec.prefill_rows)
+    table = np.zeros((self.ec.prefill_rows, self.ec.pages_per_seq), np.int32)
+    for row, _, _, p in items:
+      table[row, :len(p.pages)] = p.pages
+    kv_len = ps * next(k for k in decode_page_buckets(self.ec.pages_per_seq) if k * ps >= start.max())
+    first, logp = self.device.extend(tokens, start, lengths, table, seeds, samples, kv_len)
+    for row, req, j, p in items:
+      del self._parent[req]
+      seq = self._continued(req, j, p, first[row], logp[row])
+      if not self._finished(seq):
+        self.ready.append(seq)
 
   def _take_prompt_pages(self, plen: int, k: int, shard: int) -> list[list[int]]:
     """Page rows of k samples of one prompt in one shard: shared full pages, own partial page (a copy for j > 0)."""
@@ -215,10 +287,18 @@ class PagedScheduler(Scheduler):
       if seq is None:
         continue
       need = self._need(seq)
-      while need > self.pool.free_in(seq.shard) and self._preempt(keep=seq):
+      while need > self.pool.free_in(seq.shard) and (self._evict(seq.shard) or self._unclaim_newest(seq.shard)
+                                                      or self._preempt(keep=seq)):
         pass
       if need > 0:
         seq.pages += self.pool.alloc(need, seq.shard)
+
+  def _unclaim_newest(self, shard: int) -> bool:
+    """Drop the kept KV of the newest waiting continuation in `shard` (it is prefilled whole); False if none."""
+    req = next((r for r in reversed(list(self._parent)) if self._parent[r].shard == shard), None)
+    if req is not None:
+      self._unclaim(req)
+    return req is not None
 
   def _preempt(self, keep: Seq) -> bool:
     """Free the pages of the newest ready or running sequence of `keep`'s shard other than `keep`; False if none."""
@@ -268,6 +348,17 @@ class PagedRunner(Runner):
     t = time.perf_counter()
     self.k, self.v, first, logp = self._call(PREFILL, self.graphdef, self.params, self.k, self.v, *rows,
                                              *rest, sp=self.sp)
+    host = self._host(first, logp)
+    self.device_s += time.perf_counter() - t
+    return host
+
+  def extend(self, tokens_RxT, start_R, lengths_R, table_RxM, seeds_R, samples_R, kv_len: int):
+    """Continue kept sequences (row r: its new tokens from start_R[r], its pages in table_RxM[r]): (first tokens
+    [R], their log-probs [R]) on this host; rows read kv_len slots of their pages."""
+    rows = [self._put(x) for x in (tokens_RxT, start_R, lengths_R, table_RxM, seeds_R, samples_R)]
+    t = time.perf_counter()
+    self.k, self.v, first, logp = self._call(EXTEND, self.graphdef, self.params, self.k, self.v, *rows, sp=self.sp,
+                                             kv_len=kv_len)
     host = self._host(first, logp)
     self.device_s += time.perf_counter() - t
     return host

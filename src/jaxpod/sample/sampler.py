@@ -166,8 +166,21 @@ class Sampler:
     ValueError names the first leaf that differs. Sequences in flight keep their KV cache and go on."""
     self.runner.update_params(params, version)
 
-  def submit(self, ids: Sequence[Sequence[int]], seeds: Sequence[int], n: int = 1) -> list[int]:
-    """Queue n samples of each prompt; returns their request numbers (increasing across calls)."""
+  @property
+  def kept(self) -> int:
+    """Finished samples whose KV is kept (submitted with `keep`) and not continued or dropped yet."""
+    return len(self.scheduler.kept)
+
+  def drop_kept(self) -> int:
+    """Free every kept KV no submitted request continues; returns how many."""
+    return self.scheduler.drop_kept()
+
+  def submit(self, ids: Sequence[Sequence[int]], seeds: Sequence[int], n: int = 1, keep: bool = False) -> list[int]:
+    """Queue n samples of each prompt; returns their request numbers (increasing across calls).
+
+    keep: each finished sample keeps its KV (slot or pages) under its tokens (prompt + sampled); a later
+    one-sample request whose ids extend those tokens (an episode's next turn: + the observation) prefills
+    only what was appended and decodes on. Same tokens as prefilling it whole, in fewer prefill tokens."""
     check_prompts(ids, self.ec)
     if n < 1:
       raise ValueError(f"sample.n={n} must be >= 1")
@@ -176,7 +189,7 @@ class Sampler:
     handles = list(range(self._next_request, self._next_request + len(ids)))
     self._next_request += len(ids)
     for h, row, seed in zip(handles, ids, seeds):
-      self.scheduler.submit(h, [int(t) for t in row], int(seed), n)
+      self.scheduler.submit(h, [int(t) for t in row], int(seed), n, keep)
     return handles
 
   def step(self) -> list[Completion]:
@@ -184,10 +197,11 @@ class Sampler:
     return self.scheduler.step()
 
   def generate(self, ids: Sequence[Sequence[int]], seeds: Sequence[int],
-               on_chunk: Callable[[int], None] | None = None, n: int = 1) -> list[Completion]:
+               on_chunk: Callable[[int], None] | None = None, n: int = 1, keep: bool = False) -> list[Completion]:
     """n completions per prompt, request-major (sample j of prompt i at i*n+j, `request` = i), on every host.
 
-    Needs an idle sampler. `on_chunk(k)` reports k more finished completions (global mode; replicated: this host's)."""
+    Needs an idle sampler. `on_chunk(k)` reports k more finished completions (global mode; replicated: this host's).
+    keep (see `submit`): a call is a turn; kept KV that none of its prompts extends is dropped at its start."""
     if not self.idle:
       raise RuntimeError(f"Sampler.generate needs an idle sampler; {self.pending} submitted samples are not "
                          "finished: call step() until idle first")
@@ -195,8 +209,8 @@ class Sampler:
     if n < 1:
       raise ValueError(f"sample.n={n} must be >= 1")
     if self.mode == "replicated" and jax.process_count() > 1:
-      return self._generate_replicated(ids, seeds, n, on_chunk)
-    out = self._run(ids, seeds, n, on_chunk)
+      return self._generate_replicated(ids, seeds, n, on_chunk, keep)
+    out = self._run(ids, seeds, n, on_chunk, keep)
     if jax.process_count() > 1:  # invariant 1: every host must have taken the same schedule
       seen = runtime.allgather(self.scheduler.digest(), "sample.schedule")
       bad = [h for h, d in enumerate(seen) if d != seen[0]]
@@ -205,10 +219,13 @@ class Sampler:
                            f"(rounds/occupancy/preemptions differ); their inputs or tokens differ")
     return out
 
-  def _run(self, ids, seeds, n, on_chunk) -> list[Completion]:
-    """A fresh schedule (statistics start again) of these requests to completion, request-major."""
-    self.scheduler = self._scheduler_cls(self.ec, self.stop_ids, self.runner)
-    first = self.submit(ids, seeds, n)[0] if ids else 0
+  def _run(self, ids, seeds, n, on_chunk, keep=False) -> list[Completion]:
+    """A fresh schedule (statistics start again; kept KV carried over) of these requests to completion,
+    request-major; kept KV they do not continue is dropped."""
+    old, self.scheduler = self.scheduler, self._scheduler_cls(self.ec, self.stop_ids, self.runner)
+    self.scheduler.adopt(old)
+    first = self.submit(ids, seeds, n, keep)[0] if ids else 0
+    self.scheduler.drop_kept()
     got: dict[tuple[int, int], Completion] = {}
     while not self.idle:
       done = self.step()
@@ -218,10 +235,10 @@ class Sampler:
         on_chunk(len(done))
     return [got[(i, j)] for i in range(len(ids)) for j in range(n)]
 
-  def _generate_replicated(self, ids, seeds, n, on_chunk) -> list[Completion]:
+  def _generate_replicated(self, ids, seeds, n, on_chunk, keep=False) -> list[Completion]:
     hosts, me = jax.process_count(), jax.process_index()
     mine = list(range(me, len(ids), hosts))
-    got = self._run([ids[i] for i in mine], [seeds[i] for i in mine], n, on_chunk)
+    got = self._run([ids[i] for i in mine], [seeds[i] for i in mine], n, on_chunk, keep)
     per_host, width = -(-len(ids) // hosts) * n, self.ec.max_new_tokens
     head = np.zeros((per_host, 2), np.int32)  # [finish (1 = stop), sampled length]
     tokens = np.full((per_host, width), NO_TOKEN, np.int32)

@@ -24,6 +24,15 @@ Layouts (`EngineConfig.kv_layout`):
 Every sampled token is kept with its log-prob and the weights version of the device call
 that made it (`device.version`, read after each prefill and decode round).
 
+Kept sequences (multi-turn episodes): a request submitted with `keep` leaves each finished sample's
+keys/values in place (its slot or its pages) under its tokens (context + sampled). A later one-sample
+request whose ids start with those tokens continues it: only ids[kv:] are prefilled (the last sampled
+token, never fed, and what was appended: an observation), at positions kv.. over the kept keys, and
+decoding goes on (a new turn: its own seed, token limit and versions; the earlier tokens' KV stays as
+it was, across a weight swap too). Kept sequences nobody claimed are dropped when their slot or pages
+are needed (oldest first), or by `drop_kept`; a request whose kept sequence is gone, or was never kept,
+is prefilled whole (the same tokens: continuing is an optimisation, not a different result).
+
 The scheduler is a pure function of its inputs and of the tokens the device returns, so in
 global mode every host, given the same calls and the same (all-gathered) tokens, takes
 the same decisions and issues the same programs in the same order.
@@ -42,7 +51,7 @@ from jaxpod.sample.config import EngineConfig
 from jaxpod.sample.tokens import NO_TOKEN, Completion
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # compared by identity (a slot, a kept entry)
 class Seq:
   """One sample of one request, from its prefill to its last token."""
 
@@ -80,11 +89,48 @@ class Scheduler:
     self.slots: list[Seq | None] = [None] * ec.batch_size
     self._done: list[Completion] = []  # finished in the current round
     self._digest = hashlib.sha256()
+    self.kept: dict[tuple[int, ...], Seq] = {}  # tokens (context + sampled) -> a finished sequence whose KV is kept
+    self._keep: set[int] = set()  # requests whose finished samples keep their KV
+    self._parent: dict[int, Seq] = {}  # request -> the kept sequence it continues (claimed, not evictable)
+    self.extended = 0  # sequences continued from a kept one (only the new tokens prefilled)
 
-  def submit(self, request: int, ids: Sequence[int], seed: int, n: int) -> None:
-    """Queue samples 0..n-1 of one request (numbered by the caller, unique)."""
+  def submit(self, request: int, ids: Sequence[int], seed: int, n: int, keep: bool = False) -> None:
+    """Queue samples 0..n-1 of one request (numbered by the caller, unique); `keep`: each finished sample keeps
+    its KV for a continuation. A one-sample request extending a kept sequence's tokens continues it."""
     self._ids[request], self._seeds[request], self._left[request] = ids, int(seed), n
+    if keep:
+      self._keep.add(request)
+    if n == 1 and self.kept:
+      for length in sorted({len(k) for k in self.kept if len(k) <= len(ids)}, reverse=True):
+        parent = self.kept.pop(tuple(ids[:length]), None)
+        if parent is not None:
+          self._parent[request] = parent
+          break
     self.waiting.append((request, tuple(range(n))))
+
+  def adopt(self, old: "Scheduler") -> None:
+    """Take over the kept sequences of an idle scheduler (a new schedule on the same device: statistics restart)."""
+    self.kept = old.kept
+
+  def drop_kept(self) -> int:
+    """Free every kept sequence nobody claimed; returns how many."""
+    dropped = list(self.kept.values())
+    self.kept = {}
+    for seq in dropped:
+      self._drop(seq)
+    return len(dropped)
+
+  def _evict(self, shard: int | None = None) -> bool:
+    """Free the oldest unclaimed kept sequence (of `shard` if given); False if none."""
+    key = next((k for k, s in self.kept.items() if shard is None or s.shard == shard), None)
+    if key is None:
+      return False
+    self._drop(self.kept.pop(key))
+    return True
+
+  def _unclaim(self, req: int) -> None:
+    """Give up continuing `req` from its kept sequence (freed): it is prefilled whole."""
+    self._drop(self._parent.pop(req))
 
   @property
   def pending(self) -> int:
@@ -124,6 +170,14 @@ class Scheduler:
   def _release(self, seq: Seq) -> None:
     """Free what a finished sequence holds."""
 
+  def _hold(self, seq: Seq) -> bool:
+    """Keep a finished sequence's KV where it is (False: it cannot be kept, so it is released)."""
+    return False
+
+  def _drop(self, seq: Seq) -> None:
+    """Free a kept sequence's KV."""
+    self._release(seq)
+
   # -- shared parts ------------------------------------------------------------------------
   def _prompt_rows(self, batch, rows=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(tokens [R, P], lengths [R], seeds [R], row_D, sample_D) of a prefill of `batch` = [(request, samples), ...]
@@ -145,6 +199,29 @@ class Scheduler:
     self.prefill_tokens += r * bucket
     return tokens, lengths, seeds, row_D, sample_D
 
+  def _chunk_rows(self, items, rows: int) -> tuple[np.ndarray, ...]:
+    """(tokens [R, T], start [R], lengths [R], seeds [R], samples [R]) of continuations `items` = [(row, request,
+    sample, parent), ...]: each row feeds its request's ids from the parent's KV length on (pad rows: 1 token)."""
+    chunks = {req: self._ids[req][p.plen + len(p.out) - 1:] for _, req, _, p in items}
+    bucket = next(b for b in self.ec.prefill_buckets() if b >= max(map(len, chunks.values())))
+    tokens, start, lengths = np.zeros((rows, bucket), np.int32), np.zeros((rows,), np.int32), np.ones((rows,), np.int32)
+    seeds, samples = np.zeros((rows,), np.uint32), np.zeros((rows,), np.int32)
+    for row, req, j, p in items:
+      c = chunks[req]
+      tokens[row, :len(c)], start[row], lengths[row] = c, len(self._ids[req]) - len(c), len(c)
+      seeds[row], samples[row] = self._seeds[req], j
+      self.prefill_prompt_tokens += len(c)
+      self.sample_prompt_tokens += len(self._ids[req])
+    self.prefill_tokens += rows * bucket
+    self.extended += len(items)
+    return tokens, start, lengths, seeds, samples
+
+  def _continued(self, req: int, j: int, parent: Seq, first: int, logp: float) -> Seq:
+    """The sequence continuing `parent` as request `req` (its pages taken over), its first token recorded."""
+    seq = Seq(req, j, len(self._ids[req]), pages=parent.pages, shard=parent.shard)
+    seq.add(first, logp, self.device.version)
+    return seq
+
   def _started(self, batch, first_D, logp_D) -> list[Seq]:
     """The sequences a prefill started (in batch order), their first tokens recorded; finished ones dropped."""
     version, k, out = self.device.version, 0, []
@@ -165,6 +242,7 @@ class Scheduler:
     b = self.ec.batch_size
     rows = {k: np.zeros((b,), np.int32) for k in ("tok", "pos", "gen", "samples")}
     rows["seeds"], rows["live"] = np.zeros((b,), np.uint32), np.zeros((b,), bool)
+    rows["pos"][:] = self.ec.cache_len  # an idle row's writes fall past every buffer (a kept slot stays intact)
     last = 0
     for i, s in enumerate(self.slots):
       if s is None:
@@ -195,11 +273,16 @@ class Scheduler:
       reason = "length"
     else:
       return False
-    self._release(seq)
+    key = tuple(self._ids[seq.req]) + tuple(seq.out)
+    if seq.req in self._keep and key not in self.kept and self._hold(seq):  # the same tokens twice: kept once
+      self.kept[key] = seq
+    else:
+      self._release(seq)
     done = Completion(tuple(seq.out), reason, tuple(seq.logprobs), tuple(seq.versions), seq.req, seq.sample)
     self._done.append(done)
     self._digest.update(repr((done.request, done.sample, done.sampled, done.versions)).encode())
     self._left[seq.req] -= 1
     if not self._left[seq.req]:
       del self._ids[seq.req], self._seeds[seq.req], self._left[seq.req]
+      self._keep.discard(seq.req)
     return True

@@ -1,6 +1,9 @@
 """The slots KV layout: slot b owns row b of per-layer [B, K, S, E] buffers, read in place.
 
-  programs   prefill_slots: R prompts' forward and the first token of each sequence it starts,
+  programs   extend_slots: continuations of kept sequences, each in its own slot (all B rows at once; a row that
+             continues nothing writes nothing): the new tokens' forward over the slot's keys below them,
+             their keys/values written there, the first token of the turn;
+             prefill_slots: R prompts' forward and the first token of each sequence it starts,
              returning the prompts' keys/values [L, R, K, P, E]; insert_slots: copies prompt row
              r's keys/values into each slot that starts one of its samples (n samples of a prompt:
              n copies of the one prefilled row; possibly later, from the same prefill output, for
@@ -9,11 +12,13 @@
              and copied into a free slot per sample; samples without one wait "parked" with the
              prefill's output (no second prefill) and take the next free slots before any new
              prompt. S follows the longest live row: the smallest bucket (`EngineConfig.kv_buckets`)
-             above every position the round may write.
+             above every position the round may write. A kept sequence holds its slot (`held`) until it is
+             continued there or the slot is needed (then its KV is dropped).
   SlotRunner (device side) the buffers, slots split like the decode rows, at the scheduler's capacity.
 """
 from __future__ import annotations
 
+import collections
 import time
 from typing import Sequence
 
@@ -26,7 +31,7 @@ from jaxpod.models.llama.model import SLOT_AXES, Llama, SlotKVCache
 from jaxpod.sample.config import EngineConfig, SamplingParams
 from jaxpod.sample.runner import Runner
 from jaxpod.sample.scheduler import Scheduler, Seq
-from jaxpod.sample.steps import Program, prompts_forward
+from jaxpod.sample.steps import Program, chunk_forward, prompts_forward
 
 
 def prefill_slots(graphdef, params, tokens_RxP, lengths_R, seeds_R, row_D, sample_D, *, sp: SamplingParams):
@@ -36,6 +41,19 @@ def prefill_slots(graphdef, params, tokens_RxP, lengths_R, seeds_R, row_D, sampl
                                               SlotKVCache((), ()), sp)
   slot_layout = lambda staged: jnp.stack(staged).transpose(0, 1, 3, 2, 4)  # noqa: E731 - rows as the slots hold them
   return slot_layout(cache.staged_k), slot_layout(cache.staged_v), first_D, logp_D
+
+
+def extend_slots(graphdef, params, cache: SlotKVCache, tokens_BxT, start_B, lengths_B, seeds_B, samples_B, write_B,
+                 *, sp: SamplingParams):
+  """Pure: (cache, first tokens [B], their log-probs [B]): row b's chunk fed at positions start_B[b].. over its
+  slot's keys below them, its lengths_B[b] real keys/values written into slot write_B[b] (B: none)."""
+  model: Llama = nnx.merge(graphdef, params)
+  out, positions_BxT, first_B, logp_B = chunk_forward(model, tokens_BxT, start_B, lengths_B, seeds_B, samples_B,
+                                                      SlotKVCache(cache.k, cache.v), sp, None)
+  real_BxT = jnp.arange(tokens_BxT.shape[1])[None, :] < lengths_B[:, None]
+  rows_BxT = jnp.where(real_BxT, write_B[:, None], cache.k[0].shape[0])  # padding and idle rows: dropped
+  put = lambda buf, x_BxTxKxE: buf.at[rows_BxT, :, positions_BxT].set(x_BxTxKxE, mode="drop")  # noqa: E731
+  return SlotKVCache(tuple(map(put, cache.k, out.staged_k)), tuple(map(put, cache.v, out.staged_v))), first_B, logp_B
 
 
 def insert_slots(cache: SlotKVCache, k_LxRxKxPxE, v_LxRxKxPxE, row_D, slot_D, count) -> SlotKVCache:
@@ -62,6 +80,7 @@ def resize_slots(cache: SlotKVCache, *, capacity: int) -> SlotKVCache:
 PREFILL = Program("prefill_slots", prefill_slots, (), True)
 INSERT = Program("insert_slots", insert_slots, (0,), False)
 RESIZE = Program("resize_slots", resize_slots, (), False)  # a new shape: nothing to reuse
+EXTEND = Program("extend_slots", extend_slots, (2,), True)
 
 
 class SlotScheduler(Scheduler):
@@ -73,16 +92,34 @@ class SlotScheduler(Scheduler):
     self.capacities: list[int] = []  # KV capacity per round
     self.parked: list[tuple[Seq, object, int]] = []  # (sequence, its prefill's output, its prompt row there)
     self.parked_most = 0  # most sequences parked at once
+    self.held: list[Seq | None] = [None] * ec.batch_size  # slot -> the kept sequence whose KV it holds
 
   @property
   def idle(self) -> bool:
     return super().idle and not self.parked
 
+  def adopt(self, old: "SlotScheduler") -> None:
+    super().adopt(old)
+    self.held = old.held
+
   def _free(self) -> list[int]:
-    return [i for i, s in enumerate(self.slots) if s is None]
+    return [i for i, s in enumerate(self.slots) if s is None and self.held[i] is None]
+
+  def _hold(self, seq: Seq) -> bool:
+    i = next((i for i, s in enumerate(self.slots) if s is seq), None)  # finished at its prefill: not in a slot
+    if i is not None:
+      self.held[i] = seq
+    return i is not None
+
+  def _drop(self, seq: Seq) -> None:
+    self.held[self.held.index(seq)] = None
 
   def _admit(self) -> None:
     ec = self.ec
+    self._extend()
+    want = len(self.parked) + sum(len(s) for _, s in self.waiting)
+    while want > len(self._free()) and self._evict():  # kept sequences nobody claimed give their slots up
+      pass
     self._unpark()
     while self.waiting and self._free():
       free, batch, taken = len(self._free()), [], 0
@@ -97,6 +134,26 @@ class SlotScheduler(Scheduler):
         batch.append((req, samples[:take]))
         taken += take
       self._prefill(batch)
+
+  def _extend(self) -> None:
+    """Continue every waiting request whose kept sequence holds a slot, in that slot (one call for all)."""
+    here = [(self.held.index(p), req, samples[0], p) for req, samples in self.waiting
+            if (p := self._parent.get(req)) is not None and p in self.held]
+    if not here:
+      return
+    mine = {req for _, req, _, _ in here}
+    self.waiting = collections.deque(w for w in self.waiting if w[0] not in mine)
+    b = self.ec.batch_size
+    tokens, start, lengths, seeds, samples = self._chunk_rows(here, b)
+    write = np.full((b,), b, np.int32)
+    write[[i for i, *_ in here]] = [i for i, *_ in here]
+    self._resize(max(self.device.capacity, int((start + lengths).max())), grow_only=True)
+    first, logp = self.device.extend(tokens, start, lengths, seeds, samples, write)
+    for i, req, j, p in here:
+      del self._parent[req]
+      self.held[i], self.slots[i] = None, self._continued(req, j, p, first[i], logp[i])
+      if self._finished(self.slots[i]):
+        self.slots[i] = None
 
   def _prefill(self, batch) -> None:
     tokens, lengths, seeds, row_D, sample_D = self._prompt_rows(batch)
@@ -123,7 +180,8 @@ class SlotScheduler(Scheduler):
       k += len(group)
 
   def _prepare(self) -> None:
-    last = max(self._last_pos(s) for s in self.slots if s is not None)
+    last = max([self._last_pos(s) for s in self.slots if s is not None]  # and every kept position
+               + [s.plen + len(s.out) - 2 for s in self.held if s is not None])
     self._resize(next(c for c in self.ec.kv_buckets() if c > last))
     self.capacities.append(self.device.capacity)
 
@@ -182,6 +240,15 @@ class SlotRunner(Runner):
   def prompt_len(staged) -> int:
     """Positions a prefill output fills (its bucket): the capacity an `insert` of it needs."""
     return staged[0].shape[3]
+
+  def extend(self, tokens_BxT, start_B, lengths_B, seeds_B, samples_B, write_B):
+    """Continue kept sequences in their slots (row b: slot write_B[b], or none if B): (first tokens [B], log-probs)."""
+    rows = [self._put(x) for x in (tokens_BxT, start_B, lengths_B, seeds_B, samples_B, write_B)]
+    t = time.perf_counter()
+    self.cache, first, logp = self._call(EXTEND, self.graphdef, self.params, self.cache, *rows, sp=self.sp)
+    host = self._host(first, logp)
+    self.device_s += time.perf_counter() - t
+    return host
 
   def insert(self, staged, row_D, slot_D, count: int) -> None:
     """Slot slot_D[d] gets prompt row row_D[d] of a prefill output, for d < count."""

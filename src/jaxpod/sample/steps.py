@@ -56,6 +56,17 @@ def prompts_forward(model: Llama, tokens_RxP, lengths_R, seeds_R, row_D, sample_
     first_D, logp_D = sample_tokens(out.logits[:, 0][row_D], keys, sp)
   return out.cache, positions_RxP, first_D, logp_D
 
+def chunk_forward(model: Llama, tokens_RxT, start_R, lengths_R, seeds_R, samples_R, cache, sp: SamplingParams,
+                  kv_len: int | None):
+  """Forward of R token chunks at positions start_R[r].. over each row's cached keys below start_R[r] (a
+  kept sequence continued after new tokens: keys/values staged in the returned cache), and the next token and
+  log-prob of each row (sample samples_R[r] of seed seeds_R[r], generated token 0: a turn's first)."""
+  positions_RxT = start_R[:, None] + jnp.arange(tokens_RxT.shape[1])[None, :]
+  out = model(tokens_RxT, positions_RxT, cache=cache, logits_at_B=lengths_R - 1, kv_len=kv_len)
+  with jax.named_scope("sampling"):
+    first_R, logp_R = sample_tokens(out.logits[:, 0], row_keys(seeds_R, samples_R, jnp.zeros_like(samples_R)), sp)
+  return out.cache, positions_RxT, first_R, logp_R
+
 def decode_round(graphdef, params, cache, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, eager, *,
                  sp: SamplingParams, stop_ids: tuple[int, ...], steps: int, kv_len: int | None):
   """Pure: (cache, new tokens [B, steps], their log-probs [B, steps]); NO_TOKEN where a row was not live.

@@ -1,14 +1,16 @@
 """Samples of a problem as episodes: the loop that runs them through the engine, and the one-turn case.
 
 A multi-turn problem set (one whose `environment()` is a class) samples `Episodes`: one engine call per
-turn over every open episode, each turn's seed a pure function of (run seed, problem, sample, turn);
+turn over every open episode, each turn's seed a pure function of (run seed, problem, sample, turn)
+(the first turn: one request per problem whose n samples share the prompt's prefill, sample j folded in);
 the episode's tokens after the prompt are the policy's turns and the environment's observations
 (`jaxpod.problems.environments.Episode`), and `episode_group` makes a problem's n episodes one `Group`
 with `from_policy` flags, so admission (`grpo.take`) and the trainer's rows (`groups.to_batch`) are the
 single-turn ones: the loss mask covers the policy's tokens only. An episode ends when the environment
 says done, after `max_turns` turns, or when its next context would not fit the engine's `max_prompt_len`
-(its last token is always the policy's). Every turn recomputes the episode's context from scratch (the
-engine's prefill); the prefix's KV cache is not kept across turns yet.
+(its last token is always the policy's). With `keep_kv` (the default) the engine keeps each episode's KV
+between turns (`Sampler.generate(..., keep=True)`): a turn prefills only the last sampled token and the
+observation, on the same tokens as re-prefilling the whole context (what `keep_kv=False` does).
 
 A single-turn set samples `OneTurn`: one engine request per problem for its n samples, scored by the
 reward plugins. Both have `groups(generate, tokenizer, problems, n, seed)`; `samples_for` picks the one a
@@ -38,12 +40,14 @@ def turn_seed(seed: int, problem: Problem, sample: int, turn: int) -> int:
 
 
 def run_episodes(generate, tokenizer, factory: Callable[[], Environment], problems: Sequence[Problem], n: int,
-                 max_turns: int, seed: int, max_context: int | None = None) -> list[list[Episode]]:
-  """n episodes per problem, turn by turn: `generate(contexts, seeds) -> completions` samples one turn of every
-  open episode (each completion has .sampled, .logprobs, .versions and .tokens without the stop token).
+                 max_turns: int, seed: int, max_context: int | None = None,
+                 keep_kv: bool = False) -> list[list[Episode]]:
+  """n episodes per problem, turn by turn: `generate(contexts, seeds, n=1, keep=keep_kv) -> completions` samples
+  one turn of every open episode (each completion has .sampled, .logprobs, .versions and .tokens without the stop
+  token); the first turn is one request per problem with n samples (they share the prompt's prefill).
 
-  The context of the next turn is the whole episode so far (prompt, turns, observations); an engine
-  that keeps the prefix's KV cache serves it from there, another recomputes it. An episode ends when
+  The context of the next turn is the whole episode so far (prompt, turns, observations); with
+  keep_kv the engine continues it from the previous turn's kept KV, else it recomputes it. An episode ends when
   the environment says done, after `max_turns` turns, or when its next context would exceed
   `max_context` tokens (the engine's prompt limit); only the first counts as `done`."""
   episodes, envs = [], []
@@ -52,13 +56,22 @@ def run_episodes(generate, tokenizer, factory: Callable[[], Environment], proble
       env = factory()
       envs.append(env)
       episodes.append(Episode(p, tokenizer.encode(env.reset(p))))
+  prompts = [episodes[g * n].prompt_ids for g in range(len(problems))]
+  for g, p in enumerate(problems):
+    if any(e.prompt_ids != prompts[g] for e in episodes[g * n:(g + 1) * n]):
+      raise ValueError(f"environment {type(envs[g * n]).__name__}: reset() gave the {n} episodes of problem "
+                       f"{p.index} different first messages; it must depend on the problem only")
   open_ = list(range(len(episodes)))
   for turn in range(max_turns):
     if not open_:
       break
-    seeds = [turn_seed(seed, episodes[i].problem, i % n, turn) for i in open_]
+    if turn == 0:  # the prompt prefilled once per problem for its n episodes
+      outs = generate(prompts, [turn_seed(seed, p, 0, 0) for p in problems], n=n, keep=keep_kv)
+    else:
+      seeds = [turn_seed(seed, episodes[i].problem, i % n, turn) for i in open_]
+      outs = generate([episodes[i].context() for i in open_], seeds, keep=keep_kv)
     still = []
-    for i, c in zip(open_, generate([episodes[i].context() for i in open_], seeds)):
+    for i, c in zip(open_, outs):
       e = episodes[i]
       e.add_turn(c.sampled, c.logprobs, c.versions)
       observation, reward, done = envs[i].step(tokenizer.decode(c.tokens))
@@ -109,11 +122,12 @@ class Episodes:
   factory: Callable[[], Environment]  # a fresh environment per episode
   max_turns: int  # policy turns per episode at most
   max_context: int  # tokens a turn may continue from (the engine's max_prompt_len)
+  keep_kv: bool = True  # the engine keeps each episode's KV between turns (False: every turn re-prefills it all)
 
   def groups(self, generate, tokenizer, problems: Sequence[Problem], n: int, seed: int) -> list[Group]:
     """Every problem's n episodes as a Group, in order (`run_episodes`, then `episode_group`)."""
     return [episode_group(g) for g in run_episodes(generate, tokenizer, self.factory, problems, n, self.max_turns,
-                                                   seed, self.max_context)]
+                                                   seed, self.max_context, self.keep_kv)]
 
 
 def samples_for(problems: VerifiedProblems, max_context: int) -> OneTurn | Episodes:
