@@ -157,3 +157,28 @@ def test_a_short_lora_dpo_run_trains_the_adapters_and_leaves_the_base(tmp_path, 
   assert min(moved) > 0, moved
   saved = json.loads(storage.read_text(storage.join(summary.run_dir, "summary.json")))
   assert saved["lora"]["rank"] == 2
+
+
+def test_precomputed_reference_with_adapter_from_is_the_base_plus_the_adapter(tmp_path, tiny_ckpt, pair_file):
+  """With task.adapter_from, DPO's reference must be the starting policy: start_weights (what precomputed runs
+  once) gives the logits of the base with that adapter applied."""
+  from flax import nnx
+  from jaxpod.models.llama import LlamaConfig, forward, hf_io, init, lora, peft_io
+  from jaxpod.runtime import make_mesh
+  from jaxpod.train.task import make_task
+  model = lora.attach(init(LlamaConfig(**TINY)), lora.LoraConfig(rank=2))
+  rng = np.random.default_rng(1)
+  lora.set_adapters(model, {k: (a, rng.normal(0, 0.5, b.shape)) for k, (a, b) in lora.adapters(model).items()})
+  peft_io.save_adapter(model, str(tmp_path / "adapter"))
+  cfg = _config("--task.hf", tiny_ckpt, "--task.data.path", pair_file, "--task.data.max_length", "20",
+                "--task.data.max_prompt_length", "12", "--task.loss.kind", "dpo", "--task.reference", "precomputed",
+                "--task.adapter_from", str(tmp_path / "adapter"))
+  mesh = make_mesh(devices=jax.devices()[:1])
+  graphdef, params = make_task(cfg).start_weights(mesh)
+  adapted = nnx.split(peft_io.load_adapter(hf_io.load(tiny_ckpt, mesh), str(tmp_path / "adapter"), mesh=mesh))
+  plain = nnx.split(hf_io.load(tiny_ckpt, mesh))
+  tokens = jnp.asarray(rng.integers(0, 256, (2, 10)), jnp.int32)
+  logits = jax.jit(lambda g, p: forward(g, p, tokens).logits, static_argnums=0)
+  start, want, base = logits(graphdef, params), logits(*adapted), logits(*plain)
+  np.testing.assert_allclose(np.asarray(start), np.asarray(want), rtol=1e-4, atol=1e-4)
+  assert float(jnp.max(jnp.abs(want - base))) > 1e-2
