@@ -3,6 +3,7 @@
     jaxpod train --task.type preference                          # built-in default: SimPO on sort pairs, minutes here
     jaxpod train --task.type preference --task.loss.kind dpo --task.loss.beta 0.1
     jaxpod train --config_path configs/preference_hf.yaml        # a HF checkpoint and a chat-format pair file
+    jaxpod train --task.type preference --task.lora.rank 8       # LoRA: adapters only, lr x task.lora_lr_ratio
 
 - Pairs: one row per pair, `tokens` and `answer` [P, 2, L] (chosen, rejected side by side, so both sides
   of a pair live on one host and go through the model in ONE forward of [2P, L]). `answer` marks the
@@ -19,6 +20,8 @@
   optimizer, which only receives the gradient of `params`) and runs one extra forward per step;
   `precomputed` runs the reference once over every pair before training, stores the [N, 2] log-probs
   beside the pairs in shared storage and frees the weights. See docs/DESIGN.md for the memory each costs.
+  With `task.lora` (`preference_lora.py`) the state holds the adapters (trained) and the base (frozen) once;
+  the in-step reference is that base with the adapters off, so there is no reference copy.
 - Eval: the loss and TRL's reward metrics on held-out pairs; for the built-in default also held-out
   greedy exact match (`eval/accuracy`), whose first and last values summary.json reports as
   `accuracy.start` / `accuracy.end`. Samples: `prompts` + `sample_every` add a SampleHook (invariant 6).
@@ -35,10 +38,12 @@ import numpy as np
 
 from jaxpod.data.pairs import open_pairs, write_pairs
 from jaxpod.models.llama.config import LlamaConfig
+from jaxpod.models.llama.lora import LoraConfig
 from jaxpod.models.llama.tokenizer import tokenizer_from
 from jaxpod.models.llama.training import AdamWConfig, LlamaTask, byte_llama
 from jaxpod.runtime import storage
 from jaxpod.sample.config import SamplingOptions
+from jaxpod.tasks import preference_lora
 from jaxpod.tasks.preference_loss import METRICS, LossConfig
 from jaxpod.train.config import DataConfig, TaskConfig, TrainConfig
 
@@ -109,6 +114,9 @@ class PreferenceConfig(TaskConfig):
   hf: str = ""  # HF Llama checkpoint (folder or URL) the policy (and the reference) start from; "": sort warm-up / init
   loss: LossConfig = dataclasses.field(default_factory=LossConfig)
   reference: str = "in_step"  # DPO/IPO reference: in_step (frozen copy in the state) | precomputed (once, stored)
+  lora: LoraConfig | None = None  # train LoRA adapters only (base frozen, reference = adapters off); None: every weight
+  adapter_from: str = ""  # PEFT adapter (folder or URL) the adapters start from; sets lora; needs task.hf (its base)
+  lora_lr_ratio: float = 0.0  # with lora, AdamW peak lr = task.optim.lr x this; 0: 10 for SimPO, 5 for DPO/IPO
   optim: AdamWConfig = dataclasses.field(default_factory=lambda: AdamWConfig(lr=3e-4, warmup_steps=10,
                                                                              weight_decay=0.0))
   sort: SortPairs = dataclasses.field(default_factory=SortPairs)
@@ -133,6 +141,7 @@ class PreferenceConfig(TaskConfig):
     if self.data.path is None and self.hf:
       raise ValueError("task.hf is set but task.data.path is not: the built-in sort pairs need the byte-level "
                        "warm-up policy; give a pair file with task.data.path")
+    preference_lora.check(self)
 
   def check(self, cfg: TrainConfig) -> None:
     if self.optim.warmup_steps >= cfg.trainer.steps:
@@ -141,7 +150,8 @@ class PreferenceConfig(TaskConfig):
 
   def shared_urls(self) -> dict[str, str]:
     """The data cache and the starting checkpoint: every host reads them (invariant 8: a bucket with several hosts)."""
-    return {**super().shared_urls(), **({"task.hf": self.hf} if self.hf else {})}
+    urls = {**super().shared_urls(), **({"task.hf": self.hf} if self.hf else {})}
+    return {**urls, **({"task.adapter_from": self.adapter_from} if self.adapter_from else {})}
 
   @property
   def in_step_reference(self) -> bool:
@@ -156,7 +166,7 @@ def _sha(obj) -> str:
   return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-class PreferenceTask(LlamaTask):
+class PreferenceTask(preference_lora.LoraParts, LlamaTask):
   """Pairs through one forward, the configured preference loss, held-out pair metrics (+ exact match)."""
 
   name = PreferenceConfig.prefix
@@ -265,10 +275,10 @@ class PreferenceTask(LlamaTask):
       raise ValueError("task.reference=precomputed needs starting weights (task.hf, or the built-in default's "
                        "warm-up); with a random init use task.reference=in_step")
     shape = (rows.num_rows, *rows.dtype["tokens"].shape)
-    url = storage.join(self._cache(), f"pref-ref-{_sha([key_url, self.start_url, shape])}.npy")
+    url = storage.join(self._cache(), f"pref-ref-{_sha([key_url, self.start_url, shape, self.pc.adapter_from])}.npy")
     if not runtime.broadcast_call(lambda: storage.exists(url), "pref.has_reference"):
       mesh = self._mesh()
-      graphdef, params = self.load_params(self.start_url, mesh)
+      graphdef, params = self.start_weights(mesh)
       ref = reference_logps(graphdef, params, rows.read_all(), mesh, self.pc.data.global_batch_size)
       buf = io.BytesIO()
       np.save(buf, ref, allow_pickle=False)
@@ -283,7 +293,7 @@ class PreferenceTask(LlamaTask):
     return {"ref": params} if self.pc.in_step_reference else {}
 
   def optimizer(self):
-    return self.pc.optim.build(self.cfg.trainer.steps)
+    return self.optim().build(self.cfg.trainer.steps)
 
   def loss_fn(self, graphdef) -> Callable:
     import jax
@@ -292,18 +302,19 @@ class PreferenceTask(LlamaTask):
     from jaxpod.tasks.preference_loss import answer_logps, pair_loss
     lc, in_step = self.pc.loss, self.pc.in_step_reference
 
-    def sequence_logps(params, tokens_2PxL, answer_2PxL):
-      total, count = answer_logps(forward(graphdef, params, tokens_2PxL[:, :-1]).logits, tokens_2PxL[:, 1:],
+    def sequence_logps(gdef, weights, tokens_2PxL, answer_2PxL):
+      total, count = answer_logps(forward(gdef, weights, tokens_2PxL[:, :-1]).logits, tokens_2PxL[:, 1:],
                                   answer_2PxL[:, 1:])
       return total.reshape(-1, 2), count.reshape(-1, 2)  # [P, 2]: chosen, rejected
 
     def loss(params, buffers, batch, rng, carry):
       length = batch["tokens"].shape[-1]
       tokens, answer = batch["tokens"].reshape(-1, length), batch["answer"].reshape(-1, length)  # [2P, L]: one forward
-      logp, count = sequence_logps(params, tokens, answer)
+      logp, count = sequence_logps(graphdef, self.weights(params, buffers), tokens, answer)
       refs = ()
       if lc.needs_reference:
-        ref = jax.lax.stop_gradient(sequence_logps(buffers["ref"], tokens, answer)[0]) if in_step else batch["ref"]
+        ref = (jax.lax.stop_gradient(sequence_logps(*self.reference_model(graphdef, params, buffers), tokens, answer)[0])
+               if in_step else batch["ref"])
         refs = (ref[:, 0], ref[:, 1])
       per_pair, stats = pair_loss(lc, logp[:, 0], logp[:, 1], count[:, 0], count[:, 1], *refs)
       weight = batch["valid"].astype(jnp.float32) if "valid" in batch else jnp.ones_like(per_pair)
@@ -345,7 +356,7 @@ class PreferenceTask(LlamaTask):
           raw[k] = raw.get(k, 0.0) + v
       out = {**self.normalize(raw, 0), "count": int(raw["pairs"])}
       if exact is not None:
-        acc = exact(params, buffers)
+        acc = exact(self.weights(params, buffers), {})
         out |= {"accuracy": acc["accuracy"], "accuracy_count": acc["count"]}
       return out
 
@@ -353,7 +364,10 @@ class PreferenceTask(LlamaTask):
 
   def hooks(self, graphdef, mesh, tcfg) -> list:
     from jaxpod.sample.hook import sample_hooks
-    return sample_hooks(self.pc, self.tokenizer, graphdef, mesh)
+    if self.pc.lora is None:
+      return sample_hooks(self.pc, self.tokenizer, graphdef, mesh)
+    return sample_hooks(self.pc, self.tokenizer, graphdef, mesh,
+                        params_of=lambda state: self.weights(state.params, state.buffers))
 
   def summary_fields(self, run_dir: str) -> dict:
     """What summary.json adds for this task: held-out exact match at the start and the end, the pair counts."""
@@ -362,7 +376,8 @@ class PreferenceTask(LlamaTask):
     start = next((a for s, a in acc if s == 0), None)
     end = acc[-1][1] if acc else None
     return {"accuracy.start": start, "accuracy.end": end, "accuracy": {"start": start, "end": end},
-            "loss_kind": self.pc.loss.kind, "pairs": self.pair_counts}
+            "loss_kind": self.pc.loss.kind, "pairs": self.pair_counts,
+            "lora": None if self.pc.lora is None else dataclasses.asdict(self.pc.lora)}
 
   def eval_summary(self, ev: dict) -> list[tuple[str, str]]:
     rows = [("eval loss", f"{ev.get('loss', float('nan')):.4f} on {ev.get('count', 0)} held-out pairs"),

@@ -100,6 +100,7 @@ def test_bad_config_is_one_line():
     lora.LoraConfig(rank=0)
   with pytest.raises(ValueError, match=r"\['qkv_proj'\] unknown; use some of"):
     lora.LoraConfig(target_modules=("q_proj", "qkv_proj"))
+  assert lora.LoraConfig(target_modules="q_proj, v_proj").target_modules == ("q_proj", "v_proj")  # a YAML scalar
 
 
 def test_an_adapter_for_another_base_names_the_tensor_and_both_shapes(tmp_path):

@@ -5,6 +5,8 @@
     adapters = nnx.state(model, nnx.LoRAParam)       # exactly the adapters: what the optimizer sees
     grads = nnx.grad(loss_fn, argnums=nnx.DiffState(0, nnx.LoRAParam))(model, batch)  # no base gradient
     plain = lora.merged(model)                       # W + s * A B in the base, adapters gone (HF export)
+    graphdef, adapters, base = nnx.split(model, nnx.LoRAParam, ...)
+    ref = forward(lora.base_graphdef(cfg), base, tokens)  # the same weights with the adapters off (DPO's reference)
 
 A target projection `W` (jaxpod layout [in..., out...]) gains `<name>_lora`, an `Adapter` holding
 `nnx.LoRA(in, r, out)`: A [in, r] and B [r, out] over the flattened in/out dims, so the layer computes
@@ -52,7 +54,8 @@ class LoraConfig:
       raise ValueError(f"LoraConfig.rank={self.rank!r} must be an integer >= 1")
     if not self.alpha > 0:
       raise ValueError(f"LoraConfig.alpha={self.alpha!r} must be > 0")
-    targets = tuple(self.target_modules)
+    raw = self.target_modules  # a string (a YAML scalar, or "q_proj,v_proj" from the command line) is a name list
+    targets = tuple(t.strip() for t in raw.split(",") if t.strip()) if isinstance(raw, str) else tuple(raw)
     object.__setattr__(self, "target_modules", targets)
     bad = [t for t in targets if t not in TARGETS]
     if bad or not targets:
@@ -174,3 +177,9 @@ def merged(model: model_lib.Llama) -> model_lib.Llama:
   flat = nnx.to_flat_state(nnx.state(model, nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))))
   graphdef, _ = nnx.split(model_lib.abstract(model.cfg))
   return nnx.merge(graphdef, nnx.from_flat_state([(p, v.replace(value(p, v.get_value()))) for p, v in flat]))
+
+
+def base_graphdef(cfg: LlamaConfig):
+  """The plain model's graphdef: merged with the frozen base state of a LoRA model (`nnx.split(model,
+  nnx.LoRAParam, ...)[2]`) it runs that model with its adapters off, from the same arrays (no copy)."""
+  return nnx.split(model_lib.abstract(cfg))[0]
