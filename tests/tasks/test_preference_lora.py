@@ -90,11 +90,11 @@ def test_the_in_step_reference_is_the_base_with_the_adapters_off(tiny_ckpt, pair
 
 
 def test_lora_learning_rate_is_ten_times_the_full_one_for_simpo_and_five_for_dpo():
-  """One flag: --task.lora.rank 8 alone scales task.optim.lr by 10 (SimPO) or 5 (DPO); task.lora_lr_ratio wins."""
+  """One flag: --task.lora.rank 8 alone scales task.optim.lr by 10 (SimPO) or 5 (DPO); task.lora_lr_scale wins."""
   from jaxpod.train.task import make_task
   lr = make_task(_config()).optim().lr
   for args, ratio in ((("--task.lora.rank", "8"), 10), (("--task.lora.rank", "8", "--task.loss.kind", "dpo"), 5),
-                      (("--task.lora.rank", "8", "--task.lora_lr_ratio", "2"), 2)):
+                      (("--task.lora.rank", "8", "--task.lora_lr_scale", "2"), 2)):
     assert make_task(_config(*args)).optim().lr == pytest.approx(ratio * lr), args
 
 
@@ -131,7 +131,7 @@ def test_bad_lora_settings_fail_in_one_line_at_parse(capsys, tmp_path, tiny_ckpt
       (["--task.data.path", pair_file, "--task.lora.rank", "2"], "task.lora with task.data.path",
        "needs task.hf"),
       (["--task.lora.rank", "2", "--task.sort.warmup_steps", "0"], "task.sort.warmup_steps=0", "random frozen base"),
-      (["--task.lora.rank", "2", "--task.lora_lr_ratio", "-1"], "task.lora_lr_ratio=-1", "expected > 0"),
+      (["--task.lora.rank", "2", "--task.lora_lr_scale", "-1"], "task.lora_lr_scale=-1", "expected > 0"),
   )
   for args, field, fix in cases:
     line = _one_error_line(capsys, *args)

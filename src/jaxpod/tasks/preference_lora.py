@@ -8,7 +8,7 @@ and IPO's reference the same base with the adapters off.
   frozen base, sharded by its own logical axes. No reference copy: the reference forward merges the SAME base
   arrays into the plain model's graphdef (`lora.base_graphdef`), so it runs the model with its adapters off.
   SimPO needs no reference at all.
-- Learning rate: with LoRA the AdamW peak is `task.optim.lr * task.lora_lr_ratio`, so one flag switches it on.
+- Learning rate: with LoRA the AdamW peak is `task.optim.lr * task.lora_lr_scale`, so one flag switches it on.
   By default (0) the ratio is 10 for SimPO ("LoRA Without Regret", 2025: LoRA's best rate is ~10x full
   fine-tuning's) and 5 for DPO/IPO, whose 10x runs drift past their best held-out accuracy on the default
   (measured: docs/preference.md).
@@ -20,15 +20,15 @@ from __future__ import annotations
 
 from jaxpod.runtime import storage
 
-LR_RATIO = {"simpo": 10.0, "dpo": 5.0, "ipo": 5.0}  # LoRA lr / full fine-tuning lr by loss (task.lora_lr_ratio 0)
+LR_SCALE = {"simpo": 10.0, "dpo": 5.0, "ipo": 5.0}  # LoRA lr / full fine-tuning lr by loss (task.lora_lr_scale 0)
 
 
 def check(pc) -> None:
   """Validate a PreferenceConfig's LoRA settings (no JAX): one line naming the field and the fix; sets `pc.lora`
   from `pc.adapter_from`'s files."""
-  if pc.lora_lr_ratio < 0:
-    raise ValueError(f"task.lora_lr_ratio={pc.lora_lr_ratio}: expected > 0 (LoRA's lr = task.optim.lr x this), "
-                     f"or 0 for the default by loss {LR_RATIO}")
+  if pc.lora_lr_scale < 0:
+    raise ValueError(f"task.lora_lr_scale={pc.lora_lr_scale}: expected > 0 (LoRA's lr = task.optim.lr x this), "
+                     f"or 0 for the default by loss {LR_SCALE}")
   if pc.adapter_from:
     _adapter_lora(pc)
   if pc.lora is None:
@@ -114,7 +114,7 @@ class LoraParts:
     return nnx.split(lora.merged(model))
 
   def optim(self):
-    """task.optim, with LoRA at lr x task.lora_lr_ratio (0: LR_RATIO of the loss)."""
+    """task.optim, with LoRA at lr x task.lora_lr_scale (0: LR_SCALE of the loss)."""
     import dataclasses
     o, pc = self.pc.optim, self.pc
-    return o if pc.lora is None else dataclasses.replace(o, lr=o.lr * (pc.lora_lr_ratio or LR_RATIO[pc.loss.kind]))
+    return o if pc.lora is None else dataclasses.replace(o, lr=o.lr * (pc.lora_lr_scale or LR_SCALE[pc.loss.kind]))
