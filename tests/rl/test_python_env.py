@@ -92,9 +92,9 @@ def test_the_python_environment_runs_programs_and_rewards_the_right_answer():
     assert observe(program, FAST) == run_python(program, FAST).observation, program
   turns = iter(["print(12*34+0)", "408"])
 
-  def generate(contexts, seeds):
+  def generate(contexts, seeds, n=1, keep=False):  # the engine's signature (n samples per context, KV kept)
     out = []
-    for _ in contexts:
+    for _ in range(len(contexts) * n):
       ids = TOK.encode(next(turns))[1:]
       out.append(types.SimpleNamespace(sampled=ids + [257], logprobs=[-.1] * (len(ids) + 1),
                                        versions=[0] * (len(ids) + 1), tokens=ids))

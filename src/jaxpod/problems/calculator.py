@@ -34,6 +34,8 @@ class CalculatorProblems(ProblemSet):
   environment_name: str = "calculator"  # what episodes talk to: a registered environment or "module:Class"
   teacher_skip_tool: float = 0.0  # warm-up demonstrations guess the answer without the tool with this probability
 
+  TOOL_CALL = "calc: {a}*{b}"  # how the warm-up's teacher calls the tool (not a field)
+
   def __post_init__(self):
     super().__post_init__()
     if not 1 <= self.digits <= 9:
@@ -55,7 +57,7 @@ class CalculatorProblems(ProblemSet):
     answer = self.demonstration(problem)  # the product, with the base class's teacher_period habit
     if rng.random() >= self.teacher_skip_tool:
       a, b = _FACTORS.search(problem.prompt).groups()
-      return [f"calc: {a}*{b}", answer]
+      return [self.TOOL_CALL.format(a=a, b=b), answer]
     n = len(problem.answer)
     guess = problem.answer
     while guess == problem.answer:
@@ -69,7 +71,7 @@ class CalculatorProblems(ProblemSet):
     return len("Compute *.\n") + 2 * self.digits
 
   def max_answer_chars(self) -> int:
-    return len("calc: *") + 2 * self.digits
+    return len(self.TOOL_CALL.format(a="", b="")) + 2 * self.digits
 
 
 # ----------------------------------------------------------------------------- the environment

@@ -23,10 +23,8 @@ import dataclasses
 import functools
 import re
 
-import numpy as np
-
 from jaxpod.problems.base import Problem, ProblemSet
-from jaxpod.problems.calculator import _FACTORS, calculate, calculator_problem
+from jaxpod.problems.calculator import CalculatorProblems, calculate
 from jaxpod.problems.environments import register_environment
 from jaxpod.problems.sandbox import SandboxLimits, run_python
 
@@ -64,25 +62,19 @@ class PythonTool:
 
 @ProblemSet.register_subclass("python")
 @dataclasses.dataclass(frozen=True)
-class PythonProblems(ProblemSet):
-  """Products of two `digits`-digit numbers, solved in episodes with a Python tool (see the module docstring)."""
+class PythonProblems(CalculatorProblems):
+  """The calculator's products, solved in episodes with a Python tool (see the module docstring)."""
 
-  digits: int = 4  # digits of each factor
-  max_turns: int = 3  # policy turns per episode at most (a program and the answer need 2)
-  teacher_skip_tool: float = 0.0  # warm-up demonstrations guess the answer without the tool with this probability
+  environment_name: str = "python"  # what episodes talk to: `python` (this set's sandbox limits) or another
   timeout_s: float = 2.0  # wall-clock seconds a program may run (then its whole process tree is killed)
   cpu_s: int = 2  # CPU seconds a program may use
   memory_mb: int = 256  # address space per process, MiB
   max_output_chars: int = 256  # characters of a program's output in the observation
 
+  TOOL_CALL = "print({a}*{b})"
+
   def __post_init__(self):
     super().__post_init__()
-    if not 1 <= self.digits <= 9:
-      raise ValueError(f"rl.task.digits={self.digits} must be in 1..9")
-    if self.max_turns < 1:
-      raise ValueError(f"rl.task.max_turns={self.max_turns} must be >= 1")
-    if not 0.0 <= self.teacher_skip_tool <= 1.0:
-      raise ValueError(f"rl.task.teacher_skip_tool={self.teacher_skip_tool} must be in [0, 1]")
     try:
       self.limits()
     except ValueError as e:
@@ -93,30 +85,7 @@ class PythonProblems(ProblemSet):
     return SandboxLimits(timeout_s=self.timeout_s, cpu_s=self.cpu_s, memory_mb=self.memory_mb,
                          max_output_chars=self.max_output_chars)
 
-  def make(self, rng):
-    return calculator_problem(rng, self.digits)
-
   def environment(self):
-    return functools.partial(PythonTool, self.limits())
-
-  def demonstration_turns(self, problem: Problem) -> list[str]:
-    """`print(a*b)` then the product; with probability teacher_skip_tool a wrong guess of the same length at once."""
-    rng = np.random.default_rng([problem.stream, problem.index, 13])
-    answer = self.demonstration(problem)
-    if rng.random() >= self.teacher_skip_tool:
-      a, b = _FACTORS.search(problem.prompt).groups()
-      return [f"print({a}*{b})", answer]
-    n = len(problem.answer)
-    guess = problem.answer
-    while guess == problem.answer:
-      guess = str(int(rng.integers(10 ** (n - 1), 10 ** n)))
-    return [guess]
-
-  def well_formed(self, completion: str) -> bool:
-    return completion.isdigit() and len(completion) <= 2 * self.digits
-
-  def max_prompt_chars(self) -> int:
-    return len("Compute *.\n") + 2 * self.digits
-
-  def max_answer_chars(self) -> int:
-    return len("print(*)") + 2 * self.digits
+    if self.environment_name == "python":
+      return functools.partial(PythonTool, self.limits())
+    return super().environment()
