@@ -33,7 +33,8 @@ def measure(rank: int = 1, repeats: int = 5, seed: int = 0) -> dict:
   import numpy as np
   from flax import nnx
   from jaxpod.models.llama import init, lora
-  from jaxpod.rl.adapters import plain_graphdef, weights
+  from jaxpod.models.llama.lora import base_graphdef
+  from jaxpod.rl.adapters import weights
   from jaxpod.rl.config import RLModelConfig, RolloutConfig
   from jaxpod.rl.rollout.roller import make_sampler
   from jaxpod.runtime import make_mesh
@@ -55,7 +56,7 @@ def measure(rank: int = 1, repeats: int = 5, seed: int = 0) -> dict:
          "adapter_bytes": param_bytes(adapters)}
 
   # unmerged: base + adapters in the engine's programs; merged: the plain model on W + s A B, merged per version
-  plain = plain_graphdef(llama)
+  plain = base_graphdef(llama)
 
   @jax.jit
   def merge(adapters, base):

@@ -35,13 +35,6 @@ def weights(params, buffers):
   return nnx.merge_state(buffers, params)
 
 
-def plain_graphdef(llama: LlamaConfig):
-  """The graphdef of the model without adapters (what the base state runs through with the adapters off)."""
-  from flax import nnx
-  from jaxpod.models.llama import model as model_lib
-  return nnx.split(model_lib.abstract(llama))[0]
-
-
 def adapter_like(llama: LlamaConfig, lcfg: LoraConfig, mesh):
   """(graphdef of the adapted model, ShapeDtypeStructs of its adapters with `mesh`'s shardings): what a worker
   receives each version."""

@@ -109,40 +109,13 @@ class PolicyTask(LlamaTask):
     self.host, self.hosts = host_index, host_count
     check_same_problems(self.problems.problem_set, "trainer")
 
-  # ---------------------------------------------------------------- LoRA (rl/adapters.py); plain without it
-  def _model(self, seed: int):
-    from jaxpod.models.llama import lora
-    model = super()._model(seed)
-    return model if self.lora is None else lora.attach(model, self.lora, seed, traced=True)
-
-  def _split(self, model):
-    """(graphdef, trained, frozen): with LoRA the adapters and the base (no reference copy: the base is it)."""
-    from flax import nnx
-    if self.lora is None:
-      return super()._split(model)
-    return nnx.split(model, nnx.LoRAParam, ...)
-
-  def _loaded(self, model, mesh):
-    from jaxpod.models.llama import lora
-    return model if self.lora is None else lora.attach(model, self.lora, self.cfg.trainer.seed, mesh=mesh)
-
-  def _place(self, params, buffers, shardings):
-    if self.lora is None:
-      return super()._place(params, buffers, shardings)
-    import jax
-    return jax.device_put(params, shardings.params), jax.device_put(buffers, shardings.buffers)
-
-  def weights(self, params, buffers):
-    """The whole policy's state from the train state's halves (LoRA: adapters + base; else the params)."""
-    from jaxpod.rl.adapters import weights
-    return params if self.lora is None else weights(params, buffers)
-
   def reference(self, graphdef, buffers):
     """(graphdef, weights) of the frozen KL reference: the starting weights' copy, or with LoRA the base with the
     adapters off (the same arrays as the policy's base)."""
-    from jaxpod.rl.adapters import plain_graphdef, reference
+    from jaxpod.models.llama.lora import base_graphdef
+    from jaxpod.rl.adapters import reference
     if self.lora is not None and self._plain is None:
-      self._plain = plain_graphdef(self.llama)
+      self._plain = base_graphdef(self.llama)
     return reference(graphdef, buffers, self.lora, self._plain)
 
   def _adamw(self, lr: float, warmup: int, weight_decay: float, grad_clip: float):

@@ -142,6 +142,7 @@ class LMTask(LlamaTask):
 
   def __init__(self, cfg: TrainConfig):
     self.cfg, self.lm = cfg, cfg.task
+    self.lora, self.adapter_from = self.lm.lora, self.lm.adapter_from  # LlamaTask's LoRA hooks
     self.llama = self.model_cfg = self.lm.model_config()
     self.start_url = self.lm.init_from or None  # task.init_from's weights; None: random init
     self.tokenizer = tokenizer_from(self.lm.data.tokenizer)
@@ -235,39 +236,6 @@ class LMTask(LlamaTask):
     return self.loader.train_iter()
 
   # ---------------------------------------------------------------- model and loss
-  def _split(self, model):
-    """(graphdef, trained, frozen): every weight and {}, or with task.lora the adapters and the base."""
-    from flax import nnx
-    if self.lm.lora is None:
-      return super()._split(model)
-    return nnx.split(model, nnx.LoRAParam, ...)
-
-  def _model(self, seed: int):
-    """A random model (traced: inside the state's jitted init, or under eval_shape), adapters attached."""
-    from jaxpod.models.llama import lora
-    model = super()._model(seed)
-    return model if self.lm.lora is None else lora.attach(model, self.lm.lora, seed, traced=True)
-
-  def weights(self, params, buffers):
-    """The whole model's state from the train state's halves (with LoRA: base + adapters)."""
-    from flax import nnx
-    return params if self.lm.lora is None else nnx.merge_state(buffers, params)
-
-  def _loaded(self, model, mesh):
-    """task.init_from's model, with task.adapter_from's adapters or fresh ones (task.lora) attached."""
-    from jaxpod.models.llama import lora, peft_io
-    if self.lm.adapter_from:
-      peft_io.load_adapter(model, self.lm.adapter_from, mesh=mesh)
-    elif self.lm.lora is not None:
-      lora.attach(model, self.lm.lora, self.cfg.trainer.seed, mesh=mesh)
-    return model
-
-  def _place(self, params, buffers, shardings):
-    if self.lm.lora is None:
-      return super()._place(params, buffers, shardings)
-    import jax
-    return jax.device_put(params, shardings.params), jax.device_put(buffers, shardings.buffers)
-
   def optimizer(self):
     return self.lm.optim.build(self.cfg.trainer.steps)
 

@@ -174,6 +174,7 @@ class PreferenceTask(preference_lora.LoraParts, LlamaTask):
 
   def __init__(self, cfg: TrainConfig):
     self.cfg, self.pc = cfg, cfg.task
+    self.lora, self.adapter_from = self.pc.lora, self.pc.adapter_from  # LlamaTask's LoRA hooks
     self.tokenizer_dir = self.pc.data.tokenizer or self.pc.hf or "byte"
     self.tokenizer = tokenizer_from(self.tokenizer_dir)
     if self.pc.hf:

@@ -62,39 +62,8 @@ def _adapter_lora(pc) -> None:
 
 
 class LoraParts:
-  """The LlamaTask hooks that make the state's params the adapters and its buffers the frozen base (with
-  `task.lora`; without it, the plain task's). Needs `self.pc` (the task config) and `self.cfg`."""
-
-  def _model(self, seed: int):
-    from jaxpod.models.llama import lora
-    model = super()._model(seed)
-    return model if self.pc.lora is None else lora.attach(model, self.pc.lora, seed, traced=True)
-
-  def _split(self, model):
-    """(graphdef, adapters, base) with LoRA; the base is the only weight copy (the reference runs it adapters-off)."""
-    from flax import nnx
-    if self.pc.lora is None:
-      return super()._split(model)
-    return nnx.split(model, nnx.LoRAParam, ...)
-
-  def _loaded(self, model, mesh):
-    from jaxpod.models.llama import lora, peft_io
-    if self.pc.adapter_from:
-      peft_io.load_adapter(model, self.pc.adapter_from, mesh=mesh)
-    elif self.pc.lora is not None:
-      lora.attach(model, self.pc.lora, self.cfg.trainer.seed, mesh=mesh)
-    return model
-
-  def _place(self, params, buffers, shardings):
-    if self.pc.lora is None:
-      return super()._place(params, buffers, shardings)
-    import jax
-    return jax.device_put(params, shardings.params), jax.device_put(buffers, shardings.buffers)
-
-  def weights(self, params, buffers):
-    """The policy's whole state from the train state's halves (with LoRA: base + adapters)."""
-    from flax import nnx
-    return params if self.pc.lora is None else nnx.merge_state(buffers, params)
+  """What LoRA changes in the preference task beyond `LlamaTask`'s adapter hooks: DPO's reference, the starting
+  weights precomputed runs, the learning rate. Needs `self.pc` (the task config)."""
 
   def reference_model(self, graphdef, params, buffers):
     """(graphdef, state) of DPO's in-step reference: the frozen copy, or with LoRA the base with adapters off."""

@@ -69,27 +69,40 @@ class HFExportHook(Hook):
 
 class LlamaTask:
   """The Llama side of a trainer task: `llama` (the architecture) and `start_url` (a HF checkpoint; None: random
-  init) are set by the subclass. Hooks a task may override: `_buffers` (what the state keeps beside the params),
-  `_model` (a random model), `_split` (trained params vs frozen buffers), `_loaded` (what a task adds to the
-  loaded checkpoint) and `_place` (params and buffers placed like the state's)."""
+  init) are set by the subclass, and with `lora` (a `LoraConfig`) the state's params are the adapters and its
+  buffers the frozen base, stored once (`adapter_from`: a PEFT folder whose adapters start the run). Hooks a task
+  may override: `_buffers` (what the state keeps beside the params), `_model` (a random model), `_split` (trained
+  params vs frozen buffers), `_loaded` (what a task adds to the loaded checkpoint) and `_place` (params and
+  buffers placed like the state's). Needs `self.cfg` (the TrainConfig) with LoRA."""
 
   llama: LlamaConfig
   start_url: str | None = None
+  lora = None  # LoraConfig: train adapters only, the base frozen in the buffers; None: every weight is trained
+  adapter_from: str = ""  # PEFT folder whose adapters start the run (with lora; "" : fresh adapters)
 
   def _buffers(self, params) -> dict:
     return {}
 
   def _model(self, seed: int):
-    """A random model (traced: inside the state's jitted init, or under eval_shape)."""
+    """A random model (traced: inside the state's jitted init, or under eval_shape), adapters attached."""
     from flax import nnx
-    from jaxpod.models.llama import Llama
-    return Llama(self.llama, rngs=nnx.Rngs(params=seed))
+    from jaxpod.models.llama import Llama, lora
+    model = Llama(self.llama, rngs=nnx.Rngs(params=seed))
+    return model if self.lora is None else lora.attach(model, self.lora, seed, traced=True)
 
   def _split(self, model):
-    """(graphdef, params, buffers): every weight is trained; the buffers are `_buffers(params)`."""
+    """(graphdef, params, buffers): every weight trained and `_buffers(params)`, or with LoRA the adapters and the
+    base (the only weight copy: a reference runs it with the adapters off, `lora.base_graphdef`)."""
     from flax import nnx
+    if self.lora is not None:
+      return nnx.split(model, nnx.LoRAParam, ...)
     graphdef, params = nnx.split(model)
     return graphdef, params, self._buffers(params)
+
+  def weights(self, params, buffers):
+    """The whole model's state from the train state's halves (with LoRA: base + adapters)."""
+    from flax import nnx
+    return params if self.lora is None else nnx.merge_state(buffers, params)
 
   def abstract_model(self, seed: int):
     from flax import nnx
@@ -106,13 +119,21 @@ class LlamaTask:
     return nnx.split(hf_io.load(url, mesh, cfg=self.llama))
 
   def _loaded(self, model, mesh):
-    """The starting checkpoint's model as the task trains it (a task may attach adapters)."""
+    """The starting checkpoint's model as the task trains it: adapter_from's adapters or fresh ones attached."""
+    from jaxpod.models.llama import lora, peft_io
+    if self.adapter_from:
+      peft_io.load_adapter(model, self.adapter_from, mesh=mesh)
+    elif self.lora is not None:
+      lora.attach(model, self.lora, self.cfg.trainer.seed, mesh=mesh)
     return model
 
   def _place(self, params, buffers, shardings):
-    """(params, buffers) placed like the trainer's state; the buffers are `_buffers` of the placed params."""
+    """(params, buffers) placed like the trainer's state; the buffers are `_buffers` of the placed params, or with
+    LoRA the base placed like the state's buffers."""
     import jax
     params = jax.device_put(params, shardings.params)
+    if self.lora is not None:
+      return params, jax.device_put(buffers, shardings.buffers)
     return params, self._buffers(params)
 
   def initial_params(self, mesh, shardings):
