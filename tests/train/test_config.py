@@ -145,3 +145,13 @@ def test_run_id_is_a_hash_of_the_config_without_the_ignored_fields():
   assert run_id(base, "trm") != run_id(TrainConfig(task=TrmSudokuConfig(data=SudokuData(seed=1))), "trm")
   assert run_id(TrainConfig(trainer=TrainerConfig(steps=100)), "x") != run_id(
       TrainConfig(task=CausalLMConfig(), trainer=TrainerConfig(steps=100)), "x")
+
+
+def test_a_nested_tuple_field_takes_a_comma_list():
+  """`--task.lora.target_modules q_proj,v_proj` (a tuple inside a choice section) parses as a list, as the
+  top-level `--layers 4,8` does, not as a string split into characters."""
+  from jaxpod.cli.args import parse
+  from jaxpod.train.config import TrainConfig
+  cfg = parse(TrainConfig, ["--task.type", "causal_lm", "--task.lora.rank", "4", "--task.lora.target_modules",
+                            "q_proj,v_proj"], "jaxpod train")
+  assert cfg.task.lora.target_modules == ("q_proj", "v_proj")

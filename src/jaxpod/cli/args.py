@@ -57,8 +57,9 @@ def normalise(argv: list[str]) -> list[str]:
   return out
 
 
-def _tuple_fields(cls: type) -> set[str]:
-  """Top-level fields of `cls` typed as a tuple or list (they take `--name 4,8`)."""
+def _tuple_fields(cls: type, prefix: str = "", depth: int = 0) -> set[str]:
+  """Dotted names of the fields of `cls` typed as a tuple or list (they take `--name 4,8`), nested sections and
+  every registered choice of a choice section (`--task.lora.target_modules q_proj,v_proj`) included."""
   try:
     hints = typing.get_type_hints(cls)
   except Exception:  # noqa: BLE001 - an unresolvable annotation just means no comma lists
@@ -68,7 +69,14 @@ def _tuple_fields(cls: type) -> set[str]:
     t = hints.get(f.name)
     args = typing.get_args(t) if typing.get_origin(t) in (typing.Union, types.UnionType) else (t,)
     if any(typing.get_origin(a) in (tuple, list) for a in args):
-      out.add(f.name)
+      out.add(prefix + f.name)
+    if depth >= 4:
+      continue
+    for a in args:
+      if isinstance(a, type) and dataclasses.is_dataclass(a):
+        choices = getattr(a, "get_known_choices", None)
+        for sub in (choices().values() if choices else (a,)):
+          out |= _tuple_fields(sub, f"{prefix}{f.name}.", depth + 1)
   return out
 
 
