@@ -187,6 +187,33 @@ def test_an_episode_ends_on_the_policys_turn_when_the_next_context_would_not_fit
   assert len(e.context()) <= limit + len(reply) + 1
 
 
+def test_a_turns_tool_calls_wait_beside_each_other_not_one_after_another():
+  """The environments' steps of one turn run in a pool: 4 tools that each wait until all 4 are waiting (a barrier,
+  which one-by-one steps would never pass) finish, and every episode gets its own observation, in order."""
+  import threading
+  from types import SimpleNamespace
+  barrier = threading.Barrier(4, timeout=30)
+
+  class Waiting:
+    def reset(self, problem):
+      self.problem = problem
+      return problem.prompt
+
+    def step(self, completion):
+      barrier.wait()  # raises BrokenBarrierError if the steps ran one after another
+      return "", float(self.problem.answer == "1"), True
+
+  reply = TOK.encode("x")[1:]
+
+  def generate(contexts, seeds, n=1, keep=False):
+    return [SimpleNamespace(sampled=reply + [257], logprobs=[0.0] * 2, versions=[0] * 2, tokens=reply)
+            for _ in contexts for _ in range(n)]
+
+  problems = [Problem("p", str(i % 2)) for i in range(4)]
+  groups = run_episodes(generate, TOK, Waiting, problems, n=1, max_turns=2, seed=0, tool_workers=4)
+  assert [g[0].reward for g in groups] == [0.0, 1.0, 0.0, 1.0] and all(g[0].done for g in groups)
+
+
 def test_the_calculator_teacher_calls_the_tool_or_guesses_wrong_at_its_rate():
   from jaxpod.problems.calculator import CalculatorProblems
   task = CalculatorProblems(digits=3, teacher_skip_tool=0.6)

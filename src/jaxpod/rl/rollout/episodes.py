@@ -10,7 +10,10 @@ single-turn ones: the loss mask covers the policy's tokens only. An episode ends
 says done, after `max_turns` turns, or when its next context would not fit the engine's `max_prompt_len`
 (its last token is always the policy's). With `keep_kv` (the default) the engine keeps each episode's KV
 between turns (`Sampler.generate(..., keep=True)`): a turn prefills only the last sampled token and the
-observation, on the same tokens as re-prefilling the whole context (what `keep_kv=False` does).
+observation, on the same tokens as re-prefilling the whole context (what `keep_kv=False` does). The
+environments' steps of a turn run in a thread pool (`tool_workers`): a tool that waits (a sandboxed program,
+a request) waits beside the others instead of after them; each episode's observation depends on its own
+environment only, so the order they finish in changes nothing (every host still gets the same observations).
 
 A single-turn set samples `OneTurn`: one engine request per problem for its n samples, scored by the
 reward plugins. Both have `groups(generate, tokenizer, problems, n, seed)`; `samples_for` picks the one a
@@ -41,7 +44,7 @@ def turn_seed(seed: int, problem: Problem, sample: int, turn: int) -> int:
 
 def run_episodes(generate, tokenizer, factory: Callable[[], Environment], problems: Sequence[Problem], n: int,
                  max_turns: int, seed: int, max_context: int | None = None,
-                 keep_kv: bool = False) -> list[list[Episode]]:
+                 keep_kv: bool = False, tool_workers: int = 1) -> list[list[Episode]]:
   """n episodes per problem, turn by turn: `generate(contexts, seeds, n=1, keep=keep_kv) -> completions` samples
   one turn of every open episode (each completion has .sampled, .logprobs, .versions and .tokens without the stop
   token); the first turn is one request per problem with n samples (they share the prompt's prefill).
@@ -49,7 +52,8 @@ def run_episodes(generate, tokenizer, factory: Callable[[], Environment], proble
   The context of the next turn is the whole episode so far (prompt, turns, observations); with
   keep_kv the engine continues it from the previous turn's kept KV, else it recomputes it. An episode ends when
   the environment says done, after `max_turns` turns, or when its next context would exceed
-  `max_context` tokens (the engine's prompt limit); only the first counts as `done`."""
+  `max_context` tokens (the engine's prompt limit); only the first counts as `done`. A turn's environment steps run
+  on up to `tool_workers` threads."""
   episodes, envs = [], []
   for p in problems:
     for _ in range(n):
@@ -70,11 +74,11 @@ def run_episodes(generate, tokenizer, factory: Callable[[], Environment], proble
     else:
       seeds = [turn_seed(seed, episodes[i].problem, i % n, turn) for i in open_]
       outs = generate([episodes[i].context() for i in open_], seeds, keep=keep_kv)
+    steps = _step_all([envs[i] for i in open_], [tokenizer.decode(c.tokens) for c in outs], tool_workers)
     still = []
-    for i, c in zip(open_, outs):
+    for i, c, (observation, reward, done) in zip(open_, outs, steps):
       e = episodes[i]
       e.add_turn(c.sampled, c.logprobs, c.versions)
-      observation, reward, done = envs[i].step(tokenizer.decode(c.tokens))
       e.reward += reward
       e.done = done
       ids = answer_ids(tokenizer, observation)
@@ -84,6 +88,15 @@ def run_episodes(generate, tokenizer, factory: Callable[[], Environment], proble
       still.append(i)
     open_ = still
   return [episodes[g * n:(g + 1) * n] for g in range(len(problems))]
+
+
+def _step_all(envs: Sequence[Environment], texts: Sequence[str], workers: int) -> list[tuple[str, float, bool]]:
+  """`env.step(text)` of every open episode, in order, on up to `workers` threads (one: inline)."""
+  if workers <= 1 or len(envs) <= 1:
+    return [env.step(text) for env, text in zip(envs, texts)]
+  from concurrent.futures import ThreadPoolExecutor
+  with ThreadPoolExecutor(min(workers, len(envs)), thread_name_prefix="jaxpod-tool") as pool:
+    return list(pool.map(lambda pair: pair[0].step(pair[1]), zip(envs, texts)))
 
 
 def episode_group(episodes: Sequence[Episode]) -> Group:
@@ -123,11 +136,12 @@ class Episodes:
   max_turns: int  # policy turns per episode at most
   max_context: int  # tokens a turn may continue from (the engine's max_prompt_len)
   keep_kv: bool = True  # the engine keeps each episode's KV between turns (False: every turn re-prefills it all)
+  tool_workers: int = 8  # threads that run a turn's environment steps (a slow tool waits beside the others)
 
   def groups(self, generate, tokenizer, problems: Sequence[Problem], n: int, seed: int) -> list[Group]:
     """Every problem's n episodes as a Group, in order (`run_episodes`, then `episode_group`)."""
     return [episode_group(g) for g in run_episodes(generate, tokenizer, self.factory, problems, n, self.max_turns,
-                                                   seed, self.max_context, self.keep_kv)]
+                                                   seed, self.max_context, self.keep_kv, self.tool_workers)]
 
 
 def samples_for(problems: VerifiedProblems, max_context: int) -> OneTurn | Episodes:
