@@ -88,6 +88,16 @@ def launch_hosts(tmp_path):
   return run
 
 
+def compiles() -> list:
+  """A list that grows by one name per XLA compilation (persistent-cache hits included) from now on."""
+  import jax
+  seen = []
+  jax.monitoring.register_event_duration_secs_listener(
+      lambda event, _, **kw: seen.append(kw.get("fun_name")) if event == "/jax/core/compile/backend_compile_duration"
+      else None)
+  return seen
+
+
 def host_lines(result: LaunchResult, host: int, tag: str) -> list[str]:
   """Lines a host printed that start with `tag` (workers print `TAG value` lines for tests)."""
   return [l[len(tag):].strip() for l in result.output[host] if l.startswith(tag)]

@@ -13,20 +13,12 @@ from jaxpod.rl.config import RLModelConfig, RolloutConfig
 from jaxpod.rl.policy import PolicySpec
 from jaxpod.runtime import make_mesh
 from jaxpod.sample.layout import param_bytes
+from tests.conftest import compiles as compile_log
 
 LLAMA = LlamaConfig(vocab_size=259, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
                     tie_word_embeddings=True, bos_token_id=256, eos_token_id=(257,), pad_token_id=258)
 PROMPTS = [[256, 3 + i, 40 + 7 * i, 9] for i in range(8)]
-
-
-def _compiles():
-  """A list that grows by one name per XLA compilation (persistent-cache hits included) from now on."""
-  seen = []
-  jax.monitoring.register_event_duration_secs_listener(
-      lambda event, _, **kw: seen.append(kw.get("fun_name")) if event == "/jax/core/compile/backend_compile_duration"
-      else None)
-  return seen
 
 
 def _trainer(tmp_path, mesh, rank=1):
@@ -93,7 +85,7 @@ def test_adapter_publish_changes_outputs_without_recompiling(tmp_path):
     sampler.generate(PROMPTS, range(8))  # no stop ids: every row runs to its limit, the same programs every time
     before = sampler.generate(PROMPTS, range(8))
     moved = _moved(adapters)  # the trainer's side, before counting
-    compiles = _compiles()
+    compiles = compile_log()
     server.publish(1, moved)
     update = client.receive(like, wait=30)
     sampler.update_params(update.params, update.weight_id)

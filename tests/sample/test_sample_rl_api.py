@@ -10,6 +10,7 @@ from jaxpod.runtime import make_mesh
 from jaxpod.sample import SamplingParams, token_logprobs
 
 from sample_fixtures import EOS, IDS, SEEDS, STOP, lockstep, same, small_sampler as _sampler, tiny_sample_cfg
+from tests.conftest import compiles as compile_log
 
 
 def _teacher_forced(model, completions, sp):
@@ -56,15 +57,6 @@ def test_submit_step_gives_generate_completions(model):
   same(got, want)
 
 
-def _compiles():
-  """A list that grows by one name per XLA compilation (persistent-cache hits included) from now on."""
-  seen = []
-  jax.monitoring.register_event_duration_secs_listener(
-      lambda event, _, **kw: seen.append(kw.get("fun_name")) if event == "/jax/core/compile/backend_compile_duration"
-      else None)
-  return seen
-
-
 def test_update_params_between_steps(model):
   """New weights between rounds: no compilation; sequences in flight go on, their later tokens carry the new
   version and differ from the old weights'; a different layout is refused in one line naming the leaf."""
@@ -76,7 +68,7 @@ def test_update_params_between_steps(model):
   _, params = nnx.split(model)
   other = nnx.split(init(tiny_sample_cfg(), seed=8))[1]
   other = jax.tree.map(lambda new, old: jax.device_put(new, old.sharding), other, params)
-  compiles = _compiles()
+  compiles = compile_log()
   s.submit(ids, seeds)
   assert s.step() == [] and s.version == 0  # prefill (1 token) + 3 decode steps under version 0
   s.update_params(other, version=1)
