@@ -1,6 +1,8 @@
-"""`jaxpod rl --model.hf` from Qwen3 and Gemma 3 checkpoints (tests/hf_families.py): GRPO steps run colocated,
-the rollout engine's log-probs are the trainer's own (on-policy: ratio 1), and the final policy is exported as a
-checkpoint of the same family that transformers loads."""
+"""`jaxpod rl --model.hf` from a Gemma 3 checkpoint (tests/hf_families.py): GRPO steps run colocated, the rollout
+engine's log-probs are the trainer's own (on-policy: ratio 1), and the final policy is exported as a checkpoint of
+the same family that transformers loads. One family: RL's code is family-agnostic, and Gemma 3 is the one whose
+numerics differ most from Llama's (sliding layers, norms around 0, scaled embeddings); Qwen3's are covered by the
+sample, causal-LM and HF parity tests (the suite's time budget)."""
 import json
 
 import pytest
@@ -8,7 +10,7 @@ import pytest
 from tests.rl.clusters import TINY
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gemma3_text"])
+@pytest.mark.parametrize("family", ["gemma3_text"])
 def test_grpo_from_a_family_checkpoint_is_on_policy_and_exports_the_family(hf_family, family, tmp_path):
   import draccus
   import jax
