@@ -23,8 +23,8 @@ import dataclasses
 import functools
 import re
 
-from jaxpod.problems.base import Problem, ProblemSet
-from jaxpod.problems.calculator import CalculatorProblems, calculate
+from jaxpod.problems.base import ProblemSet
+from jaxpod.problems.calculator import Calculator, CalculatorProblems, calculate
 from jaxpod.problems.environments import register_environment
 from jaxpod.problems.sandbox import SandboxLimits, run_python
 
@@ -42,16 +42,13 @@ def observe(program: str, limits: SandboxLimits) -> str:
 
 
 @register_environment("python")
-class PythonTool:
-  """Answer `problem.answer` (a whole-number turn); any other turn is a program whose output is the observation."""
+class PythonTool(Calculator):
+  """Answer `problem.answer` (a whole-number turn); any other turn is a program whose output is the observation
+  (the calculator's episode, `reset` included, with another tool)."""
 
   def __init__(self, limits: SandboxLimits | None = None):
+    super().__init__()
     self.limits = limits or SandboxLimits()
-    self.problem: Problem | None = None
-
-  def reset(self, problem: Problem) -> str:
-    self.problem = problem
-    return problem.prompt
 
   def step(self, completion: str) -> tuple[str, float, bool]:
     text = completion.strip()
