@@ -10,7 +10,7 @@ Both train the same Llama policy (`policy.PolicyTask`) and report the same held-
              where the topology is decided (`run.py`): the colocated engine (`colocated.RolloutBuffer`)
              or the rollout queue (`disaggregated.queue_source.QueueSource`); the GRPO loss
              (`grpo.policy_loss`) against the engine's behaviour log-probs, with the trainer's
-             log-probs under the engine's sampling distribution (`grpo.token_logprobs`).
+             log-probs under the engine's sampling distribution (`grpo.policy_logprobs`).
 
 Each task config carries only its own typed slices of `RLConfig` (resolved by `run.py`). Each ends by
 writing the policy as a HF checkpoint (before the final checkpoint, so a finished run always has its
@@ -182,19 +182,17 @@ class GRPOTask(PolicyTask):
   def loss_fn(self, graphdef) -> Callable:
     import jax
     import jax.numpy as jnp
-    from jaxpod.models.llama.model import forward
-    from jaxpod.rl.grpo import policy_loss, token_logprobs
+    from jaxpod.rl.grpo import policy_logprobs, policy_loss
     g, sampling = self.grpo, self.rollout.sampling()  # the distribution the engine drew the tokens from
     max_new_tokens = self.rollout.max_new_tokens
 
     def loss(params, buffers, batch, rng, carry):
       tokens = batch["tokens"]
       inputs, targets = tokens[:, :-1], tokens[:, 1:]
-      logp = token_logprobs(forward(graphdef, self.weights(params, buffers), inputs).logits, targets, sampling)
+      logp = policy_logprobs(graphdef, self.weights(params, buffers), inputs, targets, sampling)
       ref = None
       if g.beta > 0:  # the frozen reference: a copy of the start, or with LoRA the base with the adapters off
-        ref = jax.lax.stop_gradient(token_logprobs(forward(*self.reference(graphdef, buffers), inputs).logits,
-                                                   targets, sampling))
+        ref = jax.lax.stop_gradient(policy_logprobs(*self.reference(graphdef, buffers), inputs, targets, sampling))
       value, sums = policy_loss(logp, batch["behaviour"][:, :-1], batch["advantages"], batch["loss_mask"][:, :-1] > 0,
                                 ref, epsilon=g.epsilon, epsilon_high=g.epsilon_high, beta=g.beta,
                                 loss_norm=g.loss_norm, max_new_tokens=max_new_tokens, **g.correction)

@@ -300,11 +300,13 @@ class Llama(nnx.Module):
     if not cfg.tie_word_embeddings:
       self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), cfg.jnp_dtype)
 
+  def head_weight(self):
+    """The LM head's matrix [D, V] (the embedding's transpose when tied)."""
+    return self.embed_tokens[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
+
   def head(self, h_BxTxD):
     """Final-normed hidden -> float32 logits [B, T, V]."""
-    w = self.embed_tokens[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
-    return constrain(jnp.einsum("btd,dv->btv", h_BxTxD, w, preferred_element_type=jnp.float32),
-                     ("batch", "seq", "vocab"))
+    return head_logits(h_BxTxD, self.head_weight())
 
   def __call__(self, tokens_BxT, positions_BxT=None, *, kv_mask_BxS=None,
                cache: KVCache | PagedKVCache | SlotKVCache | None = None,
@@ -341,6 +343,13 @@ class Llama(nnx.Module):
     if logits_at_B is not None:
       h = jnp.take_along_axis(h, logits_at_B[:, None, None].astype(jnp.int32), axis=1)  # [B, 1, D]
     return Output(h if return_hidden else self.head(h), cache, captures)
+
+
+def head_logits(h_BxTxD, w_DxV):
+  """Final-normed hidden [B, T, D] times the head [D, V] -> float32 logits [B, T, V] (`Llama.head`; a caller that
+  runs the head a chunk of positions at a time, as GRPO's log-probs do, calls this)."""
+  return constrain(jnp.einsum("btd,dv->btv", h_BxTxD, w_DxV, preferred_element_type=jnp.float32),
+                   ("batch", "seq", "vocab"))
 
 
 def _check_captures(cfg: LlamaConfig, layers: Sequence[int], points: Sequence[str]) -> None:
