@@ -50,6 +50,10 @@ class RLBench:
   against: str = ""  # trl: jaxpod's colocated loop vs TRL's GRPOTrainer on a prompt file instead (rl_against_trl.py)
   policy: str = ""  # --against trl: start from this HF checkpoint (tokenizer files included) instead of a warm-up
   prompts: str = ""  # --against trl with --policy: its word-problem file (`jaxpod data word-problems`' problems.jsonl)
+  workloads: tuple[str, ...] = ("long", "short")  # --against trl: which workloads (rl_against_trl.py), alternating
+  long_size: str = "small"  # --against trl: the long workload's size: small (minutes per repeat) | full (~19M params)
+  step: bool = False  # only the GRPO train-step table (jaxpod's log-prob paths, torch's fwd+bwd; rl_step.py)
+  profile: bool = False  # the train-step table adds its op-level profile (categories and the costliest XLA ops)
 
   def __post_init__(self):
     if self.steps < 2 or self.warmup_steps < 1 or self.repeats < 1:
@@ -58,6 +62,9 @@ class RLBench:
       raise ValueError(f"--against {self.against!r}: the one peer is trl")
     if bool(self.policy) != bool(self.prompts):
       raise ValueError("--policy and --prompts go together (a checkpoint and the problems.jsonl it is trained on)")
+    if self.long_size not in ("small", "full") or not set(self.workloads) <= {"long", "short"} or not self.workloads:
+      raise ValueError(f"--long-size {self.long_size!r} (small | full), --workloads {list(self.workloads)} "
+                       "(some of long, short)")
     bad = [a for a in self.arms if a not in ARMS]
     if bad or not self.arms:
       raise ValueError(f"--arms {list(self.arms)}: use some of {ARMS}")
@@ -106,8 +113,28 @@ def run(json_path: str | None = None, **overrides) -> dict:
              "checks": checks, "runs": by_arm, "folder": root, "machine": machine(),
              "load_average": os.getloadavg()[0]}
   _table(opts, results, checks)
+  payload["train_step"] = train_step(opts, os.path.join(runs, "warm", "warmup", "hf"))
   write_json(json_path, payload)
   return payload
+
+
+def _flag(extra: tuple[str, ...], name: str, default: int) -> int:
+  return int(extra[extra.index(name) + 1]) if name in extra else default
+
+
+def train_step(opts: RLBench, policy: str | None = None) -> dict:
+  """The train-step table (`rl_step.py`) on the arms' shapes: the warm-up's checkpoint, or a random policy."""
+  from jaxpod.bench import rl_step
+  from jaxpod.rl.config import GRPOConfig, RLModelConfig, RolloutConfig
+  g, r = GRPOConfig(), RolloutConfig()
+  completion = _flag(opts.extra, "--rollout.max_new_tokens", r.max_new_tokens)
+  shapes = rl_step.StepShapes(rows=_flag(opts.extra, "--grpo.num_prompts_per_step", g.num_prompts_per_step)
+                              * _flag(opts.extra, "--grpo.num_generations", g.num_generations),
+                              row_len=_flag(opts.extra, "--rollout.max_prompt_len", r.max_prompt_len) + completion,
+                              completion=completion)
+  if policy is None:
+    policy = rl_step.save_policy(RLModelConfig().llama(), tempfile.mkdtemp(prefix="jaxpod-bench-rl-"))
+  return rl_step.run(policy, shapes, repeats=opts.repeats, with_profile=opts.profile, title=" (bench rl's arms)")
 
 
 def _extra_figures(folder: str) -> dict:
@@ -140,9 +167,13 @@ def _table(opts: RLBench, results: dict, checks: dict) -> None:
 
 def cli(opts: RLBench) -> int:
   """Entry of `jaxpod bench rl`."""
+  if opts.step:
+    write_json(opts.json, {"benchmark": "rl-train-step", "machine": machine(), "train_step": train_step(opts)})
+    return 0
   if opts.against == "trl":
     from jaxpod.bench.rl_against_trl import run as against_trl
-    against_trl(opts.steps, opts.warmup_steps, opts.repeats, opts.json, opts.policy, opts.prompts)
+    against_trl(opts.steps, opts.warmup_steps, opts.repeats, opts.json, opts.policy, opts.prompts, opts.profile,
+                tuple(opts.workloads), opts.long_size)
     return 0
   kwargs = {k: v for k, v in dataclasses.asdict(opts).items() if k != "json"}
   kwargs["arms"], kwargs["extra"] = tuple(opts.arms), tuple(opts.extra)

@@ -1,0 +1,203 @@
+"""The long-completion workload of `jaxpod bench rl --against trl`: chained word problems, a BPE tokenizer, a
+Llama-shaped policy, worked solutions of 128-512 tokens.
+
+A problem is a chain of `steps` events on one count (`Ann has 7 pens. She gets 5 more. She sells 3. ...
+How many pens now?`); its worked solution writes one line per event with the running count (`gets 5 more:
+7+5=12`), then `#### <count>` (GSM8K's format: the gsm8k verifier on both sides). The answer needs the
+length: the count is only known after every line. The warm-up's teacher is flawed as `jaxpod data
+word-problems`' is: it reads a take-away as a sum with probability `teacher_wrong_op` per event, so RL has
+a habit to unlearn. `problems.jsonl` (RL prompts, held-out split) and `sft.jsonl` (the teacher's rows,
+other questions) are a pure function of the seed.
+
+The tokenizer is a byte-level BPE (`tokenizers`' trainer, offline) fitted on the teacher's rows, written as
+HF files (BOS prepended; EOS, PAD) so jaxpod and TRL load the same ids; the policy is a random Llama
+(`SIZES`) fine-tuned here on the teacher's rows (next-token loss on the solution and EOS; AdamW) and
+saved as a HF checkpoint with those tokenizer files: the one checkpoint both sides start from.
+Sizes: `small` (default: ~2M parameters, ~130-token solutions; a repeat takes minutes on 2 cores) and
+`full` (~19M parameters, ~450-token solutions).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+
+NAMES = ("Ann", "Bo", "Cy", "Di", "Ed", "Flo")
+THINGS = ("pens", "cards", "apples", "coins", "shells", "books")
+MORE = ("gets {b} more", "buys {b} more", "finds {b} more")
+LESS = ("gives away {b}", "loses {b}", "sells {b}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LongWorkload:
+  """One size of the long workload: the problems, the policy's architecture, the GRPO step's shape."""
+
+  name: str  # small | full
+  steps: tuple[int, int]  # events per problem (inclusive range)
+  vocab: int  # BPE vocabulary (specials included)
+  hidden: int  # Llama hidden size
+  layers: int  # decoder blocks
+  heads: int  # query heads (kv heads: half)
+  mlp: int  # MLP width
+  max_prompt_len: int  # prompt tokens
+  max_new_tokens: int  # completion tokens at most
+  prompts: int  # prompts per GRPO step
+  generations: int  # samples per prompt
+  lr: float  # GRPO learning rate
+  warmup_steps: int  # supervised steps of the warm-up
+  warmup_batch: int  # rows per warm-up step
+  teacher_wrong_op: float = 0.3  # the teacher adds instead of taking away with this probability, per event
+  problems: int = 1000  # rows of problems.jsonl
+  sft: int = 4000  # rows of sft.jsonl
+
+
+SIZES = {
+    "small": LongWorkload("small", (13, 17), 512, 192, 4, 4, 512, 112, 192, 4, 8, 3e-4, 300, 32),
+    "full": LongWorkload("full", (40, 50), 2048, 512, 6, 8, 1408, 288, 512, 8, 8, 1e-4, 1500, 32),
+}
+
+
+def chain(rng: np.random.Generator, w: LongWorkload) -> tuple[str, list[tuple[str, int]]]:
+  """(question, [(op, amount)]) of one problem: the count never goes below 0 nor above 99."""
+  name, thing = NAMES[rng.integers(len(NAMES))], THINGS[rng.integers(len(THINGS))]
+  count = int(rng.integers(10, 60))
+  start, events, words = count, [], [f"{name} has {count} {thing}."]
+  for _ in range(int(rng.integers(w.steps[0], w.steps[1] + 1))):
+    take = count >= 10 and (count > 80 or rng.random() < 0.5)
+    b = int(rng.integers(1, 10))
+    op = "-" if take else "+"
+    count += -b if take else b
+    verb = (LESS if take else MORE)[rng.integers(3)].format(b=b)
+    words.append(f"She {verb}.")
+    events.append((op, b))
+  return " ".join(words) + f" How many {thing} now?", [("=", start)] + events
+
+
+def solution(events: list[tuple[str, int]], wrong: np.ndarray | None = None) -> str:
+  """The worked solution: one line per event with the running count, then `#### <count>`; `wrong[i]`: event i's
+  take-away read as a sum (the flawed teacher)."""
+  count, lines = events[0][1], []
+  for i, (op, b) in enumerate(events[1:]):
+    if op == "-" and wrong is not None and wrong[i]:
+      op = "+"
+    new = count + b if op == "+" else count - b
+    lines.append(f"{'take' if op == '-' else 'add'} {b}: {count}{op}{b}={new}")
+    count = new
+  return "\n".join(lines) + f"\n#### {count}"
+
+
+def build(out: str, w: LongWorkload, seed: int = 0) -> dict[str, str]:
+  """problems.jsonl and sft.jsonl under out (distinct questions); {split: path}."""
+  rng = np.random.default_rng([seed, 36])
+  seen: set[str] = set()
+  paths = {}
+  os.makedirs(out, exist_ok=True)
+  for split, count in (("problems", w.problems), ("sft", w.sft)):
+    rows = []
+    while len(rows) < count:
+      question, events = chain(rng, w)
+      if question in seen:
+        continue
+      seen.add(question)
+      wrong = rng.random(len(events)) < w.teacher_wrong_op if split == "sft" else None
+      rows.append(json.dumps({"question": question, "answer": solution(events, wrong)}))
+    paths[split] = os.path.join(out, f"{split}.jsonl")
+    with open(paths[split], "w") as f:
+      f.write("".join(r + "\n" for r in rows))
+  return paths
+
+
+def train_tokenizer(sft: str, folder: str, vocab: int) -> None:
+  """A byte-level BPE fitted on the rows of `sft` (question + answer), written as HF tokenizer files in folder."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+  bos, eos, pad = "<|bos|>", "<|eos|>", "<|pad|>"
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=[bos, eos, pad],
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+  rows = [json.loads(line) for line in open(sft)]
+  tok.train_from_iterator([r["question"] + " " + r["answer"] for r in rows], trainer)
+  tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, tok.token_to_id(bos))])
+  os.makedirs(folder, exist_ok=True)
+  tok.save(os.path.join(folder, "tokenizer.json"))
+  config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos, "pad_token": pad,
+            "model_max_length": 1 << 30, "clean_up_tokenization_spaces": False}
+  with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+    json.dump(config, f, indent=2)
+
+
+def llama_config(w: LongWorkload, tokenizer):
+  """The policy's architecture (Llama: GQA with half the query heads, untied head, RoPE)."""
+  from jaxpod.models.llama.config import LlamaConfig
+  return LlamaConfig(vocab_size=w.vocab, hidden_size=w.hidden, intermediate_size=w.mlp, num_hidden_layers=w.layers,
+                     num_attention_heads=w.heads, num_key_value_heads=max(w.heads // 2, 1),
+                     max_position_embeddings=w.max_prompt_len + w.max_new_tokens, tie_word_embeddings=False,
+                     bos_token_id=tokenizer.bos_id, eos_token_id=tuple(tokenizer.eos_ids),
+                     pad_token_id=tokenizer.pad_id)
+
+
+def _rows(tokenizer, rows: list[dict], w: LongWorkload, eos: int) -> tuple[np.ndarray, np.ndarray]:
+  """tokens [N, L] and the loss mask (1 where the next token is the solution's or EOS)."""
+  length = w.max_prompt_len + w.max_new_tokens
+  tokens = np.full((len(rows), length), tokenizer.pad_id, np.int32)
+  mask = np.zeros((len(rows), length), np.int32)
+  for i, r in enumerate(rows):
+    prompt = tokenizer.encode(r["question"])[:w.max_prompt_len]
+    answer = (tokenizer.encode(r["answer"], add_special_tokens=False) + [eos])[:w.max_new_tokens]
+    row = prompt + answer
+    tokens[i, :len(row)] = row
+    mask[i, len(prompt) - 1:len(row) - 1] = 1
+  return tokens, mask
+
+
+def warm_policy(root: str, w: LongWorkload, warmup_steps: int | None = None) -> tuple[str, str]:
+  """(HF checkpoint of the warmed-up policy with the BPE tokenizer files, problems.jsonl) under root."""
+  import shutil
+  import jax
+  import optax
+  from flax import nnx
+  from jaxpod.models.llama import hf_io
+  from jaxpod.models.llama.model import init, weight_decay_mask
+  from jaxpod.models.llama.tokenizer import load_tokenizer
+  paths = build(os.path.join(root, "data"), w)
+  policy = os.path.join(root, "policy")
+  train_tokenizer(paths["sft"], policy, w.vocab)
+  tokenizer = load_tokenizer(policy)
+  cfg = llama_config(w, tokenizer)
+  graphdef, params = nnx.split(init(cfg, 0))
+  tokens, mask = _rows(tokenizer, [json.loads(line) for line in open(paths["sft"])], w, tokenizer.eos_ids[0])
+  steps = w.warmup_steps if warmup_steps is None else warmup_steps
+  sched = optax.warmup_cosine_decay_schedule(0.0, 3e-3, max(steps // 10, 1), max(steps, 2), 3e-4)
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, b1=0.9, b2=0.99, weight_decay=0.01,
+                                                               mask=weight_decay_mask))
+
+  def step(p, opt, t, m):
+    (loss, _), g = jax.value_and_grad(lambda q: _masked_loss(graphdef, q, t, m), has_aux=True)(p)
+    updates, opt = tx.update(g, opt, p)
+    return optax.apply_updates(p, updates), opt, loss
+
+  fn, opt = jax.jit(step, donate_argnums=(0, 1)), tx.init(params)
+  rng = np.random.default_rng(1)
+  for k in range(steps):
+    pick = rng.choice(len(tokens), w.warmup_batch, replace=False)
+    params, opt, loss = fn(params, opt, tokens[pick], mask[pick])
+    if k % 50 == 0 or k == steps - 1:
+      print(f"bench rl --against trl: long warm-up step {k}: loss {float(loss):.3f}", flush=True)
+  hf_io.save(nnx.merge(graphdef, params), os.path.join(root, "policy-weights"))
+  for name in os.listdir(os.path.join(root, "policy-weights")):
+    shutil.copy(os.path.join(root, "policy-weights", name), policy)
+  return policy, paths["problems"]
+
+
+def _masked_loss(graphdef, params, tokens, mask):
+  """Mean next-token cross-entropy where mask[:, t] marks that tokens[:, t + 1] is trained on."""
+  import jax.numpy as jnp
+  import optax
+  from jaxpod.models.llama.model import forward
+  logits = forward(graphdef, params, tokens[:, :-1]).logits
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
+  m = mask[:, :-1] > 0
+  return jnp.sum(jnp.where(m, ce, 0.0)) / jnp.maximum(jnp.sum(m), 1), None
