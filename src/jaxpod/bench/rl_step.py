@@ -13,8 +13,9 @@ ratio against behaviour log-probs, DAPO token normalisation) on the same random 
                    loss, `backward()`; in its own process (torch and JAX never share one); skipped, with a
                    line saying so, when torch or transformers is not installed (`pip install jaxpod[test]`)
 
-Rounds alternate the two sides (`repeats`); each figure is the median over rounds of the median of
-`calls` timed calls after a warm-up. `profile`: the jaxpod step traced once more, its device time by
+Rounds alternate the two sides (`repeats`): jaxpod's programs `calls` times each, round-robin call by call
+(so a change in the machine's load hits each alike; chunked / plain is the median of the per-pair
+ratios), then torch's `calls` calls in its own process; each figure is the median of its calls. `profile`: the jaxpod step traced once more, its device time by
 category (attention, matmuls, other; `sample_profile.device_shares`) and its most expensive XLA ops.
 """
 from __future__ import annotations
@@ -52,9 +53,10 @@ def _batch(shapes: StepShapes, vocab: int):
   return tokens, mask, behaviour, adv
 
 
-def _timed(fn, calls: int) -> float:
-  """Median seconds of `calls` calls of fn() after two untimed ones."""
-  fn(), fn()
+def _timed(fn, calls: int, warm: bool = True) -> float:
+  """Median seconds of `calls` calls of fn() (after two untimed ones with `warm`)."""
+  if warm:
+    fn(), fn()
   out = []
   for _ in range(calls):
     t = time.perf_counter()
@@ -183,9 +185,12 @@ def run(policy: str, shapes: StepShapes, *, repeats: int = 3, calls: int = 5, wi
   programs, (compiled, run_step) = jaxpod_programs(policy, shapes)
   rounds: dict[str, list[float]] = {name: [] for name in programs}
   torch_rounds: list[dict] = []
+  for call in programs.values():  # warm
+    call(), call()
   for r in range(repeats):
-    for name, call in programs.items():
-      rounds[name].append(_timed(call, calls))
+    for _ in range(calls):  # round-robin call by call: a change of load hits every program alike
+      for name, call in programs.items():
+        rounds[name].append(_timed(call, 1, warm=False))
     got = _torch_round(policy, shapes, calls, folder, r)
     if got is not None:
       torch_rounds.append(got)
@@ -195,14 +200,17 @@ def run(policy: str, shapes: StepShapes, *, repeats: int = 3, calls: int = 5, wi
   out = {"shapes": dataclasses.asdict(shapes), "seconds": med, "rounds": rounds | {
       "torch fwd+bwd": [t["torch fwd+bwd"] for t in torch_rounds]}, "load_average": os.getloadavg()[0]}
   out["jaxpod_over_torch_fwd_bwd"] = med["jaxpod fwd+bwd"] / med["torch fwd+bwd"] if torch_rounds else None
-  out["chunked_over_plain_fwd_bwd"] = med["jaxpod fwd+bwd"] / med["plain fwd+bwd"]
+  out["chunked_over_plain_fwd_bwd"] = statistics.median(a / b for a, b in zip(rounds["jaxpod fwd+bwd"],
+                                                                              rounds["plain fwd+bwd"]))
   rows = [(name, f"{1e3 * s:.0f}", f"{s / med['jaxpod fwd+bwd']:.2f}") for name, s in med.items()]
   if not torch_rounds:
     rows.append(("torch fwd+bwd", "skipped", "torch / transformers not installed (pip install jaxpod[test])"))
   ratio = out["jaxpod_over_torch_fwd_bwd"]
-  print_table(f"GRPO train step{title}: {shapes.rows} rows x {shapes.row_len} tokens, medians of {repeats} "
-              f"alternating rounds x {calls} calls (ms); jaxpod / torch fwd+bwd = "
-              + (f"{ratio:.2f}" if ratio is not None else "-") + f"; load {out['load_average']:.1f}",
+  print_table(f"GRPO train step{title}: {shapes.rows} rows x {shapes.row_len} tokens, medians over {repeats} "
+              f"rounds alternating jaxpod ({calls} calls of each program, round-robin) and torch ({calls} calls) "
+              f"(ms); jaxpod / torch fwd+bwd = " + (f"{ratio:.2f}" if ratio is not None else "-")
+              + f"; chunked / plain log-prob path (median of call pairs) = {out['chunked_over_plain_fwd_bwd']:.2f}"
+              + f"; load {out['load_average']:.1f}",
               ["program", "ms", "/ jaxpod fwd+bwd"], rows)
   if with_profile:
     shares, top = profile(compiled, run_step)
