@@ -67,10 +67,12 @@ def run_jaxpod_rl(args: list[str], log_path: str) -> float:
 
 
 def rl_run_figures(folder: str) -> dict:
-  """Steady-state per-step figures of one finished `jaxpod rl` run folder (steps >= 2: the first steps compile)."""
+  """Steady-state per-step figures of one finished `jaxpod rl` run folder (steps >= 2: the first steps compile; the
+  last step has no interval after it: left out, else its end-of-run evaluation counted as a negative step)."""
   from jaxpod.rl.summary import by_step, read_metrics
   s = json.loads(open(os.path.join(folder, "summary.json")).read())
-  records = [r for r in by_step(read_metrics(os.path.join(folder, "train"))) if r["step"] >= 2 and "reward" in r]
+  records = [r for r in by_step(read_metrics(os.path.join(folder, "train")))
+             if r["step"] >= 2 and "reward" in r and "rl/interval_s" in r]
   get = lambda r, k: r.get(k, 0.0)  # noqa: E731
   colocated = s["topology"] == "colocated"
   parts = {k: [get(r, f"rl/{k}_s") for r in records] for k in ("interval", "rollout", "waiting", "publish")}
