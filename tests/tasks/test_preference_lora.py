@@ -89,11 +89,11 @@ def test_the_in_step_reference_is_the_base_with_the_adapters_off(tiny_ckpt, pair
   assert float(jnp.max(jnp.abs(pol - ref))) > 1e-3 and float(loss) != pytest.approx(math.log(2.0))
 
 
-def test_lora_learning_rate_is_ten_times_the_full_one_for_simpo_and_seven_for_dpo():
-  """One flag: --task.lora.rank 8 alone scales task.optim.lr by 10 (SimPO) or 7 (DPO); task.lora_lr_scale wins."""
+def test_lora_learning_rate_is_ten_times_the_full_one_for_simpo_and_five_for_dpo():
+  """One flag: --task.lora.rank 8 alone scales task.optim.lr by 10 (SimPO) or 5 (DPO); task.lora_lr_scale wins."""
   from jaxpod.train.task import make_task
   lr = make_task(_config()).optim().lr
-  for args, ratio in ((("--task.lora.rank", "8"), 10), (("--task.lora.rank", "8", "--task.loss.kind", "dpo"), 7),
+  for args, ratio in ((("--task.lora.rank", "8"), 10), (("--task.lora.rank", "8", "--task.loss.kind", "dpo"), 5),
                       (("--task.lora.rank", "8", "--task.lora_lr_scale", "2"), 2)):
     assert make_task(_config(*args)).optim().lr == pytest.approx(ratio * lr), args
 

@@ -116,7 +116,7 @@ class PreferenceConfig(TaskConfig):
   reference: str = "in_step"  # DPO/IPO reference: in_step (frozen copy in the state) | precomputed (once, stored)
   lora: LoraConfig | None = None  # train LoRA adapters only (base frozen, reference = adapters off); None: every weight
   adapter_from: str = ""  # PEFT adapter (folder or URL) the adapters start from; sets lora; needs task.hf (its base)
-  lora_lr_scale: float = 0.0  # with lora, AdamW peak lr = task.optim.lr x this; 0: 10 for SimPO, 7 for DPO/IPO
+  lora_lr_scale: float = 0.0  # with lora, AdamW peak lr = task.optim.lr x this; 0: 10 for SimPO, 5 for DPO/IPO
   optim: AdamWConfig = dataclasses.field(default_factory=lambda: AdamWConfig(lr=3e-4, warmup_steps=10,
                                                                              weight_decay=0.0))
   sort: SortPairs = dataclasses.field(default_factory=SortPairs)

@@ -10,8 +10,8 @@ and IPO's reference the same base with the adapters off.
   SimPO needs no reference at all.
 - Learning rate: with LoRA the AdamW peak is `task.optim.lr * task.lora_lr_scale`, so one flag switches it on.
   By default (0) the ratio is 10 for SimPO ("LoRA Without Regret", 2025: LoRA's best rate is ~10x full
-  fine-tuning's) and 7 for DPO/IPO, whose 10x runs drift past their best held-out accuracy on the default
-  and whose 5x runs were still rising at the end on one seed (measured: docs/lora.md).
+  fine-tuning's) and 5 for DPO/IPO, whose 10x runs drift past their best held-out accuracy on the default
+  (measured: docs/preference.md).
 - `task.adapter_from` (a PEFT folder, with `task.hf` its base) starts the adapters from saved ones. Its
   reference must then be the starting policy (base + that adapter), which adapters-off cannot give: DPO/IPO
   need `task.reference=precomputed`, which runs the merged start once before training.
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from jaxpod.runtime import storage
 
-LR_SCALE = {"simpo": 10.0, "dpo": 7.0, "ipo": 7.0}  # LoRA lr / full fine-tuning lr by loss (task.lora_lr_scale 0)
+LR_SCALE = {"simpo": 10.0, "dpo": 5.0, "ipo": 5.0}  # LoRA lr / full fine-tuning lr by loss (task.lora_lr_scale 0)
 
 
 def check(pc) -> None:
