@@ -124,6 +124,17 @@ def test_grpo_with_lora_trains_the_adapters_and_references_the_base(warm_policy,
   assert all(isinstance(v, nnx.LoRAParam) for _, v in nnx.to_flat_state(params))
   assert not any(isinstance(v, nnx.LoRAParam) for _, v in nnx.to_flat_state(buffers))
   assert param_bytes(buffers) == param_bytes(nnx.state(hf_io.load(warm_policy, make_mesh(devices=jax.devices()[:1]))))
+  # what `jaxpod bench rl --lora-rank` reports: the trainer's peak memory, and the train state by part
+  summary = json.load(open(f"{folder}/summary.json"))
+  assert summary["memory"]["host_peak_rss_bytes"] > param_bytes(buffers)
+  from jaxpod.bench.rl_lora import train_state_bytes
+  args = [*TINY, "--model.hf", warm_policy, "--trainer.runs_dir", str(tmp_path)]
+  full, lora1 = train_state_bytes([*args, "--grpo.beta", "0.05"]), train_state_bytes([*args, "--lora.rank", "1"])
+  model = param_bytes(buffers)
+  assert (full["params"], full["buffers"]) == (model, model)  # beta > 0: the reference copy
+  assert (lora1["params"], lora1["buffers"]) == (param_bytes(params), model)  # the adapters; the base once
+  for s in (full, lora1):  # Adam's mu and nu of the trained params (+ its step counters)
+    assert 2 * s["params"] <= s["opt_state"] <= 2 * s["params"] + 64 and s["trained"] == s["params"] + s["opt_state"]
 
 
 def test_lora_settings_it_cannot_serve_fail_in_one_line():

@@ -144,7 +144,8 @@ def test_bad_lora_settings_fail_in_one_line_at_parse(capsys, tmp_path, tiny_ckpt
 @pytest.mark.slow
 def test_a_short_lora_dpo_run_trains_the_adapters_and_leaves_the_base(tmp_path, tiny_ckpt, pair_file):
   """2 DPO steps with LoRA from the tiny checkpoint (the first at lr 0): the loss starts at log 2, every B moves
-  (A's gradient is zero while B is), the base (the only weight copy, the reference) is bit-identical at the end."""
+  (A's gradient is zero while B is), the base (the only weight copy, the reference) is bit-identical at the end,
+  and the run writes its adapters as PEFT's files (`<run>/adapter`) that load back onto the base as trained."""
   from jaxpod.cli.train import load_config
   from jaxpod.train import train
   from tests.tasks.test_preference_task import KeepState, _metrics
@@ -160,6 +161,21 @@ def test_a_short_lora_dpo_run_trains_the_adapters_and_leaves_the_base(tmp_path, 
   assert all(m > 0 for k, m in moved.items() if "lora_b" in k) and len(moved) == 2 * 7 * 2, moved  # every B moved
   saved = json.loads(storage.read_text(storage.join(summary.run_dir, "summary.json")))
   assert saved["lora"]["rank"] == 2
+  from safetensors.numpy import load_file
+  from jaxpod.models.llama import hf_io, lora, peft_io
+  from jaxpod.runtime import make_mesh
+  folder = storage.join(summary.run_dir, "adapter")
+  config = json.loads(storage.read_text(storage.join(folder, peft_io.CONFIG_FILE)))
+  assert (config["peft_type"], config["r"], config["base_model_name_or_path"]) == ("LORA", 2, tiny_ckpt)
+  names = load_file(storage.join(folder, peft_io.WEIGHTS_FILE))
+  assert len(names) == 2 * 7 * 2 and peft_io.tensor_name(0, "q_proj", "A") in names
+  loaded = lora.adapters(peft_io.load_adapter(hf_io.load(tiny_ckpt, make_mesh(devices=jax.devices()[:1])), folder))
+  trained = {}  # (layer, projection) -> B [r, out] at the end of the run
+  for path, v in jax.tree_util.tree_flatten_with_path(keep.end["params"])[0]:
+    keys = [getattr(p, "key", getattr(p, "idx", None)) for p in path]
+    if "lora_b" in keys:
+      trained[(next(k for k in keys if isinstance(k, int)), next(k for k in keys if str(k).endswith("_lora"))[:-5])] = v
+  assert len(trained) == 14 and all(np.array_equal(np.asarray(loaded[k][1]), v) for k, v in trained.items())
 
 
 def test_precomputed_reference_with_adapter_from_is_the_base_plus_the_adapter(tmp_path, tiny_ckpt, pair_file):

@@ -11,7 +11,10 @@ checkpoint (`--model.hf`) for `--steps` GRPO steps in its own process(es), arms 
 
 With `--lora-rank R` every arm runs twice from the same warm-up, full fine-tuning and `<arm>+lora`
 (`jaxpod rl --lora.rank R`: adapters trained and published alone), interleaved; the table adds kB per
-published version. Both disaggregated arms run with the same `max_policy_lag`. Per arm, per GRPO step (seconds): rollout
+published version, the trainer process's peak resident memory (VmHWM from /proc/self/status at the end of
+its run, in its summary.json; on an accelerator also the devices' `peak_bytes_in_use`) and the bytes of the
+trained part of its train state (params + Adam state, from shapes: `bench.rl_lora.train_state_bytes`).
+Both disaggregated arms run with the same `max_policy_lag`. Per arm, per GRPO step (seconds): rollout
 (the engine), train (the trainer's step and its hooks), publish (trainer), fetch (worker, per step),
 waiting (trainer idle for rollouts); sampled tokens/s; reward per wall-clock second (the rewards of
 every sample trained on, summed, over the RL wall time) and held-out accuracy at the end. Checks
@@ -22,6 +25,7 @@ the disaggregated jobs do not get more hardware, they compete for it.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import statistics
 import tempfile
@@ -92,13 +96,18 @@ def run(json_path: str | None = None, **overrides) -> dict:
   warm = os.path.join(runs, "warm", "warmup", "hf")
   variants = [("", [])] + ([("+lora", ["--lora.rank", str(opts.lora_rank)])] if opts.lora_rank else [])
   by_arm = {a + v: [] for a in opts.arms for v, _ in variants}
+  state = {}  # variant -> bytes of its train state's trained part (the same for every arm)
+  if opts.lora_rank:
+    from jaxpod.bench.rl_lora import train_state_bytes
+    state = {v: {"state_bytes": train_state_bytes(_arm_args("colocated", opts, warm, runs, "state") + more)["trained"]}
+             for v, more in variants}
   for r in range(opts.repeats):
     for arm in opts.arms:
       for variant, more in variants:  # full fine-tuning and LoRA side by side, interleaved
         name = f"{arm}{variant.replace('+', '-')}-{r}"
         wall = run_jaxpod_rl(_arm_args(arm, opts, warm, runs, name) + more, os.path.join(root, f"{name}.log"))
         by_arm[arm + variant].append(rl_run_figures(os.path.join(runs, name)) | {"wall_s": wall}
-                                     | _extra_figures(os.path.join(runs, name)))
+                                     | _extra_figures(os.path.join(runs, name)) | state.get(variant, {}))
         print(f"bench rl: {name} done in {wall:.0f} s", flush=True)
   results = {a: {k: (statistics.median(v[k] for v in runs_) if all(v[k] is not None for v in runs_) else None)
                  for k in runs_[0]} for a, runs_ in by_arm.items()}  # medians over the repeats
@@ -142,7 +151,9 @@ def _extra_figures(folder: str) -> dict:
   from jaxpod.rl.summary import read_metrics
   rows = read_metrics(os.path.join(folder, "train"))
   sent = [r["rl/publish_bytes"] for r in rows if "rl/publish_bytes" in r]
-  return {"publish_bytes": statistics.median(sent) if sent else 0.0}
+  memory = json.loads(open(os.path.join(folder, "summary.json")).read()).get("memory") or {}
+  return {"publish_bytes": statistics.median(sent) if sent else 0.0,
+          "peak_rss_bytes": memory.get("host_peak_rss_bytes"), "device_peak_bytes": memory.get("device_peak_bytes")}
 
 
 def _table(opts: RLBench, results: dict, checks: dict) -> None:
@@ -150,6 +161,8 @@ def _table(opts: RLBench, results: dict, checks: dict) -> None:
   rows = [(arm, ms(r["step_s"]), ms(r["rollout_s"]), ms(r["train_s"]), ms(r["publish_s"]), ms(r["fetch_s"]),
            ms(r["waiting_s"]), f"{r['tokens_per_s'] or 0:.0f}", f"{r['reward_per_s']:.1f}",
            f"{r['accuracy_start']:.0%}>{r['accuracy_end']:.0%}", f"{r['publish_bytes'] / 1e3:.1f}")
+          + ((_mb(r.get("peak_rss_bytes")), _mb(r.get("device_peak_bytes")), _mb(r.get("state_bytes")))
+             if opts.lora_rank else ())
           for arm, r in results.items()]
   notes = []
   if checks.get("inflight_over_drain_reward_per_s") is not None:
@@ -161,8 +174,13 @@ def _table(opts: RLBench, results: dict, checks: dict) -> None:
   print_table(f"rl: {opts.steps} GRPO steps per arm from one warm-up (ms per step, steady state), medians of "
               f"{opts.repeats}, max_policy_lag {opts.max_policy_lag}, transfer {opts.transfer_mode}; "
               + "; ".join(notes),
-              ["arm", "step", "roll", "train", "pub", "fetch", "wait", "tok/s", "rew/s", "acc", "kB/ver"],
-              rows)
+              ["arm", "step", "roll", "train", "pub", "fetch", "wait", "tok/s", "rew/s", "acc", "kB/ver"]
+              + (["peak MB", "dev MB", "state MB"] if opts.lora_rank else []), rows)
+
+
+def _mb(x) -> str:
+  """Bytes as MB (10^6), '-' when not measured (device peaks on CPU)."""
+  return "-" if x is None else f"{x / 1e6:.0f}" if x >= 1e8 else f"{x / 1e6:.2f}"
 
 
 def cli(opts: RLBench) -> int:

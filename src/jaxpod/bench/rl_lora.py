@@ -12,6 +12,9 @@ Per mode: seconds per decode step (a whole-batch `generate` of max_new_tokens to
 of `--repeats`, the two modes interleaved), seconds per update (median), and the engine's extra weight bytes.
 Beside them, the bytes of one adapter version published and fetched through `jaxpod.transfer` (checkpoint
 mode, a local folder) against the whole model's. Prints a table and JSON (`--json PATH`).
+
+`train_state_bytes(rl_args)`: the GRPO train state's bytes by part (params, Adam state, frozen buffers) of a
+`jaxpod rl` command, from shapes alone; `jaxpod bench rl --lora-rank R` puts them beside each arm's peak memory.
 """
 from __future__ import annotations
 
@@ -101,6 +104,27 @@ def _wire(adapters, full) -> dict:
                    "fetched": got is not None}
   out["fraction"] = out["adapters"]["bytes"] / out["full"]["bytes"]
   return out
+
+
+def train_state_bytes(rl_args: list[str]) -> dict:
+  """Bytes of the GRPO train state `jaxpod rl RL_ARGS` builds, from its abstract shapes (nothing allocated, no
+  JAX start): `params` (what is trained: every weight, or the adapters), `opt_state` (Adam's mu and nu of those),
+  `ema`, `buffers` (frozen: the KL reference copy, or LoRA's base) and `trained` = params + opt_state + ema, what
+  LoRA shrinks. The run's starting checkpoint (`--model.hf`) must exist: its config.json sets the shapes."""
+  import draccus
+  import jax
+  from jaxpod.rl.config import RLConfig
+  from jaxpod.rl.run import grpo_config, run_dir, start_url
+  from jaxpod.train import state as st
+  cfg = draccus.parse(RLConfig, args=list(rl_args))
+  folder = run_dir(cfg)
+  tc = grpo_config(cfg, folder, start_url(cfg, folder), source=object())
+  task = tc.task.build(tc)
+  tx, _ = task.optimizer()
+  state = st.abstract_state(st.make_init_fn(task, tx, 0, cfg.grpo.rows, ema=tc.trainer.ema > 0))
+  size = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))  # noqa: E731
+  out = {k: size(getattr(state, k)) for k in ("params", "opt_state", "buffers")} | {"ema": size(state.ema_params)}
+  return out | {"trained": out["params"] + out["opt_state"] + out["ema"]}
 
 
 def main(argv=None) -> dict:

@@ -27,6 +27,7 @@ class ExtractConfig:
   """Options of `jaxpod extract` (one activation dataset per run)."""
 
   model: str = ""  # HF checkpoint folder or fsspec URL (config.json + safetensors); families: models/llama/families
+  adapter: str = ""  # PEFT LoRA adapter folder or URL on `model` (as `jaxpod sample --adapter`), merged once
   prompts: str = ""  # prompt file: .txt (one prompt per line) or .jsonl ({"text": ...} or {"prompt": ...})
   layers: tuple[int, ...] = ()  # decoder blocks to capture, 0-based (CLI: --layers 4,8)
   out: str = ""  # output folder or fsspec URL (local, memory://, gs://); rerun with the same to resume
@@ -132,6 +133,12 @@ def check_inputs(cfg: ExtractConfig, hosts: HostInfo) -> dict:
   except (ValueError, KeyError) as e:
     raise ValueError(f"extract.model={cfg.model!r}: {e}") from None
   check_layers(cfg, int(hf["num_hidden_layers"]))
+  if cfg.adapter:  # its names and shapes against the base's, in one line naming what does not fit
+    from jaxpod.models.llama import peft_io
+    try:
+      peft_io.check_adapter(cfg.adapter, LlamaConfig.from_hf_config(hf))
+    except ValueError as e:
+      raise ValueError(f"extract.adapter={cfg.adapter!r}: {e}") from None
   fs, path = fsspec.core.url_to_fs(cfg.prompts)
   if not fs.isfile(path):
     raise ValueError(f"extract.prompts={cfg.prompts!r} is not a file; pass --prompts FILE (.txt or .jsonl)")

@@ -101,6 +101,7 @@ def run_record(cfg: ExtractConfig, hf: dict, plan_fields: dict, lay: dict) -> di
       "max_seq_len": cfg.max_seq_len, "seq_len": t, "hidden_size": hidden, "num_rows": n,
       "num_batches": -(-n // cfg.batch_size), "shapes": {k: [n, t, hidden] for k in cfg.keys},
       "forward": cfg.forward, "run_id": plan_fields["run_id"], **lay,
+      **({"adapter": cfg.adapter} if cfg.adapter else {}),
   }
 
 
@@ -112,8 +113,9 @@ def _plan_on_leader(cfg: ExtractConfig, hf: dict, lay: dict, storage: writer.Sto
   seq_len = int(lengths.max())
   memory.check_memory(model_cfg, cfg, mesh, seq_len)  # before any weight is read or compiled
   digest = hashlib.sha256()
-  for part in (json.dumps(hf, sort_keys=True), cfg.model, sorted(cfg.layers), cfg.points, cfg.np_dtype,
-               cfg.batch_size, seq_len, pad, json.dumps(lay, sort_keys=True), cfg.forward):
+  parts = (json.dumps(hf, sort_keys=True), cfg.model, sorted(cfg.layers), cfg.points, cfg.np_dtype, cfg.batch_size,
+           seq_len, pad, json.dumps(lay, sort_keys=True), cfg.forward)
+  for part in parts + ((cfg.adapter,) if cfg.adapter else ()):  # no adapter: the run id of before adapters existed
     digest.update(repr(part).encode())
   digest.update(lengths.tobytes())
   digest.update(flat.tobytes())
@@ -121,9 +123,9 @@ def _plan_on_leader(cfg: ExtractConfig, hf: dict, lay: dict, storage: writer.Sto
   record = run_record(cfg, hf, fields, lay)
   old = storage.read_json(storage.path("run.json"))
   if old is not None and old.get("run_id") != record["run_id"]:
-    differ = [k for k in ("model", "layers", "points", "dtype", "batch_size", "seq_len", "num_rows", "hosts", "mesh",
-                          "forward")
-              if old.get(k) != record[k]] or ["model weights config or prompt tokens"]
+    differ = [k for k in ("model", "adapter", "layers", "points", "dtype", "batch_size", "seq_len", "num_rows", "hosts",
+                          "mesh", "forward")
+              if old.get(k) != record.get(k)] or ["model weights config or prompt tokens"]
     raise ValueError(f"extract.out={cfg.out!r} holds another extraction (differs in {', '.join(differ)}); "
                      "rerun with the same options and hosts to resume, or use a new --out")
   if old is None:
@@ -236,6 +238,9 @@ def _run(cfg: ExtractConfig, hf: dict, host: runtime.HostInfo, on_batch) -> dict
   plan.start_batch = _resume(storage, plan, nb)
   with jax.set_mesh(mesh):
     model = hf_io.load(cfg.model, mesh, cfg=model_cfg)
+    if cfg.adapter:  # LoRA: the adapters loaded as `jaxpod sample --adapter` does, then folded into the base
+      from jaxpod.models.llama import lora, peft_io
+      lora.merge_in_place(peft_io.load_adapter(model, cfg.adapter, mesh=mesh))
     if cfg.forward == "sharded":  # its own stacked copy of the blocks; the model's are freed as they are stacked
       forward = sharded_lib.ShardedForward(model, mesh, cfg, consume=True)
     else:

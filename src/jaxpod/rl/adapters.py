@@ -17,15 +17,14 @@ halves on the fly (`weights`): the rollout engine, the held-out evaluator, the H
                  weight on the sampler and a merge program per version; `jaxpod bench rl-lora` measures
                  both (docs/rl.md, "LoRA").
   export         `<run>/hf` is the merged model (a plain HF checkpoint, `hf_io.save` merges), `<run>/adapter`
-                 the adapters as PEFT's files.
+                 the adapters as PEFT's files (`LlamaTask.export_hooks`, as every LoRA task).
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.models.llama.lora import LoraConfig
-from jaxpod.models.llama.training import HFExportHook
 from jaxpod.runtime import storage
 
 
@@ -74,24 +73,6 @@ def reference(graphdef, buffers, lcfg: LoraConfig | None, plain) -> tuple[Any, A
   """(graphdef, weights) of GRPO's KL reference: without LoRA the frozen copy in `buffers["ref"]`; with LoRA the
   base (`buffers`) through the plain graph `plain`: the adapters off."""
   return (graphdef, buffers["ref"]) if lcfg is None else (plain, buffers)
-
-
-class LoraExportHook(HFExportHook):
-  """At the final step: the merged policy as a HF checkpoint at `url`, and the adapters as PEFT's files in
-  `adapter_url` (every host takes part; the leader writes)."""
-
-  def __init__(self, graphdef, url: str, adapter_url: str, base_model: str,
-               merge: Callable[[Any, Any], Any] = weights):
-    super().__init__(graphdef, url)
-    self.adapter_url, self.base_model, self.merge = adapter_url, base_model, merge
-
-  def __call__(self, info) -> None:
-    from flax import nnx
-    from jaxpod.models.llama import hf_io, peft_io
-    model = nnx.merge(self.graphdef, self.merge(info.state.params, info.state.buffers))
-    hf_io.save(model, self.url)  # merges W + s A B: a plain HF checkpoint
-    peft_io.save_adapter(model, self.adapter_url, base_model=self.base_model)
-    return None
 
 
 def sibling(url: str, name: str) -> str:

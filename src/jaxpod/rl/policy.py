@@ -131,10 +131,10 @@ class PolicyTask(LlamaTask):
                     weights=None if self.lora is None else self.weights)
 
   def hooks(self, graphdef, mesh, tcfg) -> list:
-    if self.lora is None or not self.export_to:
-      return self.export_hooks(graphdef, self.export_to)
-    from jaxpod.rl.adapters import LoraExportHook, sibling
-    return [LoraExportHook(graphdef, self.export_to, sibling(self.export_to, "adapter"), self.start_url or "")]
+    if not self.export_to:
+      return []
+    from jaxpod.rl.adapters import sibling
+    return self.export_hooks(graphdef, self.export_to, adapter_url=sibling(self.export_to, "adapter"))
 
   def eval_summary(self, ev: dict) -> list[tuple[str, str]]:
     return [("held-out accuracy", f"{ev.get('accuracy', float('nan')):.1%} of {ev.get('count', 0)} problems")]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 
-from jaxpod.runtime import storage
+from jaxpod.runtime import procstats, storage
 from jaxpod.train import tracker
 
 
@@ -83,6 +83,7 @@ def write(topology: str, rows_per_step: int, folder: str, warm, rl, warmup_s: fl
   out.update({"run_dir": folder, "topology": topology, "rows_per_step": rows_per_step, "steps": rl.final_step,
               "resumed": rl.resumed,
               "lift_points": 100 * (out["accuracy.end"] - out["accuracy.start"]),
+              "memory": procstats.peak_memory(),  # this trainer process's peak (the engine's too when colocated)
               "time_s": {"total": wall_s, "warmup": warmup_s, "rl": rl.wall_s, "rl_startup": rl.time_to_first_step_s,
                          "rollout": s["rollout"], "train": train_s, "eval": s["eval"], "waiting": s["waiting"],
                          "publish": s["publish"]}})

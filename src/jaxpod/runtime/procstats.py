@@ -6,6 +6,7 @@ Simulated hosts are processes, so a host's share of memory and bytes is measurab
     base = status_bytes("VmRSS")
     ...                                # the phase
     grown = status_bytes("VmHWM") - base
+    peak_memory()                      # {"host_peak_rss_bytes": VmHWM, "device_peak_bytes": accelerators only}
 """
 from __future__ import annotations
 
@@ -26,3 +27,18 @@ def reset_peak() -> None:
   """Reset the peak resident memory (VmHWM) to the current resident memory."""
   with open("/proc/self/clear_refs", "w") as f:
     f.write("5")
+
+
+def peak_memory() -> dict:
+  """This process's peak memory so far: resident host memory (VmHWM) and, where the backend reports it (GPU,
+  TPU), the largest `peak_bytes_in_use` over its local devices (None on CPU, whose arrays are in VmHWM)."""
+  import jax
+  peaks = []
+  for dev in jax.local_devices():
+    try:
+      stats = dev.memory_stats() or {}
+    except Exception:  # noqa: BLE001 - a backend without memory stats
+      stats = {}
+    if stats.get("peak_bytes_in_use") is not None:
+      peaks.append(int(stats["peak_bytes_in_use"]))
+  return {"host_peak_rss_bytes": status_bytes("VmHWM"), "device_peak_bytes": max(peaks) if peaks else None}

@@ -39,7 +39,6 @@ from jaxpod.models.llama.lora import LoraConfig
 from jaxpod.models.llama.tokenizer import tokenizer_from
 from jaxpod.models.llama.training import AdamWConfig, LlamaTask, byte_llama
 from jaxpod.runtime import storage
-from jaxpod.runtime.hooks import Hook
 from jaxpod.sample.config import SamplingOptions
 from jaxpod.train.config import DataConfig, TaskConfig, TrainConfig
 
@@ -286,25 +285,8 @@ class LMTask(LlamaTask):
       return sample_hooks(self.lm, self.tokenizer, graphdef, mesh)
     return [*sample_hooks(self.lm, self.tokenizer, graphdef, mesh,
                           params_of=lambda state: self.weights(state.params, state.buffers)),
-            AdapterExportHook(graphdef, self.weights, self.lm.init_from)]
+            *self.export_hooks(graphdef, None)]  # the adapters as PEFT's files in <run>/adapter
 
   def eval_summary(self, ev: dict) -> list[tuple[str, str]]:
     return [("eval loss", f"{ev.get('loss', float('nan')):.4f} on {ev.get('count', 0)} held-out tokens"),
             ("eval perplexity", f"{ev.get('perplexity', float('nan')):.3f}")]
-
-
-class AdapterExportHook(Hook):
-  """At the final step, the evaluated (EMA) adapters as PEFT's files in `<run>/adapter` (the leader writes)."""
-
-  def __init__(self, graphdef, weights: Callable, base_model: str):
-    self.graphdef, self.weights, self.base_model = graphdef, weights, base_model
-
-  def due(self, step: int, final: bool) -> bool:
-    return final
-
-  def __call__(self, info) -> None:
-    from flax import nnx
-    from jaxpod.models.llama import peft_io
-    model = nnx.merge(self.graphdef, self.weights(info.state.eval_params, info.state.buffers))
-    peft_io.save_adapter(model, storage.join(info.run_dir, "adapter"), base_model=self.base_model)
-    return None

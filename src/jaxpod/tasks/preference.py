@@ -367,8 +367,9 @@ class PreferenceTask(preference_lora.LoraParts, LlamaTask):
     from jaxpod.sample.hook import sample_hooks
     if self.pc.lora is None:
       return sample_hooks(self.pc, self.tokenizer, graphdef, mesh)
-    return sample_hooks(self.pc, self.tokenizer, graphdef, mesh,
-                        params_of=lambda state: self.weights(state.params, state.buffers))
+    return [*sample_hooks(self.pc, self.tokenizer, graphdef, mesh,
+                          params_of=lambda state: self.weights(state.params, state.buffers)),
+            *self.export_hooks(graphdef, None)]  # the adapters as PEFT's files in <run>/adapter
 
   def summary_fields(self, run_dir: str) -> dict:
     """What summary.json adds for this task: held-out exact match at the start and the end, the pair counts."""

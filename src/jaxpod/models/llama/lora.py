@@ -162,6 +162,12 @@ def set_adapters(model: model_lib.Llama, values: Mapping[tuple[int, str], tuple]
       var.set_value(_place(np.asarray(w, old.dtype), old.sharding))
 
 
+def _folded(w: jax.Array, a: jax.Array, b: jax.Array, scale: float) -> jax.Array:
+  """W + s * A B in W's dtype (computed in float32): one projection with its adapter merged."""
+  delta = (a.astype(jnp.float32) @ b.astype(jnp.float32)) * scale
+  return (w.astype(jnp.float32) + delta.reshape(w.shape)).astype(w.dtype)
+
+
 def merged(model: model_lib.Llama) -> model_lib.Llama:
   """A plain model (no adapters; `model` untouched) whose projections are W + s * A B: what `hf_io.save` exports
   as a HF checkpoint."""
@@ -171,12 +177,28 @@ def merged(model: model_lib.Llama) -> model_lib.Llama:
   def value(path, w):
     if len(path) != 4 or (path[1], path[2], path[3]) not in deltas:
       return w
-    a, b = deltas[(path[1], path[2], path[3])]
-    delta = (a.astype(jnp.float32) @ b.astype(jnp.float32)) * lcfg.scale
-    return (w.astype(jnp.float32) + delta.reshape(w.shape)).astype(w.dtype)
+    return _folded(w, *deltas[(path[1], path[2], path[3])], lcfg.scale)
   flat = nnx.to_flat_state(nnx.state(model, nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))))
   graphdef, _ = nnx.split(model_lib.abstract(model.cfg))
   return nnx.merge(graphdef, nnx.from_flat_state([(p, v.replace(value(p, v.get_value()))) for p, v in flat]))
+
+
+def merge_in_place(model: model_lib.Llama) -> model_lib.Llama:
+  """Fold the adapters into the base (W <- W + s * A B, each keeping its sharding) and remove them: the plain
+  model `merged` gives, with the same values, but one projection at a time, so the peak is the model plus one
+  weight rather than two copies. For a one-pass reader of the adapted model (extraction)."""
+  lcfg = lora_config(model)
+  if lcfg is None:
+    return model
+  for block in model.layers:
+    for name in lcfg.target_modules:
+      module = getattr(block, owner(name))
+      adapter, var = getattr(module, f"{name}_lora").lora, getattr(module, name)
+      w = var[...]
+      var.set_value(jax.device_put(_folded(w, adapter.lora_a[...], adapter.lora_b[...], lcfg.scale), w.sharding))
+      delattr(module, f"{name}_lora")
+  del model.lora_config
+  return model
 
 
 def base_graphdef(cfg: LlamaConfig):

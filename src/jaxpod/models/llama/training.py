@@ -4,6 +4,7 @@
       def __init__(self, cfg):
         self.llama, self.start_url = LlamaConfig(...), "gs://bucket/ckpt"   # None: random init
     hooks = task.export_hooks(graphdef, "gs://bucket/out")                 # HF checkpoint at the final step
+                                                      # (LoRA: merged, and the adapters as PEFT's files)
 
 `LlamaTask` gives the trainer the model (`abstract_model`, `init_model`), the starting checkpoint placed like
 the trainer's params (`initial_params`), and `_buffers(params)`: what a task keeps beside the params (a
@@ -64,6 +65,29 @@ class HFExportHook(Hook):
     from flax import nnx
     from jaxpod.models.llama import hf_io
     hf_io.save(nnx.merge(self.graphdef, info.state.params), self.url)
+    return None
+
+
+class AdapterExportHook(Hook):
+  """At the final step, a LoRA run's evaluated (EMA) adapters as PEFT's files at `adapter_url` (None:
+  `<run>/adapter`) and, with `hf_url`, the merged policy as a plain HF checkpoint there (every host takes
+  part; the leader writes). `weights(params, buffers)` is the whole model's state: the task's `weights`."""
+
+  def __init__(self, graphdef, weights, base_model: str, adapter_url: str | None = None, hf_url: str | None = None):
+    self.graphdef, self.weights, self.base_model = graphdef, weights, base_model
+    self.adapter_url, self.hf_url = adapter_url, hf_url
+
+  def due(self, step: int, final: bool) -> bool:
+    return final
+
+  def __call__(self, info: StepInfo) -> None:
+    from flax import nnx
+    from jaxpod.models.llama import hf_io, peft_io
+    from jaxpod.runtime import storage
+    model = nnx.merge(self.graphdef, self.weights(info.state.eval_params, info.state.buffers))
+    if self.hf_url:
+      hf_io.save(model, self.hf_url)  # merges W + s A B: a plain HF checkpoint
+    peft_io.save_adapter(model, self.adapter_url or storage.join(info.run_dir, "adapter"), base_model=self.base_model)
     return None
 
 
@@ -148,6 +172,9 @@ class LlamaTask:
   def init_carry(self, global_batch: int):
     return ()
 
-  def export_hooks(self, graphdef, url: str | None) -> list:
-    """[HFExportHook] writing the policy to `url` at the final step ([] without a url)."""
+  def export_hooks(self, graphdef, url: str | None, adapter_url: str | None = None) -> list:
+    """The final step's exports: the policy as a HF checkpoint at `url` ([] without a url); with LoRA, the
+    merged policy there and always the adapters as PEFT's files (`adapter_url`, None: `<run>/adapter`)."""
+    if self.lora is not None:
+      return [AdapterExportHook(graphdef, self.weights, self.start_url or "", adapter_url, url)]
     return [HFExportHook(graphdef, url)] if url else []
