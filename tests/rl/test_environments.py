@@ -286,6 +286,16 @@ def test_jaxpod_rl_on_the_calculator_raises_the_reward_of_its_episodes(tmp_path)
   passes = summary["pass_at_k"]  # sampled held-out episodes: pass@1 <= pass@2, both counting episodes solved
   for when in ("start", "end"):
     assert 0 < passes["pass@1"][when] <= passes["pass@2"][when] <= 1
+  assert passes["pass@1"]["lift_points"] == pytest.approx(100 * (passes["pass@1"]["end"] - passes["pass@1"]["start"]))
+
+
+@pytest.mark.parametrize("task", ["calculator", "python"])
+def test_the_multi_turn_examples_report_held_out_pass_at_1_over_sampled_episodes(task):
+  """The number a user of the examples reads: greedy episodes already call the tool, so their summary also holds
+  pass@1 over sampled episodes (4 per held-out problem, at the rollout temperature), from the one evaluator."""
+  from jaxpod.cli.rl import load_config
+  cfg = load_config(["--task.type", task])
+  assert cfg.eval.k == 4 and cfg.eval.n == 4 and cfg.rollout.temperature == 1.0
 
 
 def test_a_single_turn_sample_is_a_one_turn_request_and_a_multi_turn_one_an_episode():
