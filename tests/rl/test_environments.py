@@ -286,6 +286,16 @@ def test_jaxpod_rl_on_the_calculator_raises_the_reward_of_its_episodes(tmp_path)
   passes = summary["pass_at_k"]  # sampled held-out episodes: pass@1 <= pass@2, both counting episodes solved
   for when in ("start", "end"):
     assert 0 < passes["pass@1"][when] <= passes["pass@2"][when] <= 1
+  assert passes["pass@1"]["lift_points"] == pytest.approx(100 * (passes["pass@1"]["end"] - passes["pass@1"]["start"]))
+
+
+@pytest.mark.parametrize("task", ["calculator", "python"])
+def test_the_multi_turn_examples_report_held_out_pass_at_1_over_sampled_episodes(task):
+  """The number a user of the examples reads: greedy episodes already call the tool, so their summary also holds
+  pass@1 over sampled episodes (4 per held-out problem, at the rollout temperature), from the one evaluator."""
+  from jaxpod.cli.rl import load_config
+  cfg = load_config(["--task.type", task])
+  assert cfg.eval.k == 4 and cfg.eval.n == 4 and cfg.rollout.temperature == 1.0
 
 
 def test_a_single_turn_sample_is_a_one_turn_request_and_a_multi_turn_one_an_episode():
@@ -310,3 +320,17 @@ def test_a_single_turn_sample_is_a_one_turn_request_and_a_multi_turn_one_an_epis
   groups = one.groups(generate, TOK, problems, n=2, seed=5)
   assert calls == [(2, [request_seed(5, p) for p in problems], 2)]
   assert [g.rewards for g in groups] == [[0.0, 1.0], [0.0, 0.0]] and groups[0].correct == [False, True]
+
+
+def test_consecutive_training_calls_never_give_one_problem_twice():
+  """An episode's key is its problem's (stream, index): a cursor's next call, or a worker's next files (which
+  start at index files x groups_per_file), never repeat an index, even where a held-out prompt had to be skipped
+  (1-digit addition: 32 of its 100 prompts are held out), and no held-out prompt is trained on."""
+  from jaxpod.problems import AdditionProblems
+  task = AdditionProblems(digits=1, eval_size=32)
+  held_out = {p.prompt for p in task.eval_set(0)}
+  parts = [task.train_problems(0, 101, start, 8) for start in range(0, 64, 8)]
+  got = [p for part in parts for p in part]
+  assert [p.index for p in got] == list(range(64)) and got == task.train_problems(0, 101, 0, 64)
+  assert not any(p.prompt in held_out for p in got) and {p.stream for p in got} == {101}
+

@@ -50,3 +50,19 @@ def test_a_kept_sequence_continues_after_appended_tokens_as_a_whole_prefill_woul
   assert kept_counts[1] == (sum(len(o) + 1 for o in OBS), 2)  # the last sampled token + the observation each
   assert whole_counts[1][0] == sum(plen + len(c.sampled) + len(o) for c, o in zip(kept[0], OBS))
   assert s.kept == 2 and s.drop_kept() == 2 and s.kept == 0
+
+
+@pytest.mark.parametrize("layout", ["slots", "paged"])
+def test_warmup_for_episodes_compiles_the_continuations_too(layout):
+  """`warmup(keep=True)` compiles the programs that continue a kept sequence too (extend_slots / extend_paged at
+  every chunk bucket and KV size a turn can meet): a two-turn episode after it, across a weights swap, compiles
+  nothing (a plain warmup left extend to the episode's second turn)."""
+  from tests.conftest import compiles as compile_log
+  model = Llama(tiny_sample_cfg(), rngs=nnx.Rngs(params=0))
+  s = small_sampler(model, SamplingParams(temperature=1.0), kv_layout=layout, **SHAPES)
+  s.warmup(keep=True)
+  compiles = compile_log()
+  out = s.generate([IDS[0]], [3], n=2, keep=True)
+  s.update_params(nnx.split(model)[1], version=1)
+  s.generate([IDS[0] + list(c.sampled) + OBS[j] for j, c in enumerate(out)], [10, 11], keep=True)
+  assert s.last.extended == 2 and compiles == [], compiles

@@ -6,8 +6,9 @@ A problem set is a frozen dataclass registered with `@ProblemSet.register_subcla
 makes problem i of a stream from `numpy.random.default_rng([seed, stream, i])` alone, so any
 host or worker can rebuild any problem from three integers (nothing but indices crosses the
 control plane). The held-out set is the first `eval_size` distinct problems of stream
-EVAL_STREAM; training streams skip every problem whose prompt is in it (`jaxpod.data.streams`),
-so held-out accuracy is measured on prompts the policy never trained on.
+EVAL_STREAM; a training problem whose prompt is in it is drawn again under its index
+(`[seed, stream, i, redraw]`), so held-out accuracy is measured on prompts the policy never trained
+on and problem i of a stream is one problem, whichever call asks for it.
 
 The built-in sets (`generated`: addition, sort; `calculator`; `dataset`) register when
 `jaxpod.problems` is imported; a user's set registers when its module is imported.
@@ -108,11 +109,23 @@ class ProblemSet(draccus.ChoiceRegistry):
     return list(_eval_set(self, seed))
 
   def train_problems(self, seed: int, stream: int, start: int, count: int) -> list[Problem]:
-    """`count` training problems of stream `stream` (>= 1) from index `start`, held-out prompts skipped."""
+    """Training problems `start`..`start + count - 1` of stream `stream` (>= 1); one whose prompt is held out is
+    drawn again under the same index. Indices are never shifted past a held-out prompt, so consecutive calls
+    (a cursor, a worker's next files) never give one (stream, index), one episode key, twice."""
     if stream == EVAL_STREAM:
       raise ValueError(f"stream {EVAL_STREAM} holds the held-out problems; training streams start at 1")
     held_out = {p.prompt for p in _eval_set(self, seed)}
-    return [p for _, p in streams.training(lambda i: self.problem(seed, stream, i), held_out, start, count, _prompt)]
+    return [self._training(seed, stream, i, held_out) for i in range(start, start + count)]
+
+  def _training(self, seed: int, stream: int, index: int, held_out: set[str]) -> Problem:
+    p = self.problem(seed, stream, index)
+    for redraw in range(1, 1001):
+      if p.prompt not in held_out:
+        return p
+      prompt, answer = self.make(np.random.default_rng([seed, stream, index, redraw]))
+      p = Problem(prompt, answer, stream, index)
+    raise ValueError(f"rl.task: 1000 draws for training problem {index} of stream {stream} all gave held-out "
+                     f"prompts; lower rl.task.eval_size={self.eval_size} or make the problems harder")
 
 
 @functools.lru_cache(maxsize=8)

@@ -7,8 +7,9 @@ summarises its whole history, not just the last process's part. Keys of summary.
                                   also nested as accuracy: {start, end, warmup_start})
   reward_curve                    [[policy version that sampled, mean reward], ...] per GRPO step
   accuracy_curve                  [[policy version, held-out accuracy], ...] per evaluation
-  pass_at_k                       with eval.k: {k, samples, "pass@1": {start, end, curve}, "pass@k": {...}}
-                                  (the unbiased estimator over `samples` samples per held-out problem)
+  pass_at_k                       with eval.k: {k, samples, "pass@1": {start, end, lift_points, curve}, "pass@k":
+                                  {...}} (the unbiased estimator over `samples` samples, or sampled episodes, per
+                                  held-out problem at the rollout temperature; on in the multi-turn examples)
   tokens_per_s                    sampled tokens per second of rollout time
   rows_per_step                   sequences per optimizer step (grpo.num_prompts_per_step x num_generations)
   time_s                          wall seconds: warmup, rl, and within RL rollout / train / eval / waiting /
@@ -65,7 +66,8 @@ def collect(folder: str) -> dict:
     for name in dict.fromkeys((1, k)):
       curve = _series(rl, f"eval/pass_at_{name}")
       first, last = _start_end(curve)
-      out["pass_at_k"][f"pass@{name}"] = {"start": first, "end": last, "curve": curve}
+      out["pass_at_k"][f"pass@{name}"] = {"start": first, "end": last, "lift_points": 100 * (last - first),
+                                          "curve": curve}
   return out
 
 
@@ -120,7 +122,8 @@ def _pass_rows(out: dict) -> list[tuple[str, str]]:
   if "pass_at_k" not in out:
     return []
   p = out["pass_at_k"]
-  text = ", ".join(f"{name} {v['start']:.1%} -> {v['end']:.1%}" for name, v in p.items() if name.startswith("pass@"))
+  text = ", ".join(f"{name} {v['start']:.1%} -> {v['end']:.1%} ({v['lift_points']:+.1f} points)"
+                   for name, v in p.items() if name.startswith("pass@"))
   return [("held-out pass@k", f"{text} ({p['samples']} samples per problem)")]
 
 

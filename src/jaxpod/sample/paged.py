@@ -371,10 +371,11 @@ class PagedRunner(Runner):
     self.k, self.v = cache.k, cache.v
     return out
 
-  def warmup(self) -> int:
-    """Compile every prefill bucket and every decode KV length once (all writes to scratch); returns programs."""
+  def warmup(self, keep: bool = False) -> int:
+    """Compile every prefill bucket and every decode KV length once, and with `keep` (the sampler serves episodes)
+    extend per (chunk bucket, KV length) (all writes to scratch); returns programs."""
     ec, r, b, m = self.ec, self.ec.prefill_rows, self.ec.batch_size, self.ec.pages_per_seq
-    z = np.zeros((b,), np.int32)
+    z, zr = np.zeros((b,), np.int32), np.zeros((r,), np.int32)
     count = 0
     for bucket in ec.prefill_buckets():
       self.prefill(np.zeros((r, bucket), np.int32), np.ones((r,), np.int32), np.zeros((r, m), np.int32),
@@ -384,4 +385,8 @@ class PagedRunner(Runner):
       self.decode(np.zeros((b, m), np.int32), z, z, z, z, z.astype(np.uint32), z, z.astype(bool),
                   pages * ec.page_size)
       count += 1
+      for bucket in ec.prefill_buckets() if keep else ():
+        self.extend(np.zeros((r, bucket), np.int32), zr, np.ones((r,), np.int32), np.zeros((r, m), np.int32),
+                    zr.astype(np.uint32), zr, pages * ec.page_size)
+        count += 1  # extend_paged at (bucket, KV length)
     return count

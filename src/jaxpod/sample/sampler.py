@@ -153,11 +153,12 @@ class Sampler:
     """Nothing queued or running."""
     return self.scheduler.idle
 
-  def warmup(self, n: int = 1) -> int:
-    """Compile every program the engine may run, before timing or serving; returns how many (n: unused, kept
-    for callers of the old signature; prefill shapes no longer depend on it)."""
+  def warmup(self, n: int = 1, keep: bool = False) -> int:
+    """Compile every program the engine may run, before timing or serving; returns how many. keep: it will serve
+    episodes (`generate(..., keep=True)`): the programs that continue a kept sequence too. (n: unused, kept for
+    callers of the old signature; prefill shapes no longer depend on it.)"""
     del n
-    return self.runner.warmup()
+    return self.runner.warmup(keep)
 
   def update_params(self, params, version: int) -> None:
     """Sample from these parameters from the next step on, labelled `version`.

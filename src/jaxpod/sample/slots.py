@@ -265,9 +265,10 @@ class SlotRunner(Runner):
                                    None)
     return out
 
-  def warmup(self) -> int:
+  def warmup(self, keep: bool = False) -> int:
     """Compile every program a run may need: prefill per bucket, insert per (bucket, capacity), decode per
-    capacity, resize between neighbouring capacities (all writes land in empty slots); returns how many."""
+    capacity, resize between neighbouring capacities, and with `keep` (the sampler serves episodes) extend per
+    (chunk bucket, capacity) a continuation can meet (all writes land in empty slots or nowhere); returns how many."""
     ec, r, b = self.ec, self.ec.prefill_rows, self.ec.batch_size
     z = np.zeros((b,), np.int32)
     caps, count = ec.kv_buckets(), len(ec.prefill_buckets())
@@ -280,7 +281,18 @@ class SlotRunner(Runner):
         count += 1  # insert_slots at (bucket, cap)
       self.decode(z, z, z, z, z.astype(np.uint32), z, z.astype(bool))
       count += 1
+      for bucket in extend_buckets(ec, cap) if keep else ():
+        self.extend(np.zeros((b, bucket), np.int32), z, np.ones((b,), np.int32), z.astype(np.uint32), z,
+                    np.full((b,), b, np.int32))  # row b writes into slot B: none
+        count += 1  # extend_slots at (bucket, cap)
     count += 2 * (len(caps) - 1)  # resize_slots between neighbours, both ways (compiled by the walk above and back)
     self.resize(caps[0])
     self.resizes = 0
     return count
+
+
+def extend_buckets(ec: EngineConfig, capacity: int) -> list[int]:
+  """Chunk buckets a continuation may be padded to at this slot capacity: the prefill buckets up to the first one
+  that holds min(capacity, max_prompt_len) tokens (a chunk's tokens all land below the capacity)."""
+  top = next(p for p in ec.prefill_buckets() if p >= min(capacity, ec.max_prompt_len))
+  return [p for p in ec.prefill_buckets() if p <= top]
