@@ -24,10 +24,9 @@ import os
 
 import numpy as np
 
-NAMES = ("Ann", "Bo", "Cy", "Di", "Ed", "Flo")
-THINGS = ("pens", "cards", "apples", "coins", "shells", "books")
-MORE = ("gets {b} more", "buys {b} more", "finds {b} more")
-LESS = ("gives away {b}", "loses {b}", "sells {b}")
+from jaxpod.data.word_problems import MORE, NAMES, THINGS
+
+LESS = ("gives away {b}", "loses {b}", "sells {b}")  # present tense: each event is a step of the story
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +68,7 @@ def chain(rng: np.random.Generator, w: LongWorkload) -> tuple[str, list[tuple[st
     b = int(rng.integers(1, 10))
     op = "-" if take else "+"
     count += -b if take else b
-    verb = (LESS if take else MORE)[rng.integers(3)].format(b=b)
+    verb = (LESS if take else MORE)[rng.integers(len(MORE))].format(b=b)
     words.append(f"She {verb}.")
     events.append((op, b))
   return " ".join(words) + f" How many {thing} now?", [("=", start)] + events
