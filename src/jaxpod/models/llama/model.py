@@ -346,8 +346,7 @@ class Llama(nnx.Module):
 
 
 def head_logits(h_BxTxD, w_DxV):
-  """Final-normed hidden [B, T, D] times the head [D, V] -> float32 logits [B, T, V] (`Llama.head`; a caller that
-  runs the head a chunk of positions at a time, as GRPO's log-probs do, calls this)."""
+  """Final-normed hidden [B, T, D] x head [D, V] -> float32 logits [B, T, V] (`Llama.head`, or a chunk of positions)."""
   return constrain(jnp.einsum("btd,dv->btv", h_BxTxD, w_DxV, preferred_element_type=jnp.float32),
                    ("batch", "seq", "vocab"))
 
