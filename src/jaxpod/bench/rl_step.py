@@ -26,9 +26,8 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
-from jaxpod.bench.common import print_table, run_logged
+from jaxpod.bench.common import print_table, run_logged, time_calls
 
 TOP_OPS = 12  # ops listed by the profile
 
@@ -55,14 +54,7 @@ def _batch(shapes: StepShapes, vocab: int):
 
 def _timed(fn, calls: int, warm: bool = True) -> float:
   """Median seconds of `calls` calls of fn() (after two untimed ones with `warm`)."""
-  if warm:
-    fn(), fn()
-  out = []
-  for _ in range(calls):
-    t = time.perf_counter()
-    fn()
-    out.append(time.perf_counter() - t)
-  return statistics.median(out)
+  return statistics.median(time_calls(lambda _: fn(), calls, warmup=2 if warm else 0))
 
 
 def jaxpod_programs(policy: str, shapes: StepShapes) -> tuple[dict, tuple]:
