@@ -11,6 +11,7 @@ SCENARIOS is a comma list, run in order in the same processes (one launch serves
   family `jaxpod.sample.run` of FAMILY_CKPT (a sliding-window family), greedy, global mode, to OUT_DIR/family.jsonl
 """
 import dataclasses
+import functools
 import json
 import sys
 
@@ -39,26 +40,37 @@ def fail(case, cfg):
     print(f"FAIL {case} {json.dumps({'type': type(e).__name__, 'message': str(e)})}", flush=True)
 
 
-def train_tiny_lm(hooks, steps=6, b=8, t=32):
-  """Adam on byte windows of a text; hooks called as the trainer calls them. Returns float32 losses."""
+@functools.cache
+def _tiny_lm_trainer():
+  """(config, mesh, graphdef, shardings, optimizer, jitted step): built once, so the three trainings of `hook` run
+  the same compiled step, as one trainer does between its hooks (each would otherwise compile it twice)."""
   import optax
   from flax import nnx
-  from jaxpod.models.llama import abstract, init, tiny
+  from jaxpod.models.llama import abstract, tiny
   from jaxpod.models.llama.loss import loss_and_grad
   from jaxpod.runtime import state_shardings
-  from jaxpod.train.hooks import StepInfo, run_hooks
-  text = ("the quick brown fox jumps over the lazy dog. " * 40).encode()
   cfg = tiny(bos_token_id=256, eos_token_id=(257,), pad_token_id=258)
   mesh = make_mesh(data=2, model=-1)
   graphdef, abs_params = nnx.split(abstract(cfg))
-  params = nnx.split(init(cfg, seed=0, shardings=state_shardings(abs_params, mesh)))[1]
-  tx = optax.adam(3e-3)
-  opt_state, grad_fn = tx.init(params), loss_and_grad(graphdef)
+  tx, grad_fn = optax.adam(3e-3), loss_and_grad(graphdef)
 
   def step(params, opt_state, tokens):
     (loss, _), grads = grad_fn(params, tokens)
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
+
+  return cfg, mesh, graphdef, state_shardings(abs_params, mesh), tx, jax.jit(step, donate_argnums=(0, 1))
+
+
+def train_tiny_lm(hooks, steps=6, b=8, t=32):
+  """Adam on byte windows of a text; hooks called as the trainer calls them. Returns float32 losses."""
+  from flax import nnx
+  from jaxpod.models.llama import init
+  from jaxpod.train.hooks import StepInfo, run_hooks
+  text = ("the quick brown fox jumps over the lazy dog. " * 40).encode()
+  cfg, mesh, graphdef, shardings, tx, step_fn = _tiny_lm_trainer()
+  params = nnx.split(init(cfg, seed=0, shardings=shardings))[1]
+  opt_state = tx.init(params)
 
   class State:  # what the hook reads: state.params
     def __init__(self, params):
@@ -66,13 +78,12 @@ def train_tiny_lm(hooks, steps=6, b=8, t=32):
 
   losses = []
   with jax.set_mesh(mesh):
-    step_fn = jax.jit(step, donate_argnums=(0, 1))
     for i in range(1, steps + 1):
       starts = np.random.default_rng(i).integers(0, len(text) - t, b)
       rows = np.stack([np.frombuffer(text[s:s + t], np.uint8) for s in starts]).astype(np.int32)
       sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
       params, opt_state, loss = step_fn(params, opt_state, jax.make_array_from_callback(rows.shape, sh,
-                                                                                       lambda idx: rows[idx]))
+                                                                                        lambda idx: rows[idx]))
       losses.append(loss)
       run_hooks(hooks, StepInfo(step=i, state=State(params), final=i == steps, run_dir=out_dir, mesh=mesh))
   return graphdef, np.asarray([np.asarray(x) for x in losses], np.float32)
