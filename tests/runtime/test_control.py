@@ -10,10 +10,24 @@ WORKER = Path(__file__).parent / "workers" / "control_worker.py"
 pytestmark = pytest.mark.multihost
 
 
+@pytest.fixture(scope="module")
+def roundtrip(tmp_path_factory):
+  """roundtrip(hosts) -> the module's one launch of the `roundtrip` worker on that many hosts (several tests read it)."""
+  from tests.conftest import launch_hosts_once
+  made = {}
+
+  def get(hosts: int):
+    if hosts not in made:
+      made[hosts] = launch_hosts_once(WORKER, tmp_path_factory.mktemp(f"roundtrip_{hosts}"), hosts=hosts,
+                                      devices_per_host=1, args=["roundtrip"])
+    return made[hosts]
+  return get
+
+
 @pytest.mark.parametrize("hosts", [2, 4])
-def test_barrier_broadcast_allgather_round_trip(launch_hosts, hosts):
+def test_barrier_broadcast_allgather_round_trip(roundtrip, hosts):
   """Invariant 2: barriers, broadcasts and allgathers of Python values go through the KV store."""
-  r = launch_hosts(WORKER, hosts=hosts, devices_per_host=1, args=["roundtrip"])
+  r = roundtrip(hosts)
   assert r.returncode == 0, r.transcript
   for h in range(hosts):
     assert json.loads(host_lines(r, h, "BCAST")[0]) == {"seed": 1234, "arr": [[0, 1, 2], [3, 4, 5]]}
@@ -24,9 +38,9 @@ def test_barrier_broadcast_allgather_round_trip(launch_hosts, hosts):
     assert len(hello) == 1 and hello[0].startswith(f"[host {h}/{hosts}] I ") and hello[0].count("[host") == 1
 
 
-def test_keys_are_cleaned_up(launch_hosts):
-  """Thirty rounds of each call under one name leave a bounded number of keys behind."""
-  r = launch_hosts(WORKER, hosts=2, devices_per_host=1, args=["roundtrip"])
+def test_keys_are_cleaned_up(roundtrip):
+  """Thirty rounds of each call under one name leave a bounded number of keys behind (the round-trip launch's)."""
+  r = roundtrip(2)
   assert r.returncode == 0, r.transcript
   keys = json.loads(host_lines(r, 0, "KEYS")[0])
   assert keys <= 12, f"{keys} keys left under jaxpod/ after 90 calls: generations are not deleted"
