@@ -238,7 +238,7 @@ class Episodes:
   max_turns: int  # policy turns per episode at most
   max_context: int  # tokens a turn may continue from (the engine's max_prompt_len)
   keep_kv: bool = True  # the engine keeps each episode's KV between turns (False: every turn re-prefills it all)
-  tool_workers: int = 8  # threads that run a turn's environment steps (a slow tool waits beside the others)
+  tool_workers: int = 8  # threads that run environment steps (while the engine decodes the other episodes)
 
   def groups(self, generate, tokenizer, problems: Sequence[Problem], n: int, seed: int) -> list[Group]:
     """Every problem's n episodes as a Group, in order (`run_episodes`, then `episode_group`)."""
