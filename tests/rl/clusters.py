@@ -19,6 +19,14 @@ TINY = ["--task.type", "addition", "--task.digits", "1", "--task.eval_size", "32
         "--rollout.eval_slots", "32", "--grpo.num_prompts_per_step", "8", "--grpo.num_generations", "8",
         "--grpo.lr", "3e-4", "--grpo.sample_prompts_per_step", "0", "--grpo.filter_groups", "false",
         "--rollout.temperature", "1.0", "--rollout.groups_per_file", "4", "--trainer.progress", "false"]
+# The calculator's episodes (`--task.type calculator`, two-digit factors) on the same tiny policy: the shapes of
+# `calculator_run` (its warm-up export is `calculator_policy`) and of the 2-host colocated test's episodes.
+CALCULATOR = ["--task.type", "calculator", "--task.digits", "2", "--task.eval_size", "32",
+              "--task.teacher_skip_tool", "0.6", "--model.hidden_size", "64", "--model.intermediate_size", "128",
+              "--model.num_hidden_layers", "2", "--rollout.max_prompt_len", "36", "--rollout.max_new_tokens", "12",
+              "--rollout.batch_size", "64", "--rollout.eval_slots", "32", "--grpo.num_prompts_per_step", "8",
+              "--grpo.num_generations", "8", "--grpo.sample_prompts_per_step", "0", "--grpo.filter_groups", "false",
+              "--grpo.lr", "2e-3", "--trainer.progress", "false"]
 
 class Cluster:
   """A `jaxpod launch`-style cluster running `jaxpod rl ARGS` in a thread; its echoed lines are readable live."""

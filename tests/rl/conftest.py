@@ -1,12 +1,13 @@
-"""RL test fixtures: one tiny colocated `jaxpod rl` run per session, through `run()` (warm-up, GRPO, export).
+"""RL test fixtures: one tiny colocated `jaxpod rl` run per session, through `run()` (warm-up, GRPO, export), and
+one of the calculator's episodes, through the CLI.
 
-Its warm-up export is the starting policy of the multi-host tests (`warm_policy`), so the session pays for
-one warm-up."""
+Their warm-up exports are the starting policies of the multi-host tests (`warm_policy`, `calculator_policy`), so
+the session pays for each warm-up once."""
 from __future__ import annotations
 
 import pytest
 
-from tests.rl.clusters import TINY
+from tests.rl.clusters import CALCULATOR, TINY
 
 
 @pytest.fixture(scope="session")
@@ -28,3 +29,22 @@ def colocated_run(tmp_path_factory):
 def warm_policy(colocated_run) -> str:
   """The HF checkpoint the session's colocated run exported after its warm-up (a local folder)."""
   return f"{colocated_run[2]}/warmup/hf"
+
+
+@pytest.fixture(scope="session")
+def calculator_run(tmp_path_factory) -> str:
+  """The run folder of a finished `jaxpod rl --task.type calculator` (colocated, 500 warm-up steps of a teacher that
+  skips the tool 60% of the time, then 10 GRPO steps on whole episodes, pass@2 held out)."""
+  from jaxpod.cli.main import main
+  runs = tmp_path_factory.mktemp("rl_calculator")
+  assert main(["rl", *CALCULATOR, "--warmup.steps", "500", "--warmup.batch_size", "32", "--warmup.lr", "3e-3",
+               "--trainer.steps", "10", "--trainer.eval_every", "10", "--eval.k", "2",
+               "--trainer.runs_dir", str(runs)]) == 0
+  [folder] = [p.parent for p in runs.glob("*/summary.json")]
+  return str(folder)
+
+
+@pytest.fixture(scope="session")
+def calculator_policy(calculator_run) -> str:
+  """The HF checkpoint the calculator run exported after its warm-up (a local folder): it calls the tool."""
+  return f"{calculator_run}/warmup/hf"

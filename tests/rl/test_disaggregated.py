@@ -16,7 +16,7 @@ import pytest
 from jaxpod.rl.disaggregated.queue import Queue, parse_name
 from jaxpod.runtime import storage
 
-from tests.rl.clusters import TINY, Cluster
+from tests.rl.clusters import CALCULATOR, TINY, Cluster
 
 
 def _args(runs: str, warm: str, *extra: str) -> list[str]:
@@ -46,15 +46,22 @@ def _metrics(folder: str) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.multihost
-def test_colocated_on_two_hosts_over_the_bucket(bucket, warm_policy, tmp_path):
-  """Invariant 8: colocated RL on 2 isolated hosts (the engine on the trainer's devices, sharded over both
-  hosts), sharing only gs://: it trains, and the leader writes the summary and the final HF checkpoint there."""
-  warm = _upload(warm_policy, f"{bucket}/warm")
+def test_colocated_calculator_episodes_on_two_hosts_over_the_bucket(bucket, calculator_policy, tmp_path):
+  """Invariants 8 and 1: colocated RL on 2 isolated hosts (the engine on the trainer's devices, sharded over both
+  hosts), sharing only gs://, on the calculator's multi-turn episodes: each host steps its own environments and
+  the hosts admit each observation in the same round (the leader's broadcast), so their schedules agree (checked
+  after every batch of episodes); it trains on episodes that called the tool, ends 0 on both hosts, and the
+  leader writes the summary and the final HF checkpoint there."""
+  warm = _upload(calculator_policy, f"{bucket}/warm")
   runs = f"{bucket}/runs"
-  cluster = Cluster("colocated", [*TINY, "--trainer.runs_dir", runs, "--model.hf", warm, "--trainer.steps", "3",
-                                  "--trainer.eval_every", "3"], tmp_path, hosts=2)
-  assert cluster.join().returncode == 0, cluster.text()[-3000:]
+  cluster = Cluster("colocated", [*CALCULATOR, "--trainer.runs_dir", runs, "--model.hf", warm, "--warmup.steps", "0",
+                                  "--task.eval_size", "8", "--rollout.eval_slots", "8", "--eval.k", "0",
+                                  "--trainer.steps", "3", "--trainer.eval_every", "3"], tmp_path, hosts=2)
+  result = cluster.join()
+  assert result.returncode == 0 and result.exit_codes == [0, 0], cluster.text()[-3000:]
   folder = _run_folder(runs)
+  sampled = [r for r in _metrics(folder) if "rl/observed" in r]
+  assert len(sampled) == 3 and all(r["rl/observed"] > 0 for r in sampled), sampled  # observations trained on
   assert len([r for r in _metrics(folder) if "reward" in r]) == 3
   summary = json.loads(storage.read_text(f"{folder}/summary.json"))
   assert 0.0 <= summary["accuracy.start"] <= 1.0 and 0.0 <= summary["accuracy.end"] <= 1.0

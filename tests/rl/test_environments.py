@@ -169,6 +169,80 @@ def test_episodes_with_the_kv_kept_across_turns_are_those_that_re_prefill_every_
   assert prefilled[True] < prefilled[False]
 
 
+class _Calling(Calculator):
+  """The calculator, reading a turn as a tool call (`= error` back) unless its first byte is a multiple of 3 (the
+  final answer): a random policy's episodes end at different turns; the tool takes 0-2 ms, so steps finish out of
+  order."""
+
+  def step(self, completion):
+    import time
+    time.sleep(0.001 * (len(completion) % 3))
+    if completion and ord(completion[0]) % 3 == 0:
+      return super().step(completion)
+    return super().step("calc: " + completion)
+
+
+@pytest.mark.parametrize("layout", ["slots", "paged"])
+def test_episodes_driven_round_by_round_are_those_of_the_turn_by_turn_loop(layout):
+  """Tools off the decode loop change no token: the Sampler driven round by round (each observation submitted as
+  it arrives, the others decoding meanwhile) gives the episodes a call per turn gives (tokens, who made them,
+  versions, turns, rewards, how they ended; log-probs to fp32 rounding), seeds being per (problem, sample, turn).
+  6 calculator episodes in 2 slots (or 11 pages), ending by the tool, the turn limit or the context limit."""
+  from flax import nnx
+  from jaxpod.models.llama import Llama
+  from tests.sample.sample_fixtures import small_sampler, tiny_sample_cfg
+  model = Llama(tiny_sample_cfg(), rngs=nnx.Rngs(params=0))
+  sampler = small_sampler(model, SamplingParams(temperature=1.0), kv_layout=layout, max_prompt_len=32,
+                          max_new_tokens=3)
+  problems = [Problem(f"{i}*3=", str(3 * i), 0, i) for i in range(3)]
+
+  def run(generate):
+    return [e for g in run_episodes(generate, TOK, _Calling, problems, n=2, max_turns=4, seed=0, max_context=32,
+                                    keep_kv=True, tool_workers=4) for e in g]
+
+  rounds = run(sampler.generate)
+  assert sampler.idle and sampler.kept == 0  # every episode ended: no KV is kept after the batch
+  turns = run(lambda ids, seeds, **kw: sampler.generate(ids, seeds, **kw))  # any other callable: a call per turn
+  for a, b in zip(rounds, turns):
+    assert (a.tokens, a.from_policy, a.versions, a.turns, a.reward, a.done) == \
+        (b.tokens, b.from_policy, b.versions, b.turns, b.reward, b.done)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+  assert len({e.turns for e in rounds}) > 1 and any(e.done for e in rounds) and not all(e.done for e in rounds)
+
+
+def test_a_slow_tool_does_not_stall_the_other_episodes():
+  """Environment steps run off the decode loop: episode 0's first tool call returns only after the 3 other
+  episodes have finished all 3 of their turns (an event; a turn-by-turn loop would wait for it forever, so it gives
+  up after 60 s and the test fails); then episode 0 goes on, and every episode has its 3 turns."""
+  import itertools
+  import threading
+  from flax import nnx
+  from jaxpod.models.llama import Llama
+  from tests.sample.sample_fixtures import small_sampler, tiny_sample_cfg
+  model = Llama(tiny_sample_cfg(), rngs=nnx.Rngs(params=0))
+  sampler = small_sampler(model, SamplingParams(temperature=1.0), max_prompt_len=16, max_new_tokens=3)
+  made, lock, log, others_done = itertools.count(), threading.Lock(), [], threading.Event()
+
+  class Slow(_Counter):
+    def __init__(self):
+      self.episode, self.turn = next(made), 0
+
+    def step(self, completion):
+      self.turn += 1
+      with lock:
+        log.append((self.episode, self.turn))
+        if sum(1 for e, t in log if e != 0 and t == 3) == 3:
+          others_done.set()
+      if (self.episode, self.turn) == (0, 1) and not others_done.wait(timeout=60):
+        raise AssertionError("episode 0's tool was never released: the other episodes waited for it")
+      return super().step(completion)
+
+  groups = run_episodes(sampler.generate, TOK, Slow, [Problem("a", ""), Problem("hi", "")], n=2, max_turns=3,
+                        seed=0, max_context=16, keep_kv=True, tool_workers=4)
+  assert [e.turns for g in groups for e in g] == [3, 3, 3, 3]
+  assert log.index((0, 2)) > max(log.index((e, 3)) for e in (1, 2, 3))
+
+
 def test_an_episode_ends_on_the_policys_turn_when_the_next_context_would_not_fit():
   """The context a turn continues from stays within the engine's prompt limit; the episode's last token is the
   policy's (no observation dangles after it), and an episode cut that way is not `done`."""
@@ -256,17 +330,8 @@ def test_a_multi_turn_config_that_cannot_run_fails_before_jax_naming_the_field(a
   assert "\n" not in str(e.value)
 
 
-CALCULATOR = ["--task.type", "calculator", "--task.digits", "2", "--task.eval_size", "32",
-              "--task.teacher_skip_tool", "0.6", "--model.hidden_size", "64", "--model.intermediate_size", "128",
-              "--model.num_hidden_layers", "2", "--rollout.max_prompt_len", "36", "--rollout.max_new_tokens", "12",
-              "--rollout.batch_size", "64", "--rollout.eval_slots", "32", "--grpo.num_prompts_per_step", "8",
-              "--grpo.num_generations", "8", "--grpo.sample_prompts_per_step", "0", "--grpo.filter_groups", "false",
-              "--grpo.lr", "2e-3", "--warmup.steps", "500", "--warmup.batch_size", "32", "--warmup.lr", "3e-3",
-              "--trainer.steps", "10", "--trainer.eval_every", "10", "--trainer.progress", "false"]
-
-
 @pytest.mark.slow
-def test_jaxpod_rl_on_the_calculator_raises_the_reward_of_its_episodes(tmp_path):
+def test_jaxpod_rl_on_the_calculator_raises_the_reward_of_its_episodes(calculator_run):
   """`jaxpod rl --task.type calculator`, colocated: the warm-up imitates a teacher that skips the tool 60% of the
   time; GRPO on whole episodes (loss on the policy's tokens only) makes the policy call the calculator and copy
   its value, so the episode reward of the last steps is well above the first steps'. Held-out accuracy and
@@ -276,9 +341,8 @@ def test_jaxpod_rl_on_the_calculator_raises_the_reward_of_its_episodes(tmp_path)
   the mean reward of steps 5-9 exceeds that of steps 0-4 by 0.10-0.29 (a step's reward is a mean over 64
   episodes, noise ~0.06; the comparison of 5-step means is held to 0.05)."""
   import json
-  from jaxpod.cli.main import main
-  assert main(["rl", *CALCULATOR, "--eval.k", "2", "--trainer.runs_dir", str(tmp_path)]) == 0
-  [summary] = [json.loads(p.read_text()) for p in tmp_path.glob("*/summary.json")]
+  from pathlib import Path
+  summary = json.loads((Path(calculator_run) / "summary.json").read_text())  # the session's run (conftest.py)
   rewards = [r for _, r in summary["reward_curve"]]
   assert len(rewards) == 10
   assert sum(rewards[5:]) / 5 > sum(rewards[:5]) / 5 + 0.05, rewards

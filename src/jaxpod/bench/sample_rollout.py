@@ -215,17 +215,12 @@ def episodes(model, mesh, opts, layout: str):
       SamplingParams(1.0), stops) for env, (_, plen) in EPISODE_ENVS.items()}
 
   def run(env: str, keep: bool) -> dict:
-    s, (turns, plen), count = samplers[env], EPISODE_ENVS[env], {"real": 0, "computed": 0}
-
-    def generate(ids, seeds, **kw):
-      out = s.generate(ids, seeds, **kw)
-      count["real"] += s.last.prefill_prompt_tokens
-      count["computed"] += s.last.prefill_tokens
-      return out
-    t = time.perf_counter()
-    got = [e for g in run_episodes(generate, tok, factories[env], problems[env], EPISODE_N, turns, seed=0,
+    s, (turns, plen) = samplers[env], EPISODE_ENVS[env]
+    t = time.perf_counter()  # the Sampler driven round by round: `s.last` is the whole batch's schedule
+    got = [e for g in run_episodes(s.generate, tok, factories[env], problems[env], EPISODE_N, turns, seed=0,
                                    max_context=plen, keep_kv=keep) for e in g]
     wall = time.perf_counter() - t
+    count = {"real": s.last.prefill_prompt_tokens, "computed": s.last.prefill_tokens}
     k = len(got)
     return {"wall_s": wall, "episodes": k, "turns": sum(e.turns for e in got) / k,
             "distinct_per_episode": sum(len(e.context()) for e in got) / k,

@@ -29,8 +29,8 @@ back. Containment, in layers (`containment()` says which are active on this mach
 Determinism: the observation is a function of the program text for programs that finish within the limits
 and do not read the clock, the process id, os.urandom, the scratch path or the environment's marker
 (hash seed 0, `random` seeded 0). Every host runs the tool itself (`rl.rollout.episodes` steps each host's
-environments in the same order, and this layer has no control plane); a program near a time limit may end
-differently on two hosts.
+own copy of every episode's environment, and this layer has no control plane); a program near a time limit may
+end differently on two hosts.
 """
 from __future__ import annotations
 

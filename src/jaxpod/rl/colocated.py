@@ -162,4 +162,6 @@ class ColocatedRollouts(Hook):
     return {"rl/rollout_s": dt, "rl/rollout_tok_s": tokens / max(dt, 1e-9), "rl/rollout_tokens": tokens,
             "rl/interval_s": interval, "rl/sampled_version": version, "rl/sampled_reward": sum(rewards) / len(rewards),
             "rl/mixed_groups": sum(grp.mixed for grp in sampled) / len(sampled),
+            # the trained episodes that got an observation (a tool answered): what multi-turn training is about
+            "rl/observed": sum(not all(f) for grp in chosen for f in grp.from_policy) / sum(g.n for g in chosen),
             **{f"rl/dropped_{why}": float(fill.dropped(why)) for why in grpo.DROP_REASONS}}

@@ -212,19 +212,32 @@ class Sampler:
     if self.mode == "replicated" and jax.process_count() > 1:
       return self._generate_replicated(ids, seeds, n, on_chunk, keep)
     out = self._run(ids, seeds, n, on_chunk, keep)
-    if jax.process_count() > 1:  # invariant 1: every host must have taken the same schedule
-      seen = runtime.allgather(self.scheduler.digest(), "sample.schedule")
-      bad = [h for h, d in enumerate(seen) if d != seen[0]]
-      if bad:
-        raise RuntimeError(f"sample: host(s) {bad} took a different schedule than host 0 "
-                           f"(rounds/occupancy/preemptions differ); their inputs or tokens differ")
+    self.check_schedule()
     return out
+
+  def begin(self) -> None:
+    """Start a fresh schedule on an idle sampler (statistics restart, kept KV carried over), for a caller that
+    drives `submit` / `step` itself and checks it with `check_schedule` at the end."""
+    if not self.idle:
+      raise RuntimeError(f"Sampler.begin needs an idle sampler; {self.pending} submitted samples are not "
+                         "finished: call step() until idle first")
+    old, self.scheduler = self.scheduler, self._scheduler_cls(self.ec, self.stop_ids, self.runner)
+    self.scheduler.adopt(old)
+
+  def check_schedule(self) -> None:
+    """Invariant 1: every host took the same schedule since `begin` (one allgather of its digest; one host: none)."""
+    if jax.process_count() == 1 or self.mode != "global":
+      return
+    seen = runtime.allgather(self.scheduler.digest(), "sample.schedule")
+    bad = [h for h, d in enumerate(seen) if d != seen[0]]
+    if bad:
+      raise RuntimeError(f"sample: host(s) {bad} took a different schedule than host 0 "
+                         f"(rounds/occupancy/preemptions differ); their inputs or tokens differ")
 
   def _run(self, ids, seeds, n, on_chunk, keep=False) -> list[Completion]:
     """A fresh schedule (statistics start again; kept KV carried over) of these requests to completion,
     request-major; kept KV they do not continue is dropped."""
-    old, self.scheduler = self.scheduler, self._scheduler_cls(self.ec, self.stop_ids, self.runner)
-    self.scheduler.adopt(old)
+    self.begin()
     first = self.submit(ids, seeds, n, keep)[0] if ids else 0
     self.scheduler.drop_kept()
     got: dict[tuple[int, int], Completion] = {}

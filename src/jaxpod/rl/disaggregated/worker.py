@@ -11,7 +11,7 @@
 
 A multi-turn problem set (the calculator) runs its environments here, with the colocated topology's
 episode loop (`Roller.run`, `rollout.episodes`): a round is the whole episodes of the problems
-admitted (one engine call per turn), so a newer version is swapped in between rounds; each token
+admitted (their turns interleaved on the engine), so a newer version is swapped in between rounds; each token
 keeps its version and whether the policy sampled it, and the trainer's admission rule and loss mask
 read them from the file as in the colocated topology.
 

@@ -1,19 +1,30 @@
 """Samples of a problem as episodes: the loop that runs them through the engine, and the one-turn case.
 
-A multi-turn problem set (one whose `environment()` is a class) samples `Episodes`: one engine call per
-turn over every open episode, each turn's seed a pure function of (run seed, problem, sample, turn)
-(the first turn: one request per problem whose n samples share the prompt's prefill, sample j folded in);
-the episode's tokens after the prompt are the policy's turns and the environment's observations
-(`jaxpod.problems.environments.Episode`), and `episode_group` makes a problem's n episodes one `Group`
-with `from_policy` flags, so admission (`grpo.take`) and the trainer's rows (`groups.to_batch`) are the
-single-turn ones: the loss mask covers the policy's tokens only. An episode ends when the environment
-says done, after `max_turns` turns, or when its next context would not fit the engine's `max_prompt_len`
-(its last token is always the policy's). With `keep_kv` (the default) the engine keeps each episode's KV
-between turns (`Sampler.generate(..., keep=True)`): a turn prefills only the last sampled token and the
-observation, on the same tokens as re-prefilling the whole context (what `keep_kv=False` does). The
-environments' steps of a turn run in a thread pool (`tool_workers`): a tool that waits (a sandboxed program,
-a request) waits beside the others instead of after them; each episode's observation depends on its own
-environment only, so the order they finish in changes nothing (every host still gets the same observations).
+A multi-turn problem set (one whose `environment()` is a class) samples `Episodes`. Each turn's seed is a pure
+function of (run seed, problem, sample, turn) (the first turn: one request per problem whose n samples share
+the prompt's prefill, sample j folded in); the episode's tokens after the prompt are the policy's turns and the
+environment's observations (`jaxpod.problems.environments.Episode`), and `episode_group` makes a problem's n
+episodes one `Group` with `from_policy` flags, so admission (`grpo.take`) and the trainer's rows
+(`groups.to_batch`) are the single-turn ones: the loss mask covers the policy's tokens only. An episode ends when
+the environment says done, after `max_turns` turns, or when its next context would not fit the engine's
+`max_prompt_len` (its last token is always the policy's). With `keep_kv` (the default) the engine keeps each
+episode's KV between turns (`keep`): a turn prefills only the last sampled token and the observation, on the
+same tokens as re-prefilling the whole context (what `keep_kv=False` does).
+
+Tools that take time do not stall the others. The loop drives the Sampler round by round (`submit` / `step`):
+a turn that finishes goes to its environment's `step` on a thread pool (`tool_workers`), and the engine goes on
+decoding every other episode; an observation that arrives is submitted as that episode's next turn (continuing
+its kept KV) between two rounds, while the rest decode. Only when the engine is idle does the loop wait, for
+the first pending step. Seeds fix the tokens, so the episodes are those of a turn-by-turn loop, token for token,
+whatever order the tools finish in (a plain `generate` callable is still run that way: one call per turn).
+
+Every host gets identical observations: every host runs the same episodes (global mode) and steps its own
+copy of each environment, which is deterministic (`environments`), so host h's observation of episode i is
+host 0's. What could differ is when it arrives, and the engine's schedule must not: in a round where steps are
+pending the leader broadcasts the episodes whose observations it has (`runtime.broadcast_call`, one per such
+round; none when no step is pending), and every host submits exactly those, in episode order, waiting for any
+it does not have yet. So every host submits the same requests between the same rounds, and the schedule digest
+is compared once at the end (`Sampler.check_schedule`, invariant 1).
 
 A single-turn set samples `OneTurn`: one engine request per problem for its n samples, scored by the
 reward plugins. Both have `groups(generate, tokenizer, problems, n, seed)`; `samples_for` picks the one a
@@ -21,8 +32,14 @@ problem set needs, so the roller and the evaluator never ask which.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import itertools
+import types
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Callable, Sequence
+
+from jaxpod import runtime
 
 from jaxpod.problems.base import Problem
 from jaxpod.problems.environments import Environment, Episode, answer_ids
@@ -45,14 +62,15 @@ def turn_seed(seed: int, problem: Problem, sample: int, turn: int) -> int:
 def run_episodes(generate, tokenizer, factory: Callable[[], Environment], problems: Sequence[Problem], n: int,
                  max_turns: int, seed: int, max_context: int | None = None,
                  keep_kv: bool = False, tool_workers: int = 1) -> list[list[Episode]]:
-  """n episodes per problem, turn by turn: `generate(contexts, seeds, n=1, keep=keep_kv) -> completions` samples
-  one turn of every open episode (each completion has .sampled, .logprobs, .versions and .tokens without the stop
-  token); the first turn is one request per problem with n samples (they share the prompt's prefill).
+  """n episodes per problem. `generate(contexts, seeds, n=1, keep=keep_kv) -> completions` is the engine (each
+  completion has .sampled, .logprobs, .versions and .tokens without the stop token): a `Sampler.generate` (global
+  mode, or one host) is driven round by round (`submit` / `step`), any other callable is called once per turn over
+  every open episode. The first turn is one request per problem with n samples (they share the prompt's prefill).
 
   The context of the next turn is the whole episode so far (prompt, turns, observations); with
   keep_kv the engine continues it from the previous turn's kept KV, else it recomputes it. An episode ends when
   the environment says done, after `max_turns` turns, or when its next context would exceed
-  `max_context` tokens (the engine's prompt limit); only the first counts as `done`. A turn's environment steps run
+  `max_context` tokens (the engine's prompt limit); only the first counts as `done`. Environment steps run
   on up to `tool_workers` threads."""
   episodes, envs = [], []
   for p in problems:
@@ -65,38 +83,122 @@ def run_episodes(generate, tokenizer, factory: Callable[[], Environment], proble
     if any(e.prompt_ids != prompts[g] for e in episodes[g * n:(g + 1) * n]):
       raise ValueError(f"environment {type(envs[g * n]).__name__}: reset() gave the {n} episodes of problem "
                        f"{p.index} different first messages; it must depend on the problem only")
-  open_ = list(range(len(episodes)))
-  for turn in range(max_turns):
-    if not open_:
-      break
-    if turn == 0:  # the prompt prefilled once per problem for its n episodes
-      outs = generate(prompts, [turn_seed(seed, p, 0, 0) for p in problems], n=n, keep=keep_kv)
-    else:
-      seeds = [turn_seed(seed, episodes[i].problem, i % n, turn) for i in open_]
-      outs = generate([episodes[i].context() for i in open_], seeds, keep=keep_kv)
-    steps = _step_all([envs[i] for i in open_], [tokenizer.decode(c.tokens) for c in outs], tool_workers)
-    still = []
-    for i, c, (observation, reward, done) in zip(open_, outs, steps):
-      e = episodes[i]
-      e.add_turn(c.sampled, c.logprobs, c.versions)
-      e.reward += reward
-      e.done = done
-      ids = answer_ids(tokenizer, observation)
-      if done or turn + 1 == max_turns or (max_context is not None and len(e.context()) + len(ids) > max_context):
-        continue  # ended: the last token of an episode is always the policy's
-      e.add_observation(ids)
-      still.append(i)
-    open_ = still
+  sampler = _sampler(generate)
+  engine = sampler or _Turns(generate)
+  if sampler is not None:
+    sampler.begin()
+  first = engine.submit(prompts, [turn_seed(seed, p, 0, 0) for p in problems], n=n, keep=keep_kv and max_turns > 1)
+  owner = {h: g * n for g, h in enumerate(first)}  # request -> its first episode (episode = owner + sample)
+  tools: dict[int, Future] = {}  # episode -> its environment's step of the turn just sampled
+  with _pool(tool_workers) as pool:
+    while tools or not engine.idle:
+      for i in (_admitted(engine, tools) if tools else ()):  # sorted: every host submits in the same order
+        e = episodes[i]
+        if _observe(e, tokenizer, tools.pop(i).result(), max_turns, max_context):
+          [h] = engine.submit([e.context()], [turn_seed(seed, e.problem, i % n, e.turns)],
+                              keep=keep_kv and e.turns + 1 < max_turns)
+          owner[h] = i
+      for c in (engine.step() if not engine.idle else ()):
+        i = owner[c.request] + c.sample
+        episodes[i].add_turn(c.sampled, c.logprobs, c.versions)
+        tools[i] = pool.submit(envs[i].step, tokenizer.decode(c.tokens))
+  if sampler is not None:
+    sampler.drop_kept()  # every episode has ended: nothing continues
+    sampler.check_schedule()
   return [episodes[g * n:(g + 1) * n] for g in range(len(problems))]
 
 
-def _step_all(envs: Sequence[Environment], texts: Sequence[str], workers: int) -> list[tuple[str, float, bool]]:
-  """`env.step(text)` of every open episode, in order, on up to `workers` threads (one: inline)."""
-  if workers <= 1 or len(envs) <= 1:
-    return [env.step(text) for env, text in zip(envs, texts)]
-  from concurrent.futures import ThreadPoolExecutor
-  with ThreadPoolExecutor(min(workers, len(envs)), thread_name_prefix="jaxpod-tool") as pool:
-    return list(pool.map(lambda pair: pair[0].step(pair[1]), zip(envs, texts)))
+def _observe(e: Episode, tokenizer, step: tuple[str, float, bool], max_turns: int, max_context: int | None) -> bool:
+  """Record the environment's answer to the episode's last turn; whether the episode goes on (its observation
+  appended) or ended (the last token of an episode is always the policy's)."""
+  observation, reward, done = step
+  e.reward += reward
+  e.done = done
+  ids = answer_ids(tokenizer, observation)
+  if done or e.turns == max_turns or (max_context is not None and len(e.context()) + len(ids) > max_context):
+    return False
+  e.add_observation(ids)
+  return True
+
+
+def _admitted(engine, tools: dict[int, Future]) -> list[int]:
+  """The episodes whose observation joins the engine now, the same on every host: every pending one for a
+  turn-by-turn engine (after they all finish); else those the leader has (it waits for one if the engine is idle),
+  broadcast, each host waiting for any of them it does not have yet (`result()`)."""
+  if isinstance(engine, _Turns):
+    wait(tools.values())
+    return sorted(tools)
+  if engine.idle:
+    wait(tools.values(), return_when=FIRST_COMPLETED)
+  return runtime.broadcast_call(lambda: sorted(i for i, f in tools.items() if f.done()), "episodes.observations")
+
+
+def _sampler(generate):
+  """The Sampler behind `generate` when it can be driven round by round (a bound `Sampler.generate`, global mode or
+  one host: every host runs the same schedule), else None."""
+  import jax
+  from jaxpod.sample import Sampler
+  owner = getattr(generate, "__self__", None)
+  if isinstance(owner, Sampler) and getattr(generate, "__func__", None) is Sampler.generate \
+      and (owner.mode == "global" or jax.process_count() == 1):
+    return owner
+  return None
+
+
+class _Turns:
+  """A `generate` callable as a round-by-round engine: a step is one call over everything submitted since the last
+  (a call per (n, keep)), run to completion, so episodes advance a turn at a time."""
+
+  def __init__(self, generate):
+    self.generate, self.queue, self.requests = generate, [], 0
+
+  @property
+  def idle(self) -> bool:
+    return not self.queue
+
+  def submit(self, ids, seeds, n: int = 1, keep: bool = False) -> list[int]:
+    handles = list(range(self.requests, self.requests + len(ids)))
+    self.requests += len(ids)
+    self.queue.append((n, keep, handles, list(ids), list(seeds)))
+    return handles
+
+  def step(self) -> list:
+    calls, self.queue, done = self.queue, [], []
+    for (n, keep), same in itertools.groupby(calls, key=lambda call: call[:2]):
+      same = list(same)
+      handles = [h for call in same for h in call[2]]
+      outs = self.generate([x for call in same for x in call[3]], [s for call in same for s in call[4]], n=n,
+                           keep=keep)
+      done += [types.SimpleNamespace(request=h, sample=j, sampled=c.sampled, logprobs=c.logprobs,
+                                     versions=c.versions, tokens=c.tokens)
+               for k, h in enumerate(handles) for j, c in enumerate(outs[k * n:(k + 1) * n])]
+    return done
+
+
+@contextlib.contextmanager
+def _pool(workers: int):
+  """Where environment steps run: up to `workers` threads (one: inline, each step done when submitted). On the
+  way out no step is waited for (they have all finished, unless the loop raised)."""
+  pool = ThreadPoolExecutor(workers, thread_name_prefix="jaxpod-tool") if workers > 1 else _Inline()
+  try:
+    yield pool
+  finally:
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _Inline:
+  """An executor that runs each call at once, in the caller's thread."""
+
+  def submit(self, fn, *args) -> Future:
+    f = Future()
+    try:
+      f.set_result(fn(*args))
+    except Exception as e:  # raised again by result(), where the loop reads it
+      f.set_exception(e)
+    return f
+
+  def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+    pass
 
 
 def episode_group(episodes: Sequence[Episode]) -> Group:
@@ -136,7 +238,7 @@ class Episodes:
   max_turns: int  # policy turns per episode at most
   max_context: int  # tokens a turn may continue from (the engine's max_prompt_len)
   keep_kv: bool = True  # the engine keeps each episode's KV between turns (False: every turn re-prefills it all)
-  tool_workers: int = 8  # threads that run a turn's environment steps (a slow tool waits beside the others)
+  tool_workers: int = 8  # threads that run environment steps (while the engine decodes the other episodes)
 
   def groups(self, generate, tokenizer, problems: Sequence[Problem], n: int, seed: int) -> list[Group]:
     """Every problem's n episodes as a Group, in order (`run_episodes`, then `episode_group`)."""
