@@ -229,7 +229,7 @@ class PreferenceTask(preference_lora.LoraParts, LlamaTask):
     from jaxpod.data.pairs import PairLoader
     from jaxpod.io.rows import WithColumns
     if "sort_key" in prepared:
-      rows = self._sort_pairs(storage.join(self._cache(), f"pref-sort-{prepared['sort_key']}"))
+      rows = self._sort_pairs(self.sort_folder(prepared))
     else:
       rows = open_pairs(prepared["url"], prepared["sha256"])
       self.pair_counts = prepared["report"]
@@ -242,6 +242,10 @@ class PreferenceTask(preference_lora.LoraParts, LlamaTask):
       from jaxpod.runtime.log import get_logger
       get_logger("preference").info("%d training pairs, %d held out (%s)", self.loader.num_train, eval_pairs,
                                     self.pair_counts)
+
+  def sort_folder(self, prepared: dict) -> str:
+    """The built-in default's folder in the data cache: its warm-up run (`warmup/`, exported to `warmup/hf`), pairs."""
+    return storage.join(self._cache(), f"pref-sort-{prepared['sort_key']}")
 
   def _mesh(self):
     from jaxpod import runtime
