@@ -13,7 +13,8 @@
   the leader, tokenized once into shared storage (`jaxpod.data.preference_files`) as a row store
   (chunks with a sha256 each, `jaxpod.io.rows`); every host reads only its rows of each batch, by
   byte range, and checks them against their chunk's hash (invariant 10). Without `data.path`, the built-in default makes its
-  pairs itself (`preference_start.py`): a small Llama imitates a flawed digit-sorting teacher, then
+  pairs itself (`preference_start.py`): a small Llama imitates a flawed digit-sorting teacher (`jaxpod rl`'s
+  WarmupTask, a trainer run in the data cache: a preempted rerun resumes it), then
   its own wrong samples become the rejected answers and the verifier's answers the chosen ones.
 - Reference (DPO, IPO): `reference: in_step` (default) keeps the starting weights as a frozen copy
   in the state's `buffers` (sharded exactly like the policy, checkpointed with it, never seen by the
