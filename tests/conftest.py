@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import itertools
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+from jaxpod.runtime.hooks import Hook  # noqa: E402
 from jaxpod.runtime.launcher import LaunchConfig, LaunchResult, launch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -101,3 +103,15 @@ def compiles() -> list:
 def host_lines(result: LaunchResult, host: int, tag: str) -> list[str]:
   """Lines a host printed that start with `tag` (workers print `TAG value` lines for tests)."""
   return [l[len(tag):].strip() for l in result.output[host] if l.startswith(tag)]
+
+
+class SigTermAt(Hook):
+  """A trainer hook that sends this process SIGTERM at step `at`: a preemption notice, as a scheduler sends it (the
+  trainer saves at the next step boundary and exits 143)."""
+
+  def __init__(self, at: int):
+    self.every, self.at = 1, at
+
+  def __call__(self, info) -> None:
+    if info.step == self.at:
+      os.kill(os.getpid(), signal.SIGTERM)

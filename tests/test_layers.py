@@ -3,7 +3,8 @@
     cli                                  top: the command table, parse, call one workload
     bench                                benchmarks over the workloads
     tasks                                what `jaxpod train` runs (TRM Sudoku, causal LM, preference); the preference
-                                         default reuses RL's policy evaluator and engine set-up, so tasks sit above rl
+                                         default reuses RL's warm-up task, policy evaluator and engine set-up, so
+                                         tasks sit above rl
     rl                                   RL post-training (train + sample + transfer); never imports tasks
     train  sample  extract  transfer     the workloads: never import each other
     plan                                 `jaxpod plan` (beside the workloads; imports models and runtime)
@@ -104,7 +105,8 @@ def test_workloads_do_not_import_each_other():
 
 
 def test_rl_never_imports_tasks():
-  """tasks/ sit above rl/: the preference default reuses RL's held-out evaluator and engine set-up, never the reverse."""
+  """tasks/ sit above rl/: the preference default reuses RL's warm-up task, held-out evaluator and engine set-up, never
+  the reverse."""
   bad = {(m, t) for m, imported in GRAPH.items() for t in imported if _room(m) == "rl" and _room(t) == "tasks"}
   assert not bad, "\n".join(f"{m} imports {t}" for m, t in sorted(bad))
 

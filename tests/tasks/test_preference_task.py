@@ -10,6 +10,7 @@ import pytest
 
 from jaxpod.runtime import storage
 from jaxpod.runtime.hooks import Hook
+from tests.conftest import SigTermAt
 from tests.tasks.conftest import pref_args
 
 pytest.importorskip("datasets")
@@ -120,21 +121,48 @@ def test_trl_metric_names_are_logged(dpo_run):
     assert np.isfinite(record[name]), name
 
 
-def test_the_builtin_default_reports_held_out_exact_match_at_start_and_end(tmp_path):
-  """A shrunken default (a few warm-up steps, 64 prompts): warm-up, on-policy pairs, training, summary keys, plot."""
-  from jaxpod.cli.train import load_config
-  from jaxpod.train import train
-  args = ["--task.type", "preference", "--trainer.runs_dir", str(tmp_path / "runs"), "--trainer.steps", "3",
+def _default_args(runs) -> list[str]:
+  """A shrunken built-in default: a few warm-up steps, 64 prompts, a 1-layer model."""
+  return ["--task.type", "preference", "--trainer.runs_dir", str(runs), "--trainer.steps", "3",
           "--trainer.eval_every", "0", "--trainer.checkpoint_every", "0", "--trainer.progress", "false",
           "--tracker.tensorboard", "false", "--task.sort.warmup_steps", "3", "--task.sort.warmup_batch", "16",
           "--task.sort.prompts", "64", "--task.sort.eval_size", "32", "--task.data.global_batch_size", "16",
           "--task.data.eval_pairs", "16", "--task.optim.warmup_steps", "1", "--task.model.num_hidden_layers", "1",
           "--task.model.hidden_size", "32", "--task.model.intermediate_size", "64"]
-  summary = train(load_config(args))
+
+
+def test_the_builtin_default_reports_held_out_exact_match_at_start_and_end(tmp_path):
+  """The shrunken default: warm-up, on-policy pairs, training, summary keys, plot."""
+  from jaxpod.cli.train import load_config
+  from jaxpod.train import train
+  summary = train(load_config(_default_args(tmp_path / "runs")))
   saved = json.loads(storage.read_text(storage.join(summary.run_dir, "summary.json")))
   assert 0.0 <= saved["accuracy.start"] <= 1.0 and 0.0 <= saved["accuracy.end"] <= 1.0
   assert saved["pairs"]["extra_repeat"] == 64 and saved["pairs"]["on_policy"] + saved["pairs"]["teacher"] > 0
   assert storage.exists(storage.join(summary.run_dir, "metrics.png"))
+
+
+def test_the_defaults_warm_up_is_rls_warmup_task_and_a_preempted_one_resumes(tmp_path):
+  """The default warms up with `jaxpod rl`'s WarmupTask (the trainer, in the data cache, invariant 8): preempted
+  at step 1, it holds a checkpoint of step 2, and the preference run resumes it there rather than starting over."""
+  from jaxpod.cli.train import load_config
+  from jaxpod.rl.train_tasks import WarmupTaskConfig
+  from jaxpod.tasks.preference_start import warmup_config
+  from jaxpod.train import train
+  from jaxpod.train.task import make_task
+  cfg = load_config(_default_args(tmp_path / "runs"))
+  task = make_task(cfg)
+  folder = task.sort_folder(task.prepare())
+  warm = warmup_config(cfg, folder)
+  assert isinstance(warm.task, WarmupTaskConfig) and warm.task.problems.problem_set.teacher_dedup == 0.7
+  assert warm.task.warmup.steps == 3 and warm.task.warmup.grad_clip == 0.0
+  with pytest.raises(SystemExit) as exit_info:
+    train(warm, extra_hooks=[SigTermAt(1)])
+  assert exit_info.value.code == 143
+  train(cfg)
+  saved = json.loads(storage.read_text(storage.join(folder, "warmup", "summary.json")))
+  assert saved["resumed"] and saved["start_step"] == 2 and saved["final_step"] == 3
+  assert storage.exists(storage.join(folder, "warmup", "hf", "config.json"))
 
 
 def test_a_local_checkpoint_with_several_hosts_is_refused_before_jax_starts(bucket, tiny_ckpt, pair_file):

@@ -1,7 +1,5 @@
 """The trainer in one process (8 CPU devices): it learns, resumes exactly, and hooks do not perturb it."""
 import json
-import os
-import signal
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +7,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from jaxpod.train import Hook, train
+from tests.conftest import SigTermAt
 from tests.train.conftest import tiny_config
 
 
@@ -95,22 +94,13 @@ def test_resume_never_refuses_a_run_with_checkpoints(tmp_path, data_dir):
     train(tiny_config(tmp_path, data_dir, steps=2, trainer__run_name="r", trainer__resume="never"))
 
 
-class _SigTerm(Hook):
-  def __init__(self, at):
-    self.every, self.at = 1, at
-
-  def __call__(self, info):
-    if info.step == self.at:
-      os.kill(os.getpid(), signal.SIGTERM)  # a preemption notice, as a scheduler sends it
-
-
 def test_sigterm_saves_at_the_next_step_boundary_and_a_rerun_resumes_exactly(tmp_path, data_dir):
   """Preemption: SIGTERM during step 2's hooks -> checkpoint at the next step boundary (3), exit code 143;
   the rerun loses no step and ends with the parameters of an uninterrupted run."""
   straight = train(tiny_config(tmp_path, data_dir, steps=5, trainer__run_name="straight"))
   cfg = tiny_config(tmp_path, data_dir, steps=5, trainer__run_name="preempted")
   with pytest.raises(SystemExit) as exit_info:
-    train(cfg, extra_hooks=[_SigTerm(2)])
+    train(cfg, extra_hooks=[SigTermAt(2)])
   assert exit_info.value.code == 143
   with ocp.CheckpointManager(Path(tmp_path, "preempted", "checkpoints")) as mgr:
     assert mgr.all_steps() == [3]

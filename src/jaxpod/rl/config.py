@@ -60,11 +60,12 @@ class WarmupConfig:
   steps: int = 150  # optimizer steps (0: no warm-up; ignored when model.hf is set)
   batch_size: int = 128  # problems per step over all hosts
   lr: float = 1e-3  # peak learning rate (AdamW, linear warm-up over the first 10% of steps, then constant)
+  grad_clip: float = 1.0  # global-norm clip (0: none; the preference default's warm-up clips nothing)
 
   def __post_init__(self):
-    if self.steps < 0 or self.batch_size < 1 or self.lr <= 0:
+    if self.steps < 0 or self.batch_size < 1 or self.lr <= 0 or self.grad_clip < 0:
       raise ValueError(f"rl.warmup: steps={self.steps} must be >= 0, batch_size={self.batch_size} >= 1, "
-                       f"lr={self.lr} > 0")
+                       f"lr={self.lr} > 0, grad_clip={self.grad_clip} >= 0")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -155,15 +155,9 @@ def _trainer_cfg(cfg: RLConfig, folder: str, name: str, **changes):
 
 def warmup_config(cfg: RLConfig, folder: str):
   """The TrainConfig of the supervised warm-up (`<run>/warmup`, exported to `<run>/warmup/hf`)."""
-  from jaxpod.rl.train_tasks import WarmupTaskConfig
-  from jaxpod.train.config import DataConfig
-  w = cfg.warmup
-  trainer, common, TrainConfig = _trainer_cfg(cfg, folder, "warmup", steps=w.steps, eval_every=0, eval_at_start=False,
-                                              checkpoint_every=0)
-  data = DataConfig(global_batch_size=w.batch_size, eval_batch_size=w.batch_size, seed=cfg.trainer.seed)
-  task = WarmupTaskConfig(data=data, policy=policy_spec(cfg, None), problems=verified_problems(cfg), warmup=w,
-                          rollout=cfg.rollout, export_to=storage.join(folder, "warmup", "hf"))
-  return TrainConfig(task=task, trainer=trainer, **common)
+  from jaxpod.rl.train_tasks import warmup_run
+  return warmup_run(cfg.trainer, folder, policy_spec(cfg, None), verified_problems(cfg), cfg.warmup, cfg.rollout,
+                    runtime=cfg.runtime, mesh=cfg.mesh, tracker=cfg.tracker)
 
 
 def grpo_config(cfg: RLConfig, folder: str, start_from: str | None, source):

@@ -28,7 +28,7 @@ from jaxpod.problems.rewards import VerifiedProblems
 from jaxpod.rl.config import GRPOConfig, RLModelConfig, RolloutConfig, WarmupConfig
 from jaxpod.rl.grpo import correction_metrics
 from jaxpod.rl.policy import PolicySpec, PolicyTask
-from jaxpod.train.config import DataConfig, TaskConfig, TrainConfig
+from jaxpod.train.config import DataConfig, TaskConfig, TrainConfig, TrainerConfig
 
 WARMUP_STREAM = 1  # training stream of the warm-up's problems (RL samples stream 2, workers 100 + w)
 
@@ -111,7 +111,7 @@ class WarmupTask(PolicyTask):
     return WarmupIterator(self)
 
   def optimizer(self):
-    return self._adamw(self.warmup.lr, max(1, self.warmup.steps // 10), 0.0, 1.0)
+    return self._adamw(self.warmup.lr, max(1, self.warmup.steps // 10), 0.0, self.warmup.grad_clip)
 
   def loss_fn(self, graphdef) -> Callable:
     import jax.numpy as jnp
@@ -131,6 +131,19 @@ class WarmupTask(PolicyTask):
     out = {"loss": raw["loss_sum"] / max(raw["tokens"], 1.0)}
     out.update({k: raw[k] for k in ("lr", "grad_norm") if k in raw})
     return out
+
+
+def warmup_run(trainer: TrainerConfig, folder: str, policy: PolicySpec, problems: VerifiedProblems,
+               warmup: WarmupConfig, rollout: RolloutConfig, **common) -> TrainConfig:
+  """The TrainConfig of a supervised warm-up run in `<folder>/warmup`, exported to `<folder>/warmup/hf` (`jaxpod rl`'s
+  and the preference default's); `trainer` gives the seed and the cadences; `common`: runtime, mesh, tracker."""
+  from jaxpod.runtime import storage
+  trainer = dataclasses.replace(trainer, runs_dir=folder, run_name="warmup", steps=warmup.steps, eval_every=0,
+                                eval_at_start=False, checkpoint_every=0)  # a preempted rerun resumes it
+  data = DataConfig(global_batch_size=warmup.batch_size, eval_batch_size=warmup.batch_size, seed=trainer.seed)
+  task = WarmupTaskConfig(data=data, policy=policy, problems=problems, warmup=warmup, rollout=rollout,
+                          export_to=storage.join(folder, "warmup", "hf"))
+  return TrainConfig(task=task, trainer=trainer, **common)
 
 
 # ----------------------------------------------------------------------------- GRPO

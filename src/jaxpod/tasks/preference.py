@@ -13,7 +13,8 @@
   the leader, tokenized once into shared storage (`jaxpod.data.preference_files`) as a row store
   (chunks with a sha256 each, `jaxpod.io.rows`); every host reads only its rows of each batch, by
   byte range, and checks them against their chunk's hash (invariant 10). Without `data.path`, the built-in default makes its
-  pairs itself (`preference_start.py`): a small Llama imitates a flawed digit-sorting teacher, then
+  pairs itself (`preference_start.py`): a small Llama imitates a flawed digit-sorting teacher (`jaxpod rl`'s
+  WarmupTask, a trainer run in the data cache: a preempted rerun resumes it), then
   its own wrong samples become the rejected answers and the verifier's answers the chosen ones.
 - Reference (DPO, IPO): `reference: in_step` (default) keeps the starting weights as a frozen copy
   in the state's `buffers` (sharded exactly like the policy, checkpointed with it, never seen by the
@@ -83,6 +84,7 @@ class SortPairs:
   warmup_steps: int = 150  # supervised imitation of the teacher before preference training (the start and reference)
   warmup_batch: int = 128  # problems per warm-up step
   warmup_lr: float = 1e-3  # warm-up AdamW learning rate (linear warm-up over its first 10%)
+  warmup_grad_clip: float = 0.0  # warm-up global-norm clip (0: none; `jaxpod rl`'s warm-up clips at 1.0)
   prompts: int = 2048  # training prompts sampled once from the warm-up policy (a pair each with a habit to correct)
   temperature: float = 1.0  # temperature of those samples
   extra_repeat_pairs: bool = True  # also one pair per prompt whose rejected answer repeats a digit once too often
@@ -93,8 +95,9 @@ class SortPairs:
     if not 2 <= self.length <= 16 or not 0.0 <= self.teacher_dedup <= 1.0:
       raise ValueError(f"task.sort: length={self.length} must be in 2..16 and teacher_dedup={self.teacher_dedup} "
                        "in [0, 1]")
-    if min(self.warmup_batch, self.prompts, self.eval_size) < 1 or self.warmup_steps < 0:
-      raise ValueError("task.sort.warmup_batch, prompts, eval_size must be >= 1 and warmup_steps >= 0")
+    if min(self.warmup_batch, self.prompts, self.eval_size) < 1 or min(self.warmup_steps, self.warmup_grad_clip) < 0:
+      raise ValueError("task.sort.warmup_batch, prompts, eval_size must be >= 1 and warmup_steps, warmup_grad_clip "
+                       ">= 0")
 
 
 def _default_model() -> LlamaConfig:
@@ -199,7 +202,7 @@ class PreferenceTask(preference_lora.LoraParts, LlamaTask):
     d = self.pc.data
     if d.path is None:
       return {"sort_key": _sha([dataclasses.asdict(self.pc.sort), dataclasses.asdict(self.pc.model), d.max_length,
-                                self.cfg.trainer.seed])}
+                                d.max_prompt_length, self.cfg.trainer.seed, "rl_warmup"])}  # rl's WarmupTask run
     from jaxpod.data.preference_files import read_pair_file
     from jaxpod.io.rows import manifest_sha256
     if not storage.exists(d.path):
@@ -227,7 +230,7 @@ class PreferenceTask(preference_lora.LoraParts, LlamaTask):
     from jaxpod.data.pairs import PairLoader
     from jaxpod.io.rows import WithColumns
     if "sort_key" in prepared:
-      rows = self._sort_pairs(storage.join(self._cache(), f"pref-sort-{prepared['sort_key']}"))
+      rows = self._sort_pairs(self.sort_folder(prepared))
     else:
       rows = open_pairs(prepared["url"], prepared["sha256"])
       self.pair_counts = prepared["report"]
@@ -241,25 +244,33 @@ class PreferenceTask(preference_lora.LoraParts, LlamaTask):
       get_logger("preference").info("%d training pairs, %d held out (%s)", self.loader.num_train, eval_pairs,
                                     self.pair_counts)
 
+  def sort_folder(self, prepared: dict) -> str:
+    """The built-in default's folder in the data cache: its warm-up run (`warmup/`, exported to `warmup/hf`), pairs."""
+    return storage.join(self._cache(), f"pref-sort-{prepared['sort_key']}")
+
   def _mesh(self):
     from jaxpod import runtime
     return runtime.mesh_from_config(self.cfg.mesh)
 
   def _sort_pairs(self, folder: str):
-    """The default's warm-up (HF checkpoint) and pairs in shared storage; made by every host when missing."""
-    from flax import nnx
+    """The default's warm-up (a trainer run in `<folder>/warmup`, resumed when preempted; its HF export the start)
+    and pairs in shared storage; made by every host when missing."""
     from jaxpod import runtime
-    from jaxpod.models.llama import hf_io
     from jaxpod.tasks import preference_start as start
+    from jaxpod.train.trainer import train
     d, sort, seed = self.pc.data, self.pc.sort, self.cfg.trainer.seed
-    warm, pairs = storage.join(folder, "warmup"), storage.join(folder, "pairs")
-    mesh = self._mesh()
+    warm, pairs = storage.join(folder, "warmup", "hf"), storage.join(folder, "pairs")
     if not runtime.broadcast_call(lambda: storage.exists(storage.join(warm, "config.json")), "pref.has_warmup"):
-      graphdef, params = start.warm_up(self.llama, sort, mesh, seed, self.tokenizer, d.max_length)
-      hf_io.save(nnx.merge(graphdef, params), warm)
-      runtime.barrier("pref.warmup_saved", timeout_s=600)
+      if sort.warmup_steps:
+        train(start.warmup_config(self.cfg, folder))
+      else:  # no warm-up: the random init of trainer.seed is the start
+        from flax import nnx
+        from jaxpod.models.llama import Llama, hf_io
+        hf_io.save(Llama(self.llama, rngs=nnx.Rngs(params=seed)), warm)
+        runtime.barrier("pref.init_saved", timeout_s=600)
     self.start_url = warm
     if not runtime.broadcast_call(lambda: storage.exists(storage.join(pairs, "manifest.json")), "pref.has_pairs"):
+      mesh = self._mesh()
       graphdef, params = self.load_params(warm, mesh)
       arrays, counts = start.sort_pairs(graphdef, params, mesh, sort, self.tokenizer, seed, d.max_length)
       runtime.broadcast_call(lambda: (write_pairs(pairs, arrays),

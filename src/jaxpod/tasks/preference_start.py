@@ -1,9 +1,9 @@
 """What the preference task does before its first step, on every host (SPMD): the built-in default's
-warm-up and on-policy pairs, precomputed reference log-probs, and the default's exact-match evaluator. The
+warm-up run (`jaxpod rl`'s `WarmupTask`) and on-policy pairs, precomputed reference log-probs, and the default's exact-match evaluator. The
 engine is set up and the held-out problems are evaluated as RL does (`rl.rollout.roller.make_sampler`,
 `rl.policy.Accuracy` on the `sort` problem set: the same problems as `jaxpod.data.sort_digits.held_out`).
 
-    params = warm_up(llama_cfg, sort, mesh, seed)                 # supervised imitation of the flawed teacher
+    train(warmup_config(cfg, folder))                             # rl's WarmupTask: imitation of the flawed teacher
     arrays, counts = sort_pairs(graphdef, params, mesh, sort, tokenizer, seed, max_length)  # chosen: correct
     ref_NxP = reference_logps(graphdef, params, arrays, mesh, batch)                 # [N, 2] summed answer log-probs
     accuracy = held_out_accuracy(graphdef, mesh, sort, tokenizer, seed)(params, {})  # held-out greedy exact match
@@ -13,6 +13,8 @@ the global mesh (invariant 1); each host feeds only its share of the rows. Resul
 survive a restart are written by the caller into shared storage (invariant 8).
 """
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -40,43 +42,25 @@ def _share(rows: np.ndarray) -> np.ndarray:
   return rows[jax.process_index() * per:(jax.process_index() + 1) * per]
 
 
-def warm_up(llama_cfg, sort, mesh, seed: int, tokenizer, max_length: int):
-  """Params of a fresh Llama after `sort.warmup_steps` of next-token loss on the teacher's (flawed) answers."""
-  import jax
-  import jax.numpy as jnp
-  import optax
-  from flax import nnx
-  from jaxpod import runtime
-  from jaxpod.models.llama import Llama, abstract, forward
-  from jaxpod.tasks.preference_loss import answer_logps
-  graphdef, abstract_params = nnx.split(abstract(llama_cfg))
-  shardings = runtime.state_shardings(abstract_params, mesh)
-  params = jax.jit(lambda: nnx.split(Llama(llama_cfg, rngs=nnx.Rngs(params=seed)))[1], out_shardings=shardings)()
-  tx = optax.adamw(optax.linear_schedule(0.0, sort.warmup_lr, max(1, sort.warmup_steps // 10)), b1=0.9, b2=0.99,
-                   weight_decay=0.0)
-
-  def step(params, opt_state, tokens_BxL, answer_BxL):
-    def nll(p):
-      logits = forward(graphdef, p, tokens_BxL[:, :-1]).logits
-      total, count = answer_logps(logits, tokens_BxL[:, 1:], answer_BxL[:, 1:])
-      return -jnp.sum(total) / jnp.maximum(jnp.sum(count), 1.0)
-    grads = jax.grad(nll)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state
-
-  opt_state = jax.jit(tx.init)(params)
-  fn = runtime.jit(step, name="preference_warmup_step", donate_argnums=(0, 1))
-  for k in range(sort.warmup_steps):
-    rows = []
-    for index, prompt, answer in sort_digits.training_problems(seed, 1 + k, sort.warmup_batch, sort.eval_size,
-                                                                sort.length):
-      demo = sort_digits.teacher_habit(answer, np.random.default_rng([seed, 1 + k, index, 7]), sort.teacher_dedup)
-      pair = encode_pair(tokenizer.encode(prompt), _answer_ids(tokenizer, demo), [], max_length, tokenizer.pad_id)
-      rows.append(pair)
-    batch = stack_pairs(rows)
-    tokens, answer = (_global(_share(batch[name][:, 0]).astype(np.int32), mesh) for name in ("tokens", "answer"))
-    params, opt_state = fn(params, opt_state, tokens, answer)
-  return graphdef, params
+def warmup_config(cfg, folder: str):
+  """The TrainConfig of the default's supervised warm-up (`rl.train_tasks.WarmupTask`, the one `jaxpod rl` runs) in
+  `<folder>/warmup`, exported to `<folder>/warmup/hf`: a fresh `task.model` imitating the flawed teacher
+  (`SortProblems(teacher_dedup=...)`) on `task.sort.warmup_*`; a preempted rerun resumes it from its checkpoint."""
+  from jaxpod.problems import SortProblems
+  from jaxpod.problems.rewards import VerifiedProblems
+  from jaxpod.rl.config import RLModelConfig, RolloutConfig, WarmupConfig
+  from jaxpod.rl.policy import PolicySpec
+  from jaxpod.rl.train_tasks import warmup_run
+  pc, sort = cfg.task, cfg.task.sort
+  model = RLModelConfig(**dataclasses.asdict(pc.model))
+  problems = SortProblems(length=sort.length, eval_size=sort.eval_size, teacher_dedup=sort.teacher_dedup)
+  warmup = WarmupConfig(steps=sort.warmup_steps, batch_size=sort.warmup_batch, lr=sort.warmup_lr,
+                        grad_clip=sort.warmup_grad_clip)
+  rollout = RolloutConfig(max_prompt_len=pc.data.max_prompt_length,
+                          max_new_tokens=pc.data.max_length - pc.data.max_prompt_length)  # rows of max_length
+  trainer = dataclasses.replace(cfg.trainer, resume="auto")  # its own checkpoint, never one named for this run
+  return warmup_run(trainer, folder, PolicySpec(model), VerifiedProblems(problems, ("exact_match",), (),
+                    cfg.trainer.seed), warmup, rollout, runtime=cfg.runtime, mesh=cfg.mesh, tracker=cfg.tracker)
 
 
 def engine_options(mesh, prompts: int, temperature: float, max_prompt_len: int, max_new_tokens: int):
