@@ -1,7 +1,8 @@
-"""`jaxpod bench rl --episodes true`: seconds per GRPO step on multi-turn episodes, KV kept across turns vs re-prefilled.
+"""`jaxpod bench rl --episodes true`: seconds per GRPO step on multi-turn episodes, the KV kept across turns or not.
 
-One short supervised warm-up on the calculator's problems is run and exported; every arm then runs `jaxpod rl`
-colocated from that checkpoint (`--model.hf`, so the warm-up is not timed) for `steps` GRPO steps, once with
+One short supervised warm-up on the calculator's problems (a teacher that always calls the tool) is run and
+exported; every arm then runs `jaxpod rl` colocated from that checkpoint (`--model.hf`, so the warm-up is not
+timed) for `steps` GRPO steps, once with
 `--rollout.keep_kv true` (kept: a turn prefills only the last sampled token and the observation) and once with
 `false` (whole: every turn re-prefills the episode's whole context), arms interleaved over `repeats` rounds
 (medians reported). Examples (`EXAMPLES`):
@@ -28,8 +29,8 @@ from jaxpod.bench.common import machine, print_table, rl_run_figures, run_jaxpod
 
 SYNTHETIC = "jaxpod.bench.sample_rollout:Synthetic"
 EXAMPLES = {"calculator": ("--rollout.max_prompt_len", "48"),  # the calculator's own config: 3 turns at most
-            "synthetic": ("--task.environment_name", SYNTHETIC, "--task.max_turns", "6",  # 6 turns of <= 16 tokens,
-                          "--rollout.max_prompt_len", "208")}  # 5 observations of 16: the 6th turn still fits
+            "synthetic": ("--task.environment_name", SYNTHETIC, "--task.max_turns", "6",  # 6 turns of <= 16 tokens:
+                          "--rollout.max_prompt_len", "184")}  # 20 + 5 x (16 + a 16-token observation) = 180 fit
 SHAPES = ("--grpo.num_prompts_per_step", "8", "--grpo.sample_prompts_per_step", "8", "--grpo.num_generations", "4",
           "--grpo.filter_groups", "false", "--rollout.max_new_tokens", "16", "--rollout.batch_size", "32",
           "--rollout.eval_slots", "32", "--task.eval_size", "16", "--eval.k", "0")
@@ -79,7 +80,8 @@ def run(json_path: str | None = None, **overrides) -> dict:
   warm = opts.policy
   if not warm:
     print(f"bench rl --episodes: warm-up ({opts.warmup_steps} steps) in {root}", flush=True)
-    run_jaxpod_rl(["--task.type", "calculator", "--model.max_position_embeddings", "256", "--warmup.steps",
+    run_jaxpod_rl(["--task.type", "calculator", "--model.max_position_embeddings", "256", "--task.teacher_skip_tool",
+                   "0", "--warmup.steps",  # a teacher that always calls the tool: the calculator's episodes are 2 turns
                    str(opts.warmup_steps), "--trainer.steps", "2", "--trainer.runs_dir", runs, "--trainer.run_name",
                    "warm", "--trainer.progress", "false", "--export_hf", "false", *opts.shapes],
                   os.path.join(root, "warm.log"))
