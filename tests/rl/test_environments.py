@@ -243,6 +243,31 @@ def test_a_slow_tool_does_not_stall_the_other_episodes():
   assert log.index((0, 2)) > max(log.index((e, 3)) for e in (1, 2, 3))
 
 
+def test_rollout_keep_kv_false_reaches_the_episodes_and_the_roller_counts_the_prefill_it_saves():
+  """`--rollout.keep_kv false` (what `bench rl --episodes` compares) reaches `Episodes`; through the roller both
+  settings give the same groups, and `prefill_tokens` (logged as rl/prefill_tokens) counts fewer kept, over the
+  same distinct tokens (rl/context_tokens)."""
+  from flax import nnx
+  from jaxpod.cli.rl import load_config
+  from jaxpod.models.llama import Llama
+  from jaxpod.problems.rewards import VerifiedProblems
+  from jaxpod.rl.rollout.episodes import Episodes, samples_for
+  from jaxpod.rl.rollout.roller import Roller
+  from tests.sample.sample_fixtures import small_sampler, tiny_sample_cfg
+  for flag, keep in (([], True), (["--rollout.keep_kv", "false"], False)):
+    cfg = load_config(["--task.type", "calculator", *flag])
+    problems = VerifiedProblems(cfg.task, tuple(cfg.rewards), (), 0)
+    assert samples_for(problems, cfg.rollout.max_prompt_len, cfg.rollout.keep_kv).keep_kv is keep
+  model = Llama(tiny_sample_cfg(), rngs=nnx.Rngs(params=0))
+  rollers = {keep: Roller(small_sampler(model, SamplingParams(temperature=1.0), max_prompt_len=16, max_new_tokens=3),
+                          TOK, None, n=2, seed=0, samples=Episodes(_Counter, 3, 16, keep)) for keep in (True, False)}
+  got = {keep: r.run([Problem("a", ""), Problem("hi", "")]) for keep, r in rollers.items()}
+  assert [g.sampled for g in got[True]] == [g.sampled for g in got[False]]
+  assert rollers[True].context_tokens == rollers[False].context_tokens == sum(
+      len(g.prompt_ids) + len(s) for g in got[True] for s in g.sampled)
+  assert 0 < rollers[True].prefill_tokens < rollers[False].prefill_tokens
+
+
 def test_an_episode_ends_on_the_policys_turn_when_the_next_context_would_not_fit():
   """The context a turn continues from stays within the engine's prompt limit; the episode's last token is the
   policy's (no observation dangles after it), and an episode cut that way is not `done`."""

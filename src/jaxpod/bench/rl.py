@@ -58,6 +58,7 @@ class RLBench:
   long_size: str = "small"  # --against trl: the long workload's size: small (minutes per repeat) | full (~19M params)
   step: bool = False  # only the GRPO train-step table (jaxpod's log-prob paths, torch's fwd+bwd; rl_step.py)
   profile: bool = False  # the train-step table adds its op-level profile (categories and the costliest XLA ops)
+  episodes: bool = False  # only multi-turn episodes' RL step, KV kept vs re-prefilled (rl_episodes.py; --steps etc.)
 
   def __post_init__(self):
     if self.steps < 2 or self.warmup_steps < 1 or self.repeats < 1:
@@ -187,6 +188,10 @@ def cli(opts: RLBench) -> int:
   """Entry of `jaxpod bench rl`."""
   if opts.step:
     write_json(opts.json, {"benchmark": "rl-train-step", "machine": machine(), "train_step": train_step(opts)})
+    return 0
+  if opts.episodes:
+    from jaxpod.bench.rl_episodes import run as episodes
+    episodes(opts.json, steps=opts.steps, warmup_steps=opts.warmup_steps, repeats=opts.repeats)
     return 0
   if opts.against == "trl":
     from jaxpod.bench.rl_against_trl import run as against_trl

@@ -137,13 +137,14 @@ class ColocatedRollouts(Hook):
       from jaxpod.rl.rollout.roller import Roller, make_sampler
       sampler = make_sampler(self.graphdef, params, self.mesh, buffer.rollout, buffer.stop_ids, version=version)
       self.roller = Roller(sampler, buffer.tokenizer, problems.scorer(), buffer.num_generations, problems.seed,
-                           samples_for(problems, buffer.rollout.max_prompt_len))
+                           samples_for(problems, buffer.rollout.max_prompt_len, buffer.rollout.keep_kv))
     else:
       self.roller.sampler.update_params(params, version)  # in memory; resharded once if the layouts differ
     if buffer.cursor is None:
       buffer.cursor = buffer.trained * buffer.sampled_prompts
     buffer.ready_from = buffer.cursor
     before, sampled = self.roller.tokens, []
+    prefilled, distinct = self.roller.prefill_tokens, self.roller.context_tokens
 
     def rounds():
       while True:
@@ -164,4 +165,7 @@ class ColocatedRollouts(Hook):
             "rl/mixed_groups": sum(grp.mixed for grp in sampled) / len(sampled),
             # the trained episodes that got an observation (a tool answered): what multi-turn training is about
             "rl/observed": sum(not all(f) for grp in chosen for f in grp.from_policy) / sum(g.n for g in chosen),
+            "rl/samples": sum(len(grp.sampled) for grp in sampled),  # samples (episodes) drawn for this batch
+            "rl/prefill_tokens": self.roller.prefill_tokens - prefilled,  # real tokens the engine prefilled for them
+            "rl/context_tokens": self.roller.context_tokens - distinct,  # their distinct tokens (prompt + after it)
             **{f"rl/dropped_{why}": float(fill.dropped(why)) for why in grpo.DROP_REASONS}}

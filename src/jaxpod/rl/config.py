@@ -164,6 +164,7 @@ class RolloutConfig(SamplingOptions):
   heartbeat_s: float = 2.0  # how often a worker's leader writes its heartbeat
   worker_timeout_s: float = 15.0  # the trainer names a worker lost after this long without a heartbeat
   rollout_timeout_s: float = 900.0  # the trainer fails if no usable rollout arrives for this long
+  keep_kv: bool = True  # multi-turn episodes: the engine keeps each episode's KV between turns (false: re-prefills it)
 
   def __post_init__(self):
     super().__post_init__()

@@ -59,7 +59,7 @@ class Accuracy:
     self.rollout, self.graphdef, self.mesh, self.tokenizer, self.stop_ids = rollout, graphdef, mesh, tokenizer, stop_ids
     self.problems = problems.eval_set()
     self.evaluation, self.seed = problems.evaluation, problems.seed
-    self.samples = samples_for(problems, rollout.max_prompt_len)  # one turn, or a multi-turn set's episodes
+    self.samples = samples_for(problems, rollout.max_prompt_len, rollout.keep_kv)  # one turn, or episodes
     self.sampler = None
     self.sampling = None  # pass@k: the rollout engine's shapes and temperature (its programs are the rollouts')
 

@@ -120,7 +120,7 @@ def run_worker(policy: PolicySpec, problems: VerifiedProblems, rollout: RolloutC
     log.info("rollout worker %d: received policy version %d", w, update.weight_id)
     sampler = make_sampler(graphdef, update.params, device_mesh, r, stop_ids, version=update.weight_id)
     roller = Roller(sampler, tokenizer, problems.scorer(), num_generations, problems.seed,
-                    samples_for(problems, r.max_prompt_len))  # one turn, or a multi-turn set's episodes
+                    samples_for(problems, r.max_prompt_len, r.keep_kv))  # one turn, or a multi-turn set's episodes
     _loop(problems, r, num_generations, queue, client, like, sampler, roller, stats)
   finally:
     if beat is not None:

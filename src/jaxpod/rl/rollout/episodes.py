@@ -246,10 +246,11 @@ class Episodes:
                                                    seed, self.max_context, self.keep_kv, self.tool_workers)]
 
 
-def samples_for(problems: VerifiedProblems, max_context: int) -> OneTurn | Episodes:
+def samples_for(problems: VerifiedProblems, max_context: int, keep_kv: bool = True) -> OneTurn | Episodes:
   """How the samples of `problems` are made: episodes with fresh environments for a multi-turn set (turns and
-  contexts limited by its max_turns and `max_context`, the engine's max_prompt_len), else one turn each."""
+  contexts limited by its max_turns and `max_context`, the engine's max_prompt_len; `keep_kv`: rollout.keep_kv),
+  else one turn each."""
   factory = problems.problem_set.environment()
   if factory is None:
     return OneTurn(problems.scorer())
-  return Episodes(factory, problems.problem_set.max_turns, max_context)
+  return Episodes(factory, problems.problem_set.max_turns, max_context, keep_kv)

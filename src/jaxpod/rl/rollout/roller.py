@@ -41,11 +41,16 @@ class Roller:
     self.samples = samples or OneTurn(scorer)  # `episodes.samples_for`: one turn, or a multi-turn set's episodes
     self._open: dict[int, tuple[Problem, list[int], list]] = {}  # request -> (problem, prompt ids, completions)
     self.tokens = 0  # sampled tokens so far
+    self.prefill_tokens = 0  # real tokens `run` prefilled so far (a kept episode's turn: its new tokens only)
+    self.context_tokens = 0  # distinct tokens of `run`'s samples so far (prompt + every token after it, each)
 
   def run(self, problems: Sequence[Problem]) -> list[Group]:
     """Every problem's group, in order (runs the engine to completion)."""
+    # the bound method itself: episodes drive this Sampler round by round (a wrapper would run them turn by turn)
     groups = self.samples.groups(self.sampler.generate, self.tokenizer, problems, self.n, self.seed)
+    self.prefill_tokens += self.sampler.last.prefill_prompt_tokens  # one schedule: the one-turn call, or `begin`'s
     self.tokens += sum(g.policy_tokens() for g in groups)
+    self.context_tokens += sum(len(g.prompt_ids) + len(s) for g in groups for s in g.sampled)
     return groups
 
   @property

@@ -1,0 +1,26 @@
+"""Smoke test of `jaxpod bench rl --episodes` at toy size (structure only: tests never assert on time)."""
+import json
+
+import pytest
+
+TOY = ("--grpo.num_prompts_per_step", "2", "--grpo.sample_prompts_per_step", "2", "--grpo.num_generations", "2",
+       "--grpo.filter_groups", "false", "--rollout.max_new_tokens", "16", "--rollout.batch_size", "4",
+       "--rollout.eval_slots", "4", "--rollout.groups_per_file", "2", "--task.eval_size", "4", "--eval.k", "0")
+
+
+@pytest.mark.slow
+def test_bench_rl_episodes_times_kept_and_whole_rl_steps_on_the_same_6_turn_episodes(tmp_path):
+  from jaxpod.bench.rl_episodes import run
+  from jaxpod.bench.rl_step import save_policy
+  from jaxpod.rl.config import RLModelConfig
+  small = RLModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, max_position_embeddings=256)
+  policy = save_policy(small.llama(), str(tmp_path))  # a random policy instead of a warm-up (not what is measured)
+  out = run(str(tmp_path / "b.json"), steps=3, repeats=1, examples=("synthetic",), shapes=TOY, policy=policy)
+  saved = json.loads((tmp_path / "b.json").read_text())
+  assert saved["benchmark"] == "rl-episodes" and set(saved["results"]) == {"synthetic:kept", "synthetic:whole"}
+  kept, whole = out["results"]["synthetic:kept"], out["results"]["synthetic:whole"]
+  for r in (kept, whole):
+    assert r["step_s"] > 0 and r["rollout_s"] > 0 and r["prefill_per_episode"] > 0
+  assert kept["distinct_per_episode"] == whole["distinct_per_episode"]  # the same episodes in both arms
+  assert saved["checks"]["synthetic"]["same_episodes"] is True
+  assert kept["prefill_per_episode"] < whole["prefill_per_episode"]  # 6 turns: whole re-prefills 5 contexts
