@@ -210,10 +210,12 @@ def test_episodes_driven_round_by_round_are_those_of_the_turn_by_turn_loop(layou
   assert len({e.turns for e in rounds}) > 1 and any(e.done for e in rounds) and not all(e.done for e in rounds)
 
 
-def test_a_slow_tool_does_not_stall_the_other_episodes():
+@pytest.mark.parametrize("through", ["run_episodes", "roller"])
+def test_a_slow_tool_does_not_stall_the_other_episodes(through):
   """Environment steps run off the decode loop: episode 0's first tool call returns only after the 3 other
   episodes have finished all 3 of their turns (an event; a turn-by-turn loop would wait for it forever, so it gives
-  up after 60 s and the test fails); then episode 0 goes on, and every episode has its 3 turns."""
+  up after 60 s and the test fails); then episode 0 goes on, and every episode has its 3 turns. The same through
+  the roller `jaxpod rl` samples with (it must hand the loop the Sampler itself, not a wrapper of it)."""
   import itertools
   import threading
   from flax import nnx
@@ -237,9 +239,15 @@ def test_a_slow_tool_does_not_stall_the_other_episodes():
         raise AssertionError("episode 0's tool was never released: the other episodes waited for it")
       return super().step(completion)
 
-  groups = run_episodes(sampler.generate, TOK, Slow, [Problem("a", ""), Problem("hi", "")], n=2, max_turns=3,
-                        seed=0, max_context=16, keep_kv=True, tool_workers=4)
-  assert [e.turns for g in groups for e in g] == [3, 3, 3, 3]
+  problems = [Problem("a", ""), Problem("hi", "")]
+  if through == "roller":
+    from jaxpod.rl.rollout.episodes import Episodes
+    from jaxpod.rl.rollout.roller import Roller
+    Roller(sampler, TOK, None, n=2, seed=0, samples=Episodes(Slow, 3, 16, keep_kv=True, tool_workers=4)).run(problems)
+  else:
+    run_episodes(sampler.generate, TOK, Slow, problems, n=2, max_turns=3, seed=0, max_context=16, keep_kv=True,
+                 tool_workers=4)
+  assert sorted(log) == [(e, t) for e in range(4) for t in (1, 2, 3)]  # every episode had its 3 turns
   assert log.index((0, 2)) > max(log.index((e, 3)) for e in (1, 2, 3))
 
 
