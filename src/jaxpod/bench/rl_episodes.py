@@ -53,7 +53,7 @@ def _arm_args(opts: EpisodesBench, example: str, mode: str, warm: str, runs: str
   return ["--task.type", "calculator", "--model.hf", warm, "--rollout.keep_kv", MODES[mode],
           "--trainer.steps", str(opts.steps), "--trainer.eval_every", str(opts.steps), "--trainer.runs_dir", runs,
           "--trainer.run_name", name, "--trainer.checkpoint_every", "0", "--trainer.progress", "false",
-          "--export_hf", "false", *opts.shapes, *EXAMPLES[example]]
+          "--export_hf", "false", *EXAMPLES[example], *opts.shapes]  # shapes last: they may shrink an example
 
 
 def _episode_figures(folder: str) -> dict:
