@@ -185,8 +185,8 @@ class _Calling(Calculator):
 @pytest.mark.parametrize("layout", ["slots", "paged"])
 def test_episodes_driven_round_by_round_are_those_of_the_turn_by_turn_loop(layout):
   """Tools off the decode loop change no token: the Sampler driven round by round (the observations that have arrived
-  submitted at each idle point, the others decoding meanwhile) gives the episodes a call per turn gives (tokens, who made them,
-  versions, turns, rewards, how they ended; log-probs to fp32 rounding), seeds being per (problem, sample, turn).
+  submitted together at each idle point) gives the episodes a call per turn gives (tokens, who made them, versions,
+  turns, rewards, how they ended; log-probs to fp32 rounding), seeds being per (problem, sample, turn).
   6 calculator episodes in 2 slots (or 11 pages), ending by the tool, the turn limit or the context limit."""
   from flax import nnx
   from jaxpod.models.llama import Llama

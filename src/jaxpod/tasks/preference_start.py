@@ -1,6 +1,6 @@
-"""What the preference task does before its first step, on every host (SPMD): the built-in default's
-warm-up run (`jaxpod rl`'s `WarmupTask`) and on-policy pairs, precomputed reference log-probs, and the
-default's exact-match evaluator. The engine is set up and the held-out problems are evaluated as RL does (`rl.rollout.roller.make_sampler`,
+"""What the preference task does before its first step, on every host (SPMD): the built-in default's warm-up run
+(`jaxpod rl`'s `WarmupTask`) and on-policy pairs, precomputed reference log-probs, and the default's exact-match
+evaluator. The engine is set up and the held-out problems are evaluated as RL does (`rl.rollout.roller.make_sampler`,
 `rl.policy.Accuracy` on the `sort` problem set: the same problems as `jaxpod.data.sort_digits.held_out`).
 
     train(warmup_config(cfg, folder))                             # rl's WarmupTask: imitation of the flawed teacher

@@ -11,21 +11,22 @@ the environment says done, after `max_turns` turns, or when its next context wou
 episode's KV between turns (`keep`): a turn prefills only the last sampled token and the observation, on the
 same tokens as re-prefilling the whole context (what `keep_kv=False` does).
 
-Tools that take time do not stall the others. The loop drives the Sampler round by round (`submit` / `step`):
-a turn that finishes goes to its environment's `step` on a thread pool (`tool_workers`), and the engine goes on
-decoding every other episode. When the engine is idle, the observations that have arrived (the first one waited
-for, the others given JOIN_GRACE_S) are submitted together as their episodes' next turns (continuing their kept
-KV): one batch of continuations, as a turn would be, so fast tools cost what a turn-by-turn loop costs, while an
-episode whose step is still running joins at a later idle point instead of holding the others. Seeds fix the tokens, so the episodes are those of a turn-by-turn loop, token for token,
-whatever order the tools finish in (a plain `generate` callable is still run that way: one call per turn).
+Tools that take time do not stall the others. The loop drives the Sampler round by round (`submit` / `step`): a turn
+that finishes goes to its environment's `step` on a thread pool (`tool_workers`), and the engine goes on decoding
+every other episode. When the engine is idle, the observations that have arrived (the first one waited for, the others
+given JOIN_GRACE_S) are submitted together as their episodes' next turns (continuing their kept KV): one batch of
+continuations, as a turn would be, so fast tools cost what a turn-by-turn loop costs, while an episode whose step is
+still running joins at a later idle point instead of holding the others. Seeds fix the tokens, so the episodes are
+those of a turn-by-turn loop, token for token, whatever order the tools finish in (a plain `generate` callable is
+still run that way: one call per turn).
 
-Every host gets identical observations: every host runs the same episodes (global mode) and steps its own
-copy of each environment, which is deterministic (`environments`), so host h's observation of episode i is
-host 0's. What could differ is when it arrives, and the engine's schedule must not: at an idle point with steps
-pending the leader broadcasts the episodes whose observations it has (`runtime.broadcast_call`, one per idle
-point: about one per turn; none while the engine decodes), and every host submits exactly those, in episode order, waiting for any
-it does not have yet. So every host submits the same requests between the same rounds, and the schedule digest
-is compared once at the end (`Sampler.check_schedule`, invariant 1).
+Every host gets identical observations: every host runs the same episodes (global mode) and steps its own copy of each
+environment, which is deterministic (`environments`), so host h's observation of episode i is host 0's. What could
+differ is when it arrives, and the engine's schedule must not: at an idle point with steps pending the leader
+broadcasts the episodes whose observations it has (`runtime.broadcast_call`, one per idle point: about one per turn;
+none while the engine decodes), and every host submits exactly those, in episode order, waiting for any it does not
+have yet. So every host submits the same requests between the same rounds, and the schedule digest is compared once at
+the end (`Sampler.check_schedule`, invariant 1).
 
 A single-turn set samples `OneTurn`: one engine request per problem for its n samples, scored by the
 reward plugins. Both have `groups(generate, tokenizer, problems, n, seed)`; `samples_for` picks the one a

@@ -7,9 +7,9 @@
 Request seeds are a pure function of (run seed, problem stream, problem index), so a problem's
 samples do not depend on batching, slots, hosts or restarts.
 
-`run`, `accuracy` and `pass_at_k` take their samples from `episodes.samples_for`: one turn per problem,
-or episodes for a multi-turn set (the engine driven round by round, the observations that have arrived joining at
-each idle point, each turn's seed fixed the same way; an episode is correct when it is solved). `submit` / `collect` serve one-turn
+`run`, `accuracy` and `pass_at_k` take their samples from `episodes.samples_for`: one turn per problem, or episodes
+for a multi-turn set (the engine driven round by round, the observations that have arrived joining at each idle point,
+each turn's seed fixed the same way; an episode is correct when it is solved). `submit` / `collect` serve one-turn
 samples only (`continuous`); a disaggregated worker on a multi-turn set calls `run` (see its loop).
 """
 from __future__ import annotations
