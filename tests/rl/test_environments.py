@@ -12,7 +12,7 @@ from jaxpod.problems.base import Problem
 from jaxpod.problems.calculator import Calculator, calculate
 from jaxpod.problems.environments import NO_VERSION, Episode, environment_factory
 from jaxpod.rl import grpo
-from jaxpod.rl.rollout.episodes import episode_group, run_episodes
+from jaxpod.rl.rollout.episodes import TurnByTurn, episode_group, run_episodes
 from jaxpod.rl.rollout.groups import to_batch
 from jaxpod.sample import SamplingParams
 
@@ -124,7 +124,8 @@ def test_the_engine_continues_each_episode_after_its_observation_with_the_versio
     turn["version"] += 1
     return sampler.generate(contexts, seeds, **kw)
 
-  groups = run_episodes(generate, TOK, _Counter, [Problem("a", ""), Problem("hi", "")], n=2, max_turns=3, seed=0)
+  groups = run_episodes(TurnByTurn(generate), TOK, _Counter, [Problem("a", ""), Problem("hi", "")], n=2, max_turns=3,
+                        seed=0)
   ok = TOK.encode("ok\n")[1:]
   for e in (e for g in groups for e in g):
     assert e.turns == 3 and not e.done
@@ -159,7 +160,7 @@ def test_episodes_with_the_kv_kept_across_turns_are_those_that_re_prefill_every_
       out = sampler.generate(ids, seeds, **kw)
       prefilled[keep] += sampler.last.prefill_prompt_tokens
       return out
-    return [e for g in run_episodes(generate, TOK, _Counter, [Problem("a", ""), Problem("hi", "")], n=2,
+    return [e for g in run_episodes(TurnByTurn(generate), TOK, _Counter, [Problem("a", ""), Problem("hi", "")], n=2,
                                     max_turns=3, seed=0, max_context=16, keep_kv=keep) for e in g]
 
   kept, whole = run(True), run(False)
@@ -196,13 +197,13 @@ def test_episodes_driven_round_by_round_are_those_of_the_turn_by_turn_loop(layou
                           max_new_tokens=3)
   problems = [Problem(f"{i}*3=", str(3 * i), 0, i) for i in range(3)]
 
-  def run(generate):
-    return [e for g in run_episodes(generate, TOK, _Calling, problems, n=2, max_turns=4, seed=0, max_context=32,
+  def run(engine):
+    return [e for g in run_episodes(engine, TOK, _Calling, problems, n=2, max_turns=4, seed=0, max_context=32,
                                     keep_kv=True, tool_workers=4) for e in g]
 
-  rounds = run(sampler.generate)
+  rounds = run(sampler)
   assert sampler.idle and sampler.kept == 0  # every episode ended: no KV is kept after the batch
-  turns = run(lambda ids, seeds, **kw: sampler.generate(ids, seeds, **kw))  # any other callable: a call per turn
+  turns = run(TurnByTurn(sampler.generate))  # a call per turn
   for a, b in zip(rounds, turns):
     assert (a.tokens, a.from_policy, a.versions, a.turns, a.reward, a.done) == \
         (b.tokens, b.from_policy, b.versions, b.turns, b.reward, b.done)
@@ -215,7 +216,7 @@ def test_a_slow_tool_does_not_stall_the_other_episodes(through):
   """Environment steps run off the decode loop: episode 0's first tool call returns only after the 3 other
   episodes have finished all 3 of their turns (an event; a turn-by-turn loop would wait for it forever, so it gives
   up after 60 s and the test fails); then episode 0 goes on, and every episode has its 3 turns. The same through
-  the roller `jaxpod rl` samples with (it must hand the loop the Sampler itself, not a wrapper of it)."""
+  the roller `jaxpod rl` samples with."""
   import itertools
   import threading
   from flax import nnx
@@ -245,7 +246,7 @@ def test_a_slow_tool_does_not_stall_the_other_episodes(through):
     from jaxpod.rl.rollout.roller import Roller
     Roller(sampler, TOK, None, n=2, seed=0, samples=Episodes(Slow, 3, 16, keep_kv=True, tool_workers=4)).run(problems)
   else:
-    run_episodes(sampler.generate, TOK, Slow, problems, n=2, max_turns=3, seed=0, max_context=16, keep_kv=True,
+    run_episodes(sampler, TOK, Slow, problems, n=2, max_turns=3, seed=0, max_context=16, keep_kv=True,
                  tool_workers=4)
   assert sorted(log) == [(e, t) for e in range(4) for t in (1, 2, 3)]  # every episode had its 3 turns
   assert log.index((0, 2)) > max(log.index((e, 3)) for e in (1, 2, 3))
@@ -288,8 +289,8 @@ def test_an_episode_ends_on_the_policys_turn_when_the_next_context_would_not_fit
 
   prompt = TOK.encode("Compute 1+1.\n")
   limit = len(prompt) + 2 * (len(reply) + 1) + 4  # two turns and one "= 2\n" observation fit, not a second one
-  [[e]] = run_episodes(generate, TOK, Calculator, [Problem("Compute 1+1.\n", "2")], n=1, max_turns=5, seed=0,
-                       max_context=limit)
+  [[e]] = run_episodes(TurnByTurn(generate), TOK, Calculator, [Problem("Compute 1+1.\n", "2")], n=1, max_turns=5,
+                       seed=0, max_context=limit)
   assert e.turns == 2 and not e.done and e.from_policy[-1]
   assert len(e.context()) <= limit + len(reply) + 1
 
@@ -317,7 +318,7 @@ def test_a_turns_tool_calls_wait_beside_each_other_not_one_after_another():
             for _ in contexts for _ in range(n)]
 
   problems = [Problem("p", str(i % 2)) for i in range(4)]
-  groups = run_episodes(generate, TOK, Waiting, problems, n=1, max_turns=2, seed=0, tool_workers=4)
+  groups = run_episodes(TurnByTurn(generate), TOK, Waiting, problems, n=1, max_turns=2, seed=0, tool_workers=4)
   assert [g[0].reward for g in groups] == [0.0, 1.0, 0.0, 1.0] and all(g[0].done for g in groups)
 
 
@@ -414,7 +415,7 @@ def test_a_single_turn_sample_is_a_one_turn_request_and_a_multi_turn_one_an_epis
             for _ in ids for j in range(n)]
 
   problems = [Problem("1+2=", "3", 1, 0), Problem("2+2=", "4", 1, 1)]
-  groups = one.groups(generate, TOK, problems, n=2, seed=5)
+  groups = one.groups(types.SimpleNamespace(generate=generate), TOK, problems, n=2, seed=5)
   assert calls == [(2, [request_seed(5, p) for p in problems], 2)]
   assert [g.rewards for g in groups] == [[0.0, 1.0], [0.0, 0.0]] and groups[0].correct == [False, True]
 
@@ -431,3 +432,18 @@ def test_consecutive_training_calls_never_give_one_problem_twice():
   assert [p.index for p in got] == list(range(64)) and got == task.train_problems(0, 101, 0, 64)
   assert not any(p.prompt in held_out for p in got) and {p.stream for p in got} == {101}
 
+
+
+def test_episodes_refuse_a_bare_callable_as_their_engine():
+  """The loop is handed its engine, never guesses it from a callable: a bare `generate` is refused in one line that
+  names the fix (`TurnByTurn(generate)`), before any environment starts."""
+  started = []
+
+  class Counted(_Counter):
+    def reset(self, problem):
+      started.append(problem)
+      return super().reset(problem)
+
+  with pytest.raises(TypeError, match=r"TurnByTurn\(generate\)"):
+    run_episodes(lambda ids, seeds, **kw: [], TOK, Counted, [Problem("a", "")], n=1, max_turns=2, seed=0)
+  assert started == []

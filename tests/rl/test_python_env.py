@@ -82,7 +82,7 @@ def test_the_environment_is_minimal_and_the_same_program_gives_the_same_observat
 
 def test_the_python_environment_runs_programs_and_rewards_the_right_answer():
   """An episode through the real loop: a program run in the sandbox, its output, the copied answer."""
-  from jaxpod.rl.rollout.episodes import run_episodes
+  from jaxpod.rl.rollout.episodes import TurnByTurn, run_episodes
   env = PythonTool(FAST)
   problem = Problem("Compute 12*34.\n", "408")
   assert env.reset(problem) == problem.prompt
@@ -100,8 +100,8 @@ def test_the_python_environment_runs_programs_and_rewards_the_right_answer():
                                        versions=[0] * (len(ids) + 1), tokens=ids))
     return out
 
-  [[e]] = run_episodes(generate, TOK, PythonProblems(timeout_s=1.0).environment(), [problem], n=1, max_turns=3,
-                       seed=0)
+  [[e]] = run_episodes(TurnByTurn(generate), TOK, PythonProblems(timeout_s=1.0).environment(), [problem], n=1,
+                       max_turns=3, seed=0)
   assert e.solved and e.turns == 2
   eos = TOK.decode([257])
   assert TOK.decode(e.context()) == f"Compute 12*34.\nprint(12*34+0){eos}408\n408{eos}"

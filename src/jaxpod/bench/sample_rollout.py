@@ -217,7 +217,7 @@ def episodes(model, mesh, opts, layout: str):
   def run(env: str, keep: bool) -> dict:
     s, (turns, plen) = samplers[env], EPISODE_ENVS[env]
     t = time.perf_counter()  # the Sampler driven round by round: `s.last` is the whole batch's schedule
-    got = [e for g in run_episodes(s.generate, tok, factories[env], problems[env], EPISODE_N, turns, seed=0,
+    got = [e for g in run_episodes(s, tok, factories[env], problems[env], EPISODE_N, turns, seed=0,
                                    max_context=plen, keep_kv=keep) for e in g]
     wall = time.perf_counter() - t
     count = {"real": s.last.prefill_prompt_tokens, "computed": s.last.prefill_tokens}

@@ -15,7 +15,7 @@ host = runtime.init(runtime.RuntimeConfig(control_timeout_s=90))
 
 from jaxpod.models.llama import ByteTokenizer, abstract, init, tiny  # noqa: E402
 from jaxpod.problems.base import Problem  # noqa: E402
-from jaxpod.rl.rollout.episodes import run_episodes  # noqa: E402
+from jaxpod.rl.rollout.episodes import TurnByTurn, run_episodes  # noqa: E402
 from jaxpod.runtime import make_mesh, state_shardings  # noqa: E402
 from jaxpod.sample import EngineConfig, Sampler, SamplingParams  # noqa: E402
 
@@ -62,15 +62,15 @@ runtime.broadcast_call, sampler.step = counted_broadcast, counted_step
 problems = [Problem("2*3=", "6", 0, 0), Problem("hi", "", 0, 1)]
 
 
-def episodes(generate):
+def episodes(engine):
   Skewed.made = 0
-  got = run_episodes(generate, ByteTokenizer(), Skewed, problems, n=4, max_turns=3, seed=0, max_context=40,
+  got = run_episodes(engine, ByteTokenizer(), Skewed, problems, n=4, max_turns=3, seed=0, max_context=40,
                      keep_kv=True, tool_workers=8)
   return [(e.tokens, e.from_policy, e.versions, e.turns) for g in got for e in g]
 
 
-rounds = episodes(sampler.generate)
+rounds = episodes(sampler)
 made = dict(counts)
-turns = episodes(lambda ids, seeds, **kw: sampler.generate(ids, seeds, **kw))
+turns = episodes(TurnByTurn(sampler.generate))
 digest = hashlib.sha256(repr(rounds).encode()).hexdigest()[:16]
 print(f"EPISODES {digest} {rounds == turns} {made['broadcasts']} {made['steps']}", flush=True)

@@ -17,8 +17,8 @@ every other episode. When the engine is idle, the observations that have arrived
 given JOIN_GRACE_S) are submitted together as their episodes' next turns (continuing their kept KV): one batch of
 continuations, as a turn would be, so fast tools cost what a turn-by-turn loop costs, while an episode whose step is
 still running joins at a later idle point instead of holding the others. Seeds fix the tokens, so the episodes are
-those of a turn-by-turn loop, token for token, whatever order the tools finish in (a plain `generate` callable is
-still run that way: one call per turn).
+those of a turn-by-turn loop, token for token, whatever order the tools finish in (`TurnByTurn(generate)` runs
+a plain `generate` callable that way, one call per turn: test fakes and comparisons).
 
 Every host gets identical observations: every host runs the same episodes (global mode) and steps its own copy of each
 environment, which is deterministic (`environments`), so host h's observation of episode i is host 0's. What could
@@ -29,7 +29,7 @@ have yet. So every host submits the same requests between the same rounds, and t
 the end (`Sampler.check_schedule`, invariant 1).
 
 A single-turn set samples `OneTurn`: one engine request per problem for its n samples, scored by the
-reward plugins. Both have `groups(generate, tokenizer, problems, n, seed)`; `samples_for` picks the one a
+reward plugins. Both have `groups(sampler, tokenizer, problems, n, seed)`; `samples_for` picks the one a
 problem set needs, so the roller and the evaluator never ask which.
 """
 from __future__ import annotations
@@ -67,19 +67,21 @@ def turn_seed(seed: int, problem: Problem, sample: int, turn: int) -> int:
 JOIN_GRACE_S = 0.02
 
 
-def run_episodes(generate, tokenizer, factory: Callable[[], Environment], problems: Sequence[Problem], n: int,
+def run_episodes(engine, tokenizer, factory: Callable[[], Environment], problems: Sequence[Problem], n: int,
                  max_turns: int, seed: int, max_context: int | None = None,
                  keep_kv: bool = False, tool_workers: int = 1) -> list[list[Episode]]:
-  """n episodes per problem. `generate(contexts, seeds, n=1, keep=keep_kv) -> completions` is the engine (each
-  completion has .sampled, .logprobs, .versions and .tokens without the stop token): a `Sampler.generate` (global
-  mode, or one host) is driven round by round (`submit` / `step`), any other callable is called once per turn over
-  every open episode. The first turn is one request per problem with n samples (they share the prompt's prefill).
+  """n episodes per problem. `engine` is driven round by round (`begin`, `submit(ids, seeds, n, keep) -> requests`,
+  `step() -> finished completions`, `idle`, `drop_kept`, `check_schedule`): a global-mode `Sampler` (or one
+  host's), or `TurnByTurn(generate)`. Each completion has .request, .sample, .sampled, .logprobs, .versions and
+  .tokens without the stop token. The first turn is one request per problem with n samples (they share the
+  prompt's prefill).
 
   The context of the next turn is the whole episode so far (prompt, turns, observations); with
   keep_kv the engine continues it from the previous turn's kept KV, else it recomputes it. An episode ends when
   the environment says done, after `max_turns` turns, or when its next context would exceed
   `max_context` tokens (the engine's prompt limit); only the first counts as `done`. Environment steps run
   on up to `tool_workers` threads."""
+  _check_engine(engine)
   episodes, envs = [], []
   for p in problems:
     for _ in range(n):
@@ -91,10 +93,7 @@ def run_episodes(generate, tokenizer, factory: Callable[[], Environment], proble
     if any(e.prompt_ids != prompts[g] for e in episodes[g * n:(g + 1) * n]):
       raise ValueError(f"environment {type(envs[g * n]).__name__}: reset() gave the {n} episodes of problem "
                        f"{p.index} different first messages; it must depend on the problem only")
-  sampler = _sampler(generate)
-  engine = sampler or _Turns(generate)
-  if sampler is not None:
-    sampler.begin()
+  engine.begin()
   first = engine.submit(prompts, [turn_seed(seed, p, 0, 0) for p in problems], n=n, keep=keep_kv and max_turns > 1)
   owner = {h: g * n for g, h in enumerate(first)}  # request -> its first episode (episode = owner + sample)
   tools: dict[int, Future] = {}  # episode -> its environment's step of the turn just sampled
@@ -110,9 +109,8 @@ def run_episodes(generate, tokenizer, factory: Callable[[], Environment], proble
         i = owner[c.request] + c.sample
         episodes[i].add_turn(c.sampled, c.logprobs, c.versions)
         tools[i] = pool.submit(envs[i].step, tokenizer.decode(c.tokens))
-  if sampler is not None:
-    sampler.drop_kept()  # every episode has ended: nothing continues
-    sampler.check_schedule()
+  engine.drop_kept()  # every episode has ended: nothing continues
+  engine.check_schedule()
   return [episodes[g * n:(g + 1) * n] for g in range(len(problems))]
 
 
@@ -134,7 +132,7 @@ def _admitted(engine, tools: dict[int, Future]) -> list[int]:
   turn-by-turn engine (after they all finish); else none while the engine decodes, and once it is idle those the
   leader has (waiting for the first, then up to JOIN_GRACE_S for the others), broadcast, each host waiting for any
   of them it does not have yet (`result()`)."""
-  if isinstance(engine, _Turns):
+  if isinstance(engine, TurnByTurn):
     wait(tools.values())
     return sorted(tools)
   if not engine.idle:
@@ -145,24 +143,35 @@ def _admitted(engine, tools: dict[int, Future]) -> list[int]:
   return runtime.broadcast_call(lambda: sorted(i for i, f in tools.items() if f.done()), "episodes.observations")
 
 
-def _sampler(generate):
-  """The Sampler behind `generate` when it can be driven round by round (a bound `Sampler.generate`, global mode or
-  one host: every host runs the same schedule), else None."""
-  import jax
+def _check_engine(engine) -> None:
+  """Refuse an engine whose hosts would not run one schedule (a replicated Sampler on several hosts), or a plain
+  callable (wrap it: `TurnByTurn(generate)`), before any episode starts."""
   from jaxpod.sample import Sampler
-  owner = getattr(generate, "__self__", None)
-  if isinstance(owner, Sampler) and getattr(generate, "__func__", None) is Sampler.generate \
-      and (owner.mode == "global" or jax.process_count() == 1):
-    return owner
-  return None
+  if isinstance(engine, Sampler):
+    import jax
+    if engine.mode != "global" and jax.process_count() > 1:
+      raise ValueError(f"episodes need one schedule on every host: a Sampler in mode='global', not {engine.mode!r} "
+                       f"over {jax.process_count()} hosts")
+  elif not isinstance(engine, TurnByTurn):
+    raise TypeError(f"episodes: engine {type(engine).__name__} is neither a Sampler nor TurnByTurn(generate)")
 
 
-class _Turns:
-  """A `generate` callable as a round-by-round engine: a step is one call over everything submitted since the last
-  (a call per (n, keep)), run to completion, so episodes advance a turn at a time."""
+class TurnByTurn:
+  """A `generate(ids, seeds, n=, keep=)` callable as a round-by-round engine: a step is one call over everything
+  submitted since the last (a call per (n, keep)), run to completion, so episodes advance a turn at a time."""
 
   def __init__(self, generate):
     self.generate, self.queue, self.requests = generate, [], 0
+
+  def begin(self) -> None:
+    """Nothing to reset: every call is a whole schedule."""
+
+  def drop_kept(self) -> int:
+    """Nothing is kept between calls that the callable does not manage itself."""
+    return 0
+
+  def check_schedule(self) -> None:
+    """One call per turn: a Sampler behind it compares its own schedule per call."""
 
   @property
   def idle(self) -> bool:
@@ -229,10 +238,10 @@ class OneTurn:
 
   scorer: Scorer  # the configured rewards and the set's verifier
 
-  def groups(self, generate, tokenizer, problems: Sequence[Problem], n: int, seed: int) -> list[Group]:
-    """Every problem's n samples as a scored Group, in order (`generate(ids, seeds, n=n)`: the engine's call)."""
+  def groups(self, sampler, tokenizer, problems: Sequence[Problem], n: int, seed: int) -> list[Group]:
+    """Every problem's n samples as a scored Group, in order (one `sampler.generate(ids, seeds, n=n)` call)."""
     ids = [tokenizer.encode(p.prompt) for p in problems]
-    outs = generate(ids, [request_seed(seed, p) for p in problems], n=n)
+    outs = sampler.generate(ids, [request_seed(seed, p) for p in problems], n=n)
     return [group(self.scorer, tokenizer, p, ids[i], outs[i * n:(i + 1) * n]) for i, p in enumerate(problems)]
 
 
@@ -252,9 +261,9 @@ class Episodes:
   keep_kv: bool = True  # the engine keeps each episode's KV between turns (False: every turn re-prefills it all)
   tool_workers: int = 8  # threads that run environment steps (while the engine decodes the other episodes)
 
-  def groups(self, generate, tokenizer, problems: Sequence[Problem], n: int, seed: int) -> list[Group]:
-    """Every problem's n episodes as a Group, in order (`run_episodes`, then `episode_group`)."""
-    return [episode_group(g) for g in run_episodes(generate, tokenizer, self.factory, problems, n, self.max_turns,
+  def groups(self, sampler, tokenizer, problems: Sequence[Problem], n: int, seed: int) -> list[Group]:
+    """Every problem's n episodes as a Group, in order (`run_episodes` driving `sampler`, then `episode_group`)."""
+    return [episode_group(g) for g in run_episodes(sampler, tokenizer, self.factory, problems, n, self.max_turns,
                                                    seed, self.max_context, self.keep_kv, self.tool_workers)]
 
 

@@ -46,8 +46,7 @@ class Roller:
 
   def run(self, problems: Sequence[Problem]) -> list[Group]:
     """Every problem's group, in order (runs the engine to completion)."""
-    # the bound method itself: episodes drive this Sampler round by round (a wrapper would run them turn by turn)
-    groups = self.samples.groups(self.sampler.generate, self.tokenizer, problems, self.n, self.seed)
+    groups = self.samples.groups(self.sampler, self.tokenizer, problems, self.n, self.seed)
     self.prefill_tokens += self.sampler.last.prefill_prompt_tokens  # one schedule: the one-turn call, or `begin`'s
     self.tokens += sum(g.policy_tokens() for g in groups)
     self.context_tokens += sum(len(g.prompt_ids) + len(s) for g in groups for s in g.sampled)
@@ -86,7 +85,7 @@ class Roller:
 def accuracy(sampler, tokenizer, problems: Sequence[Problem], samples) -> dict:
   """Greedy accuracy over `problems`: exact match by the set's verifier, or the fraction of greedy episodes solved
   (every host calls it; global mode)."""
-  right = [g.correct[0] for g in samples.groups(sampler.generate, tokenizer, problems, 1, 0)]
+  right = [g.correct[0] for g in samples.groups(sampler, tokenizer, problems, 1, 0)]
   return {"accuracy": sum(right) / len(right), "count": len(right)}
 
 
@@ -95,6 +94,6 @@ def pass_at_k(sampler, tokenizer, problems: Sequence[Problem], n: int, k: int, s
 
   Request seeds are fixed per problem, so two evaluations differ only by the policy."""
   from jaxpod.problems.passk import mean_pass_at_k
-  counts = [(n, sum(g.correct)) for g in samples.groups(sampler.generate, tokenizer, problems, n, seed)]
+  counts = [(n, sum(g.correct)) for g in samples.groups(sampler, tokenizer, problems, n, seed)]
   return {"pass_at_1": mean_pass_at_k(counts, 1), f"pass_at_{k}": mean_pass_at_k(counts, k), "pass_k": k,
           "pass_samples": n}
