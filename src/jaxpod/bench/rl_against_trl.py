@@ -33,6 +33,9 @@ import tempfile
 from jaxpod.bench.common import machine, print_table, rl_run_figures, run_jaxpod_rl, run_logged, write_json
 
 WORKLOADS = ("long", "short")
+# load average per CPU above which a side's figures are not comparable (torch's OpenMP threads spin-wait for
+# descheduled peers: at load 9 on 2 cores a 2-thread HF decode step took 85-440 ms, a 1-thread one 10 ms)
+QUIET_LOAD = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +86,7 @@ def _policy(root: str, warmup_steps: int) -> tuple[str, str]:
 
 
 def _jaxpod(root: str, policy: str, problems: str, steps: int, name: str, shape: Shape = SHORT) -> dict:
+  load = os.getloadavg()[0]
   runs = os.path.join(root, "runs")
   wall = run_jaxpod_rl(["--model.hf", policy, *_workload(shape), "--task.path", problems, "--trainer.steps", str(steps),
                         "--trainer.eval_every", str(steps), "--trainer.checkpoint_every", "0", "--export_hf", "false",
@@ -96,17 +100,18 @@ def _jaxpod(root: str, policy: str, problems: str, steps: int, name: str, shape:
   tokens = sum(r["completion_tokens"] for r in later) / len(later)  # per step, as TRL's figure (generation in its step)
   return {"seconds_per_step": m["step_s"], "generate_s": m["rollout_s"], "score_s": 0.0, "train_s": m["train_s"],
           "tokens_per_s": tokens / m["step_s"], "reward_per_s": m["reward_per_s"],
-          "accuracy_start": m["accuracy_start"], "accuracy_end": m["accuracy_end"], "wall_s": wall}
+          "accuracy_start": m["accuracy_start"], "accuracy_end": m["accuracy_end"], "wall_s": wall, "load_start": load}
 
 
 def _trl(root: str, policy: str, problems: str, steps: int, name: str, shape: Shape = SHORT) -> dict:
+  load = os.getloadavg()[0]
   out = os.path.join(root, f"{name}.json")
   args = ["--model", policy, "--prompts", problems, "--prompt_column", "question", "--verifier", "gsm8k",
           "--eval_size", str(shape.eval_size), "--steps", str(steps), "--num_prompts_per_step", str(shape.prompts),
           "--num_generations", str(shape.generations), "--lr", str(shape.lr), "--temperature", "1.0",
           "--max_new_tokens", str(shape.max_new_tokens), "--out", out]
   run_logged(["jaxpod.bench.rl_trl", *args], os.path.join(root, f"{name}.log"), "bench rl --against trl: TRL's run")
-  return json.loads(open(out).read())
+  return json.loads(open(out).read()) | {"load_start": load}
 
 
 def run(steps: int, warmup_steps: int, repeats: int, json_path: str | None, policy: str = "",
@@ -164,6 +169,12 @@ def report(runs: dict[str, list[dict]], steps: int, warmup_steps: int, repeats: 
            f"{r['tokens_per_s']:.0f}", f"{r['reward_per_s']:.2f}", f"{start:.0%}>{r['accuracy_end']:.0%}")
           for arm, r in results.items()]
   ratio = checks["jaxpod_over_trl_reward_per_s"]
+  loads = [x.get("load_start", 0.0) for xs in runs.values() for x in xs]
+  if max(loads) > QUIET_LOAD * (os.cpu_count() or 1):
+    print(f"bench rl --against trl: NOT QUIET: load average up to {max(loads):.1f} on {os.cpu_count()} CPUs as a side "
+          "started; torch's OpenMP threads stall when other jobs hold the cores (at load 9 on 2 cores a 2-thread "
+          "HF decode step took 85-440 ms, a 1-thread one 10 ms), so the ratios below are void: rerun with the "
+          "machine to itself", flush=True)
   print_table(f"rl vs TRL {version} GRPOTrainer, {shape.name} workload (completions <= {shape.max_new_tokens} tokens): "
               f"{steps} steps x {shape.prompts} prompts x {shape.generations} samples from one "
               f"warm-up, medians of {repeats}; jaxpod / TRL reward per second = "
@@ -172,6 +183,7 @@ def report(runs: dict[str, list[dict]], steps: int, warmup_steps: int, repeats: 
   payload = {"benchmark": "rl-vs-trl", "workload": dataclasses.asdict(shape), "baseline": "trl",
              "trl_version": version, "steps": steps,
              "warmup_steps": warmup_steps, "repeats": repeats, "results": results, "checks": checks, "runs": runs,
+             "quiet": max(loads) <= QUIET_LOAD * (os.cpu_count() or 1),
              "folder": root, "machine": machine(), "load_average": os.getloadavg()[0]}
   write_json(json_path, payload)
   return payload
