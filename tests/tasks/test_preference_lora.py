@@ -98,6 +98,23 @@ def test_lora_learning_rate_is_ten_times_the_full_one_for_simpo_and_five_for_dpo
     assert make_task(_config(*args)).optim().lr == pytest.approx(ratio * lr), args
 
 
+def test_lora_b_lr_ratio_multiplies_only_the_b_updates():
+  """LoRA+: with task.lora_b_lr_ratio 3 every B's optimizer update is 3x the one at ratio 1 and every A's equal."""
+  updates = {}
+  for ratio in ("1", "3"):
+    state, task = _abstract(_config("--task.lora.rank", "2", "--task.lora_b_lr_ratio", ratio))
+    tx, _ = task.optimizer()
+    params = jax.tree.map(lambda x: jnp.ones(x.shape, x.dtype), state.params)
+    opt = tx.init(params)
+    for _ in range(3):
+      u, opt = tx.update(params, opt, params)
+    updates[ratio] = {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_flatten_with_path(u)[0]}
+  assert updates["1"].keys() == updates["3"].keys() and len(updates["1"]) == 2 * 7 * 2
+  for k, one in updates["1"].items():
+    assert np.all(one != 0), k
+    np.testing.assert_allclose(updates["3"][k], one * (3.0 if "lora_b" in k else 1.0), rtol=1e-6, err_msg=k)
+
+
 def _one_error_line(capsys, *args: str) -> str:
   from jaxpod.cli.args import UsageError
   capsys.readouterr()
@@ -132,6 +149,7 @@ def test_bad_lora_settings_fail_in_one_line_at_parse(capsys, tmp_path, tiny_ckpt
        "needs task.hf"),
       (["--task.lora.rank", "2", "--task.sort.warmup_steps", "0"], "task.sort.warmup_steps=0", "random frozen base"),
       (["--task.lora.rank", "2", "--task.lora_lr_scale", "-1"], "task.lora_lr_scale=-1", "expected > 0"),
+      (["--task.lora.rank", "2", "--task.lora_b_lr_ratio", "-1"], "task.lora_b_lr_ratio=-1", "expected > 0"),
   )
   for args, field, fix in cases:
     line = _one_error_line(capsys, *args)

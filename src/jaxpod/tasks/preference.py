@@ -120,6 +120,7 @@ class PreferenceConfig(TaskConfig):
   lora: LoraConfig | None = None  # train LoRA adapters only (base frozen, reference = adapters off); None: every weight
   adapter_from: str = ""  # PEFT adapter (folder or URL) the adapters start from; sets lora; needs task.hf (its base)
   lora_lr_scale: float = 0.0  # with lora, AdamW peak lr = task.optim.lr x this; 0: 10 for SimPO, 5 for DPO/IPO
+  lora_b_lr_ratio: float = 0.0  # with lora, B's lr / A's lr (LoRA+); 0: by loss (preference_lora.B_LR_RATIO)
   optim: AdamWConfig = dataclasses.field(default_factory=lambda: AdamWConfig(lr=3e-4, warmup_steps=10,
                                                                              weight_decay=0.0))
   sort: SortPairs = dataclasses.field(default_factory=SortPairs)
@@ -303,9 +304,6 @@ class PreferenceTask(preference_lora.LoraParts, LlamaTask):
   # ---------------------------------------------------------------- model and loss
   def _buffers(self, params) -> dict:
     return {"ref": params} if self.pc.in_step_reference else {}
-
-  def optimizer(self):
-    return self.optim().build(self.cfg.trainer.steps)
 
   def loss_fn(self, graphdef) -> Callable:
     import jax

@@ -21,11 +21,15 @@ from __future__ import annotations
 from jaxpod.runtime import storage
 
 LR_SCALE = {"simpo": 10.0, "dpo": 5.0, "ipo": 5.0}  # LoRA lr / full fine-tuning lr by loss (task.lora_lr_scale 0)
+B_LR_RATIO = {"simpo": 1.0, "dpo": 1.0, "ipo": 1.0}  # LoRA B's lr / A's lr by loss (task.lora_b_lr_ratio 0)
 
 
 def check(pc) -> None:
   """Validate a PreferenceConfig's LoRA settings (no JAX): one line naming the field and the fix; sets `pc.lora`
   from `pc.adapter_from`'s files."""
+  if pc.lora_b_lr_ratio < 0:
+    raise ValueError(f"task.lora_b_lr_ratio={pc.lora_b_lr_ratio}: expected > 0 (B's lr / A's lr), or 0 for the "
+                     f"default by loss {B_LR_RATIO}")
   if pc.lora_lr_scale < 0:
     raise ValueError(f"task.lora_lr_scale={pc.lora_lr_scale}: expected > 0 (LoRA's lr = task.optim.lr x this), "
                      f"or 0 for the default by loss {LR_SCALE}")
@@ -87,3 +91,15 @@ class LoraParts:
     import dataclasses
     o, pc = self.pc.optim, self.pc
     return o if pc.lora is None else dataclasses.replace(o, lr=o.lr * (pc.lora_lr_scale or LR_SCALE[pc.loss.kind]))
+
+  def optimizer(self):
+    """(optax transformation, lr schedule) of `optim()`; with LoRA, B's updates x task.lora_b_lr_ratio (LoRA+)."""
+    import jax
+    import optax
+    tx, sched = self.optim().build(self.cfg.trainer.steps)
+    ratio = self.pc.lora and (self.pc.lora_b_lr_ratio or B_LR_RATIO[self.pc.loss.kind])
+    if not ratio or ratio == 1.0:
+      return tx, sched
+    is_b = lambda params: jax.tree_util.tree_map_with_path(lambda path, _: "lora_b" in jax.tree_util.keystr(path),
+                                                           params)
+    return optax.chain(tx, optax.masked(optax.scale(ratio), is_b)), sched
