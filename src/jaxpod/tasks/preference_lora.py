@@ -8,10 +8,11 @@ and IPO's reference the same base with the adapters off.
   frozen base, sharded by its own logical axes. No reference copy: the reference forward merges the SAME base
   arrays into the plain model's graphdef (`lora.base_graphdef`), so it runs the model with its adapters off.
   SimPO needs no reference at all.
-- Learning rate: with LoRA the AdamW peak is `task.optim.lr * task.lora_lr_scale`, so one flag switches it on.
-  By default (0) the ratio is 10 for SimPO ("LoRA Without Regret", 2025: LoRA's best rate is ~10x full
-  fine-tuning's) and 5 for DPO/IPO, whose 10x runs drift past their best held-out accuracy on the default
-  (measured: docs/preference.md).
+- Learning rate: with LoRA the AdamW peak is `task.optim.lr * task.lora_lr_scale`, and B's is that times
+  `task.lora_b_lr_ratio` (LoRA+, Hayou et al. 2024: B learns faster than A), so one flag switches it on. By
+  default (0) both come by loss (LR_SCALE, B_LR_RATIO, measured: docs/lora.md). SimPO's 2.5 and 2 are "LoRA
+  Without Regret"'s alpha 32 at 2.5x at the shared alpha 16: with Adam and B starting at 0, doubling alpha is
+  doubling B's lr exactly. At 10x (that paper's ~10x full fine-tuning) held-out accuracy peaks and falls.
 - `task.adapter_from` (a PEFT folder, with `task.hf` its base) starts the adapters from saved ones. Its
   reference must then be the starting policy (base + that adapter), which adapters-off cannot give: DPO/IPO
   need `task.reference=precomputed`, which runs the merged start once before training.
@@ -20,8 +21,8 @@ from __future__ import annotations
 
 from jaxpod.runtime import storage
 
-LR_SCALE = {"simpo": 10.0, "dpo": 5.0, "ipo": 5.0}  # LoRA lr / full fine-tuning lr by loss (task.lora_lr_scale 0)
-B_LR_RATIO = {"simpo": 1.0, "dpo": 1.0, "ipo": 1.0}  # LoRA B's lr / A's lr by loss (task.lora_b_lr_ratio 0)
+LR_SCALE = {"simpo": 2.5, "dpo": 5.0, "ipo": 5.0}  # LoRA lr / full fine-tuning lr by loss (task.lora_lr_scale 0)
+B_LR_RATIO = {"simpo": 2.0, "dpo": 1.0, "ipo": 1.0}  # LoRA B's lr / A's lr by loss (task.lora_b_lr_ratio 0)
 
 
 def check(pc) -> None:
