@@ -90,13 +90,13 @@ def test_the_in_step_reference_is_the_base_with_the_adapters_off(tiny_ckpt, pair
 
 
 def test_lora_learning_rate_comes_by_loss_and_the_flags_win():
-  """One flag: --task.lora.rank 8 alone scales task.optim.lr by the loss's LR_SCALE (SimPO 2.5, DPO 3.5) and B's
+  """One flag: --task.lora.rank 8 alone scales task.optim.lr by the loss's LR_SCALE (SimPO 2.5, DPO 3.25) and B's
   lr by its B_LR_RATIO (SimPO 2, DPO 3); task.lora_lr_scale and task.lora_b_lr_ratio win."""
   from jaxpod.tasks.preference_lora import B_LR_RATIO, LR_SCALE
   from jaxpod.train.task import make_task
-  assert (LR_SCALE["simpo"], B_LR_RATIO["simpo"], LR_SCALE["dpo"], B_LR_RATIO["dpo"]) == (2.5, 2.0, 3.5, 3.0)
+  assert (LR_SCALE["simpo"], B_LR_RATIO["simpo"], LR_SCALE["dpo"], B_LR_RATIO["dpo"]) == (2.5, 2.0, 3.25, 3.0)
   lr = make_task(_config()).optim().lr
-  for args, ratio in ((("--task.lora.rank", "8"), 2.5), (("--task.lora.rank", "8", "--task.loss.kind", "dpo"), 3.5),
+  for args, ratio in ((("--task.lora.rank", "8"), 2.5), (("--task.lora.rank", "8", "--task.loss.kind", "dpo"), 3.25),
                       (("--task.lora.rank", "8", "--task.lora_lr_scale", "2"), 2)):
     assert make_task(_config(*args)).optim().lr == pytest.approx(ratio * lr), args
 

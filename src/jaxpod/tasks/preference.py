@@ -119,7 +119,7 @@ class PreferenceConfig(TaskConfig):
   reference: str = "in_step"  # DPO/IPO reference: in_step (frozen copy in the state) | precomputed (once, stored)
   lora: LoraConfig | None = None  # train LoRA adapters only (base frozen, reference = adapters off); None: every weight
   adapter_from: str = ""  # PEFT adapter (folder or URL) the adapters start from; sets lora; needs task.hf (its base)
-  lora_lr_scale: float = 0.0  # with lora, AdamW peak lr = task.optim.lr x this; 0: by loss (SimPO 2.5, DPO/IPO 3.5)
+  lora_lr_scale: float = 0.0  # with lora, AdamW peak lr = task.optim.lr x this; 0: by loss (SimPO 2.5, DPO/IPO 3.25)
   lora_b_lr_ratio: float = 0.0  # with lora, B's lr / A's lr (LoRA+); 0: by loss (SimPO 2, DPO/IPO 3)
   optim: AdamWConfig = dataclasses.field(default_factory=lambda: AdamWConfig(lr=3e-4, warmup_steps=10,
                                                                              weight_decay=0.0))

@@ -13,8 +13,8 @@ and IPO's reference the same base with the adapters off.
   default (0) both come by loss (LR_SCALE, B_LR_RATIO, measured: docs/lora.md). SimPO's 2.5 and 2 are "LoRA
   Without Regret"'s alpha 32 at 2.5x kept at the shared alpha 16: with Adam and B starting at 0, doubling alpha
   is doubling B's lr (up to Adam's eps and the global-norm clip). At 10x (that paper's ~10x full fine-tuning)
-  held-out accuracy peaked and fell. DPO's 3.5 and 3 are the one setting of a search that cleared the bar on
-  every seed; its neighbours did not (DPO's held-out accuracy swings late in a LoRA run).
+  held-out accuracy peaked and fell. DPO's 3.25 and 3 come from a search on the hardest seed: only 3.25-3.5 at 3
+  cleared the bar on every seed, their neighbours did not (DPO's held-out accuracy swings late in a LoRA run).
 - `task.adapter_from` (a PEFT folder, with `task.hf` its base) starts the adapters from saved ones. Its
   reference must then be the starting policy (base + that adapter), which adapters-off cannot give: DPO/IPO
   need `task.reference=precomputed`, which runs the merged start once before training.
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from jaxpod.runtime import storage
 
-LR_SCALE = {"simpo": 2.5, "dpo": 3.5, "ipo": 3.5}  # LoRA lr / full fine-tuning lr by loss (task.lora_lr_scale 0)
+LR_SCALE = {"simpo": 2.5, "dpo": 3.25, "ipo": 3.25}  # LoRA lr / full fine-tuning lr by loss (task.lora_lr_scale 0)
 B_LR_RATIO = {"simpo": 2.0, "dpo": 3.0, "ipo": 3.0}  # LoRA B's lr / A's lr by loss (task.lora_b_lr_ratio 0)
 
 
