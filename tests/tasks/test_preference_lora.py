@@ -89,13 +89,35 @@ def test_the_in_step_reference_is_the_base_with_the_adapters_off(tiny_ckpt, pair
   assert float(jnp.max(jnp.abs(pol - ref))) > 1e-3 and float(loss) != pytest.approx(math.log(2.0))
 
 
-def test_lora_learning_rate_is_ten_times_the_full_one_for_simpo_and_five_for_dpo():
-  """One flag: --task.lora.rank 8 alone scales task.optim.lr by 10 (SimPO) or 5 (DPO); task.lora_lr_scale wins."""
+def test_lora_learning_rate_comes_by_loss_and_the_flags_win():
+  """One flag: --task.lora.rank 8 alone scales task.optim.lr by the loss's LR_SCALE (SimPO 2.5, DPO 3.25) and B's
+  lr by its B_LR_RATIO (SimPO 2, DPO 3); task.lora_lr_scale and task.lora_b_lr_ratio win."""
+  from jaxpod.tasks.preference_lora import B_LR_RATIO, LR_SCALE
   from jaxpod.train.task import make_task
+  assert (LR_SCALE["simpo"], B_LR_RATIO["simpo"], LR_SCALE["dpo"], B_LR_RATIO["dpo"]) == (2.5, 2.0, 3.25, 3.0)
   lr = make_task(_config()).optim().lr
-  for args, ratio in ((("--task.lora.rank", "8"), 10), (("--task.lora.rank", "8", "--task.loss.kind", "dpo"), 5),
+  for args, ratio in ((("--task.lora.rank", "8"), 2.5), (("--task.lora.rank", "8", "--task.loss.kind", "dpo"), 3.25),
                       (("--task.lora.rank", "8", "--task.lora_lr_scale", "2"), 2)):
     assert make_task(_config(*args)).optim().lr == pytest.approx(ratio * lr), args
+
+
+def test_lora_b_lr_ratio_multiplies_only_the_b_updates():
+  """LoRA+: with task.lora_b_lr_ratio 3 every B's optimizer update is 3x the one at ratio 1 (2x with SimPO's
+  default) and every A's equal."""
+  updates = {}
+  for ratio in ("1", "3", "0"):
+    state, task = _abstract(_config("--task.lora.rank", "2", "--task.lora_b_lr_ratio", ratio))
+    tx, _ = task.optimizer()
+    params = jax.tree.map(lambda x: jnp.ones(x.shape, x.dtype), state.params)
+    opt = tx.init(params)
+    for _ in range(3):
+      u, opt = tx.update(params, opt, params)
+    updates[ratio] = {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_flatten_with_path(u)[0]}
+  assert updates["1"].keys() == updates["3"].keys() == updates["0"].keys() and len(updates["1"]) == 2 * 7 * 2
+  for k, one in updates["1"].items():
+    assert np.all(one != 0), k
+    for ratio, b in (("3", 3.0), ("0", 2.0)):
+      np.testing.assert_allclose(updates[ratio][k], one * (b if "lora_b" in k else 1.0), rtol=1e-6, err_msg=k)
 
 
 def _one_error_line(capsys, *args: str) -> str:
@@ -132,6 +154,7 @@ def test_bad_lora_settings_fail_in_one_line_at_parse(capsys, tmp_path, tiny_ckpt
        "needs task.hf"),
       (["--task.lora.rank", "2", "--task.sort.warmup_steps", "0"], "task.sort.warmup_steps=0", "random frozen base"),
       (["--task.lora.rank", "2", "--task.lora_lr_scale", "-1"], "task.lora_lr_scale=-1", "expected > 0"),
+      (["--task.lora.rank", "2", "--task.lora_b_lr_ratio", "-1"], "task.lora_b_lr_ratio=-1", "expected > 0"),
   )
   for args, field, fix in cases:
     line = _one_error_line(capsys, *args)

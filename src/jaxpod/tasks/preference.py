@@ -3,7 +3,7 @@
     jaxpod train --task.type preference                          # built-in default: SimPO on sort pairs, minutes here
     jaxpod train --task.type preference --task.loss.kind dpo --task.loss.beta 0.1
     jaxpod train --config_path configs/preference_hf.yaml        # a HF checkpoint and a chat-format pair file
-    jaxpod train --task.type preference --task.lora.rank 8       # LoRA: adapters only, lr x task.lora_lr_scale
+    jaxpod train --task.type preference --task.lora.rank 8       # LoRA: adapters only, lr by loss (lora_lr_scale)
 
 - Pairs: one row per pair, `tokens` and `answer` [P, 2, L] (chosen, rejected side by side, so both sides
   of a pair live on one host and go through the model in ONE forward of [2P, L]). `answer` marks the
@@ -119,7 +119,8 @@ class PreferenceConfig(TaskConfig):
   reference: str = "in_step"  # DPO/IPO reference: in_step (frozen copy in the state) | precomputed (once, stored)
   lora: LoraConfig | None = None  # train LoRA adapters only (base frozen, reference = adapters off); None: every weight
   adapter_from: str = ""  # PEFT adapter (folder or URL) the adapters start from; sets lora; needs task.hf (its base)
-  lora_lr_scale: float = 0.0  # with lora, AdamW peak lr = task.optim.lr x this; 0: 10 for SimPO, 5 for DPO/IPO
+  lora_lr_scale: float = 0.0  # with lora, AdamW peak lr = task.optim.lr x this; 0: by loss (SimPO 2.5, DPO/IPO 3.25)
+  lora_b_lr_ratio: float = 0.0  # with lora, B's lr / A's lr (LoRA+); 0: by loss (SimPO 2, DPO/IPO 3)
   optim: AdamWConfig = dataclasses.field(default_factory=lambda: AdamWConfig(lr=3e-4, warmup_steps=10,
                                                                              weight_decay=0.0))
   sort: SortPairs = dataclasses.field(default_factory=SortPairs)
@@ -303,9 +304,6 @@ class PreferenceTask(preference_lora.LoraParts, LlamaTask):
   # ---------------------------------------------------------------- model and loss
   def _buffers(self, params) -> dict:
     return {"ref": params} if self.pc.in_step_reference else {}
-
-  def optimizer(self):
-    return self.optim().build(self.cfg.trainer.steps)
 
   def loss_fn(self, graphdef) -> Callable:
     import jax

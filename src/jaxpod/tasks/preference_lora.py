@@ -8,10 +8,13 @@ and IPO's reference the same base with the adapters off.
   frozen base, sharded by its own logical axes. No reference copy: the reference forward merges the SAME base
   arrays into the plain model's graphdef (`lora.base_graphdef`), so it runs the model with its adapters off.
   SimPO needs no reference at all.
-- Learning rate: with LoRA the AdamW peak is `task.optim.lr * task.lora_lr_scale`, so one flag switches it on.
-  By default (0) the ratio is 10 for SimPO ("LoRA Without Regret", 2025: LoRA's best rate is ~10x full
-  fine-tuning's) and 5 for DPO/IPO, whose 10x runs drift past their best held-out accuracy on the default
-  (measured: docs/preference.md).
+- Learning rate: with LoRA the AdamW peak is `task.optim.lr * task.lora_lr_scale`, and B's is that times
+  `task.lora_b_lr_ratio` (LoRA+, Hayou et al. 2024: B learns faster than A), so one flag switches it on. By
+  default (0) both come by loss (LR_SCALE, B_LR_RATIO, measured: docs/lora.md). SimPO's 2.5 and 2 are "LoRA
+  Without Regret"'s alpha 32 at 2.5x kept at the shared alpha 16: with Adam and B starting at 0, doubling alpha
+  is doubling B's lr (up to Adam's eps and the global-norm clip). At 10x (that paper's ~10x full fine-tuning)
+  held-out accuracy peaked and fell. DPO's 3.25 and 3 come from a search on the hardest seed: only 3.25-3.5 at 3
+  cleared the bar on every seed, their neighbours did not (DPO's held-out accuracy swings late in a LoRA run).
 - `task.adapter_from` (a PEFT folder, with `task.hf` its base) starts the adapters from saved ones. Its
   reference must then be the starting policy (base + that adapter), which adapters-off cannot give: DPO/IPO
   need `task.reference=precomputed`, which runs the merged start once before training.
@@ -20,12 +23,16 @@ from __future__ import annotations
 
 from jaxpod.runtime import storage
 
-LR_SCALE = {"simpo": 10.0, "dpo": 5.0, "ipo": 5.0}  # LoRA lr / full fine-tuning lr by loss (task.lora_lr_scale 0)
+LR_SCALE = {"simpo": 2.5, "dpo": 3.25, "ipo": 3.25}  # LoRA lr / full fine-tuning lr by loss (task.lora_lr_scale 0)
+B_LR_RATIO = {"simpo": 2.0, "dpo": 3.0, "ipo": 3.0}  # LoRA B's lr / A's lr by loss (task.lora_b_lr_ratio 0)
 
 
 def check(pc) -> None:
   """Validate a PreferenceConfig's LoRA settings (no JAX): one line naming the field and the fix; sets `pc.lora`
   from `pc.adapter_from`'s files."""
+  if pc.lora_b_lr_ratio < 0:
+    raise ValueError(f"task.lora_b_lr_ratio={pc.lora_b_lr_ratio}: expected > 0 (B's lr / A's lr), or 0 for the "
+                     f"default by loss {B_LR_RATIO}")
   if pc.lora_lr_scale < 0:
     raise ValueError(f"task.lora_lr_scale={pc.lora_lr_scale}: expected > 0 (LoRA's lr = task.optim.lr x this), "
                      f"or 0 for the default by loss {LR_SCALE}")
@@ -87,3 +94,15 @@ class LoraParts:
     import dataclasses
     o, pc = self.pc.optim, self.pc
     return o if pc.lora is None else dataclasses.replace(o, lr=o.lr * (pc.lora_lr_scale or LR_SCALE[pc.loss.kind]))
+
+  def optimizer(self):
+    """(optax transformation, lr schedule) of `optim()`; with LoRA, B's updates x task.lora_b_lr_ratio (LoRA+)."""
+    import jax
+    import optax
+    tx, sched = self.optim().build(self.cfg.trainer.steps)
+    ratio = self.pc.lora and (self.pc.lora_b_lr_ratio or B_LR_RATIO[self.pc.loss.kind])
+    if not ratio or ratio == 1.0:
+      return tx, sched
+    is_b = lambda params: jax.tree_util.tree_map_with_path(lambda path, _: "lora_b" in jax.tree_util.keystr(path),
+                                                           params)
+    return optax.chain(tx, optax.masked(optax.scale(ratio), is_b)), sched
