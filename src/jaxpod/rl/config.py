@@ -202,7 +202,7 @@ class RolloutConfig(SamplingOptions):
 class RLLoraConfig(LoraConfig):
   """LoRA for RL (`--lora.rank N` turns it on): the causal-LM adapters, and GRPO's learning rate scaled for them."""
 
-  lr_scale: float = 10.0  # GRPO trains the adapters at grpo.lr x this ("LoRA Without Regret": ~10x full FT's lr)
+  lr_scale: float = 5.0  # GRPO trains the adapters at grpo.lr x this (measured best of 2.5-20 here; docs/lora.md)
 
   def __post_init__(self):
     super().__post_init__()

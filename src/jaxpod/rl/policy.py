@@ -121,7 +121,7 @@ class PolicyTask(LlamaTask):
   def _adamw(self, lr: float, warmup: int, weight_decay: float, grad_clip: float):
     import optax
     from jaxpod.models.llama.model import weight_decay_mask
-    lr = lr * getattr(self.lora, "lr_scale", 1.0)  # LoRA's rule: ~10x full fine-tuning's learning rate
+    lr = lr * getattr(self.lora, "lr_scale", 1.0)  # LoRA's rule: a multiple of full fine-tuning's rate
     sched = optax.linear_schedule(0.0, lr, max(warmup, 1)) if warmup else optax.constant_schedule(lr)
     adamw = optax.adamw(sched, b1=0.9, b2=0.99, weight_decay=weight_decay, mask=weight_decay_mask)
     return (optax.chain(optax.clip_by_global_norm(grad_clip), adamw) if grad_clip else adamw), sched
