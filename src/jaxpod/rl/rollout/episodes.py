@@ -151,7 +151,7 @@ def _check_engine(engine) -> None:
     import jax
     if engine.mode != "global" and jax.process_count() > 1:
       raise ValueError(f"episodes need one schedule on every host: a Sampler in mode='global', not {engine.mode!r} "
-                       f"over {jax.process_count()} hosts")
+                       f"over {jax.process_count()} hosts (or TurnByTurn(sampler.generate): a call per turn)")
   elif not isinstance(engine, TurnByTurn):
     raise TypeError(f"episodes: engine {type(engine).__name__} is neither a Sampler nor TurnByTurn(generate)")
 
