@@ -129,7 +129,7 @@ def test_the_engine_continues_each_episode_after_its_observation_with_the_versio
   ok = TOK.encode("ok\n")[1:]
   for e in (e for g in groups for e in g):
     assert e.turns == 3 and not e.done
-    by_turn, t = [], 0
+    by_turn = []
     for token, mine, version in zip(e.tokens, e.from_policy, e.versions):
       if mine:
         by_turn.append(version)
