@@ -34,8 +34,9 @@ from jaxpod.bench.common import machine, print_table, rl_run_figures, run_jaxpod
 
 WORKLOADS = ("long", "short")
 # load average per CPU above which a side's figures are not comparable (torch's OpenMP threads spin-wait for
-# descheduled peers: at load 9 on 2 cores a 2-thread HF decode step took 85-440 ms, a 1-thread one 10 ms)
-QUIET_LOAD = 0.5
+# descheduled peers: at load 9 on 2 cores a 2-thread HF decode step took 85-440 ms, a 1-thread one 10 ms). The
+# bench's own previous side keeps the 1-minute average near 1 per CPU, so the bar sits above that.
+QUIET_LOAD = 1.25
 
 
 @dataclasses.dataclass(frozen=True)
