@@ -93,7 +93,10 @@ def _jaxpod(root: str, policy: str, problems: str, steps: int, name: str, shape:
                         "--trainer.eval_every", str(steps), "--trainer.checkpoint_every", "0", "--export_hf", "false",
                         "--grpo.num_prompts_per_step", str(shape.prompts), "--grpo.num_generations",
                         str(shape.generations), "--grpo.lr", str(shape.lr), "--grpo.sample_prompts_per_step", "0",
-                        "--grpo.filter_groups", "false", "--trainer.runs_dir", runs, "--trainer.run_name", name],
+                        "--grpo.filter_groups", "false", "--trainer.runs_dir", runs, "--trainer.run_name", name,
+                        # as many decode slots as the step's samples, as TRL generates them: the slots engine's
+                        # decode computes every slot, so rl's default 128 made a 32-sample step decode 4x the rows
+                        "--rollout.batch_size", str(shape.prompts * shape.generations)],
                        os.path.join(root, f"{name}.log"))
   m = rl_run_figures(os.path.join(runs, name))
   from jaxpod.rl.summary import by_step, read_metrics
