@@ -174,7 +174,8 @@ def report(runs: dict[str, list[dict]], steps: int, warmup_steps: int, repeats: 
           for arm, r in results.items()]
   ratio = checks["jaxpod_over_trl_reward_per_s"]
   loads = [x.get("load_start", 0.0) for xs in runs.values() for x in xs]
-  if max(loads) > QUIET_LOAD * (os.cpu_count() or 1):
+  quiet = max(loads) <= QUIET_LOAD * (os.cpu_count() or 1)
+  if not quiet:
     print(f"bench rl --against trl: NOT QUIET: load average up to {max(loads):.1f} on {os.cpu_count()} CPUs as a side "
           "started; torch's OpenMP threads stall when other jobs hold the cores (at load 9 on 2 cores a 2-thread "
           "HF decode step took 85-440 ms, a 1-thread one 10 ms), so the ratios below are void: rerun with the "
@@ -187,7 +188,7 @@ def report(runs: dict[str, list[dict]], steps: int, warmup_steps: int, repeats: 
   payload = {"benchmark": "rl-vs-trl", "workload": dataclasses.asdict(shape), "baseline": "trl",
              "trl_version": version, "steps": steps,
              "warmup_steps": warmup_steps, "repeats": repeats, "results": results, "checks": checks, "runs": runs,
-             "quiet": max(loads) <= QUIET_LOAD * (os.cpu_count() or 1),
+             "quiet": quiet,
              "folder": root, "machine": machine(), "load_average": os.getloadavg()[0]}
   write_json(json_path, payload)
   return payload
