@@ -1,5 +1,6 @@
 """The continuous engine (both KV layouts) against the lock-step one and HF: same tokens, n samples sharing a
 prefill, KV capacity buckets, pages freed, preemption, bad input."""
+import jax
 import pytest
 
 from jaxpod.sample import EngineConfig, SamplingParams
@@ -78,6 +79,37 @@ def test_n_samples_share_the_prefill(model, layout):
     assert s.last.pool.peak_used <= full + 2 * (9 - full) < 2 * 9  # prompt pages held once, not twice
 
 
+def test_decode_computes_the_row_class_of_its_live_slots_with_the_same_tokens(model):
+  """Slots: a round computes the smallest of 8, 4, 2 slots that holds every live one (free slots are handed out
+  lowest first), so the tail of a batch costs its live rows, not the slot count; the tokens are the lock-step
+  engine's, as when every round computes all 8 (decode_row_classes=1)."""
+  ref = lockstep(model, SAMPLED)
+  s = _sampler(model, SAMPLED, batch_size=8, prefill_batch=8)
+  same(s.generate(IDS, SEEDS), ref)
+  counts = s.last.row_counts
+  assert counts[0] == 8 and set(counts) <= {2, 4, 8}, counts  # 7 live slots: all 8 at first
+  s = _sampler(model, SAMPLED, batch_size=8, prefill_batch=8)
+  same(s.generate(IDS[:3], SEEDS[:3]), ref[:3])
+  assert set(s.last.row_counts) <= {2, 4}, s.last.row_counts  # 3 prompts in 8 slots: never all 8
+  s = _sampler(model, SAMPLED, batch_size=8, prefill_batch=8, decode_row_classes=1)
+  same(s.generate(IDS, SEEDS), ref)
+  assert set(s.last.row_counts) == {8}
+
+
+def test_row_classes_split_like_the_slots_over_data_shards(model, tiny_ckpt):
+  """Two data shards of 4 slots each: new sequences alternate between the shards, so 3 live sequences compute
+  2 slots of each shard (4 in all, not 8), and the tokens stay the lock-step engine's."""
+  from jaxpod.models.llama import hf_io
+  from jaxpod.runtime.mesh import make_mesh
+  from jaxpod.sample import Sampler
+  mesh = make_mesh(data=2, devices=jax.devices()[:2])
+  s = Sampler(hf_io.load(tiny_ckpt, mesh), mesh,
+              EngineConfig(**(SMALL | dict(batch_size=8, prefill_batch=8))), SAMPLED, [EOS, STOP])
+  assert s.runner.shards == 2
+  same(s.generate(IDS[:3], SEEDS[:3]), lockstep(model, SAMPLED)[:3])
+  assert s.last.row_counts[0] == 4 and set(s.last.row_counts) <= {2, 4}, s.last.row_counts
+
+
 def test_small_pool_preempts_and_restarts_to_the_same_tokens(model):
   """A pool that holds one full sequence and a bit: sequences are preempted and restarted, same output."""
   s = _sampler(model, SAMPLED, kv_layout="paged", batch_size=4, prefill_batch=4, num_pages=12)
@@ -92,6 +124,8 @@ def test_bad_requests_one_clear_line(model):
     with pytest.raises(ValueError, match=match) as e:
       s.generate(ids, [0] * len(ids))
     assert "\n" not in str(e.value)
+  with pytest.raises(ValueError, match=r"sample.decode_row_classes=0 must be >= 1"):
+    EngineConfig(**(SMALL | dict(decode_row_classes=0)))
   with pytest.raises(ValueError, match=r"sample.kv_layout='rows'; use one of \('slots', 'paged'\)"):
     EngineConfig(**(SMALL | dict(kv_layout="rows")))
   with pytest.raises(ValueError, match=r"sample.num_pages=10 is too small for one sequence: .* 42 tokens need "

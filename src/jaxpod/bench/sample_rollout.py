@@ -75,6 +75,7 @@ def continuous(model, mesh, opts, layout: str) -> dict[str, Any]:
       out["kv_peak_bytes"] = max(sch.capacities, default=0) * ec.batch_size * per_position
       out["capacities"] = {str(c): sch.capacities.count(c) for c in sorted(set(sch.capacities))}
       out["resizes"] = s.runner.resizes
+      out["rows_computed"] = float(np.mean(sch.row_counts)) / ec.batch_size if sch.row_counts else 0.0
     out["static_kv_bytes"] = ec.batch_size * ec.cache_len * per_position
     return out
   return {"run": run, "stats": stats, "sampler": s}

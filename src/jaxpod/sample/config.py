@@ -23,7 +23,8 @@ def check_sampling(o, where: str) -> None:
 
 def check_engine(o, where: str) -> None:
   """One-line ValueError naming `<where>.<field>` if o's engine shapes (EngineConfig's fields) are invalid."""
-  for name in ("batch_size", "max_prompt_len", "max_new_tokens", "page_size", "steps_per_round", "min_prefill_len"):
+  for name in ("batch_size", "max_prompt_len", "max_new_tokens", "page_size", "steps_per_round", "min_prefill_len",
+               "decode_row_classes"):
     if getattr(o, name, 1) < 1:
       raise ValueError(f"{where}.{name}={getattr(o, name)} must be >= 1")
   if o.kv_layout not in KV_LAYOUTS:
@@ -69,6 +70,7 @@ class EngineConfig:
   steps_per_round: int = 8  # decode steps per device call between two scheduling rounds
   prefill_batch: int | None = None  # prompts per prefill call; None: batch_size
   min_prefill_len: int = 16  # smallest prefill bucket (and slot KV capacity); buckets double up to the maximum
+  decode_row_classes: int = 3  # slots: decode computes the live slots' class of all, 1/2, 1/4 ... (this many) slots
 
   def __post_init__(self):
     check_engine(self, "sample")

@@ -87,12 +87,13 @@ class Runner:
     self.params = same_layout(self.params, layout.place_like(params, self.params))
     self.version = int(version)
 
-  def _decode(self, cache, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, eager, kv_len):
+  def _decode(self, cache, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, eager, kv_len,
+              program: steps.Program = steps.DECODE, **static):
     rows = [self._put(x) for x in (tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B)]
     rows.append(self._whole(np.asarray(eager)))
     t = time.perf_counter()
-    cache, out, logp = self._call(steps.DECODE, self.graphdef, self.params, cache, *rows, sp=self.sp,
-                                  stop_ids=self.stop_ids, steps=self.ec.steps_per_round, kv_len=kv_len)
+    cache, out, logp = self._call(program, self.graphdef, self.params, cache, *rows, sp=self.sp,
+                                  stop_ids=self.stop_ids, steps=self.ec.steps_per_round, kv_len=kv_len, **static)
     host = self._host(out, logp)
     self.device_s += time.perf_counter() - t
     return cache, host

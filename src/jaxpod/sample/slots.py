@@ -31,7 +31,8 @@ from jaxpod.models.llama.model import SLOT_AXES, Llama, SlotKVCache
 from jaxpod.sample.config import EngineConfig, SamplingParams
 from jaxpod.sample.runner import Runner
 from jaxpod.sample.scheduler import Scheduler, Seq
-from jaxpod.sample.steps import Program, chunk_forward, prompts_forward
+from jaxpod.sample.steps import Program, chunk_forward, decode_round, prompts_forward
+from jaxpod.sample.tokens import NO_TOKEN
 
 
 def prefill_slots(graphdef, params, tokens_RxP, lengths_R, seeds_R, row_D, sample_D, *, sp: SamplingParams):
@@ -54,6 +55,25 @@ def extend_slots(graphdef, params, cache: SlotKVCache, tokens_BxT, start_B, leng
   rows_BxT = jnp.where(real_BxT, write_B[:, None], cache.k[0].shape[0])  # padding and idle rows: dropped
   put = lambda buf, x_BxTxKxE: buf.at[rows_BxT, :, positions_BxT].set(x_BxTxKxE, mode="drop")  # noqa: E731
   return SlotKVCache(tuple(map(put, cache.k, out.staged_k)), tuple(map(put, cache.v, out.staged_v))), first_B, logp_B
+
+
+def decode_slot_rows(graphdef, params, cache: SlotKVCache, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B,
+                     eager, *, rows: int, shards: int, **decode):
+  """Pure: `steps.decode_round` over the first `rows` slots of each of the `shards` row blocks (the scheduler keeps
+  every live slot there), the other slots untouched: (cache, tokens [B, steps], log-probs [B, steps])."""
+  b = tok_B.shape[0]
+  args = (tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B)
+  if rows * shards == b:
+    return decode_round(graphdef, params, cache, *args, eager, **decode)
+  blocks = lambda x: x.reshape(shards, b // shards, *x.shape[1:])  # noqa: E731 - [shards, B / shards, ...]
+  pick = lambda x: blocks(x)[:, :rows].reshape(shards * rows, *x.shape[1:])  # noqa: E731
+  put = lambda x, y: blocks(x).at[:, :rows].set(y.reshape(shards, rows, *y.shape[1:])).reshape(x.shape)  # noqa: E731
+  sub, out_RxS, logp_RxS = decode_round(graphdef, params, SlotKVCache(tuple(map(pick, cache.k)),
+                                                                      tuple(map(pick, cache.v))),
+                                        *map(pick, args), eager, **decode)
+  steps = out_RxS.shape[1]
+  return (SlotKVCache(tuple(map(put, cache.k, sub.k)), tuple(map(put, cache.v, sub.v))),
+          put(jnp.full((b, steps), NO_TOKEN, jnp.int32), out_RxS), put(jnp.zeros((b, steps), jnp.float32), logp_RxS))
 
 
 def insert_slots(cache: SlotKVCache, k_LxRxKxPxE, v_LxRxKxPxE, row_D, slot_D, count) -> SlotKVCache:
@@ -81,6 +101,7 @@ PREFILL = Program("prefill_slots", prefill_slots, (), True)
 INSERT = Program("insert_slots", insert_slots, (0,), False)
 RESIZE = Program("resize_slots", resize_slots, (), False)  # a new shape: nothing to reuse
 EXTEND = Program("extend_slots", extend_slots, (2,), True)
+DECODE_ROWS = Program("decode_slots", decode_slot_rows, (2,), True)
 
 
 class SlotScheduler(Scheduler):
@@ -90,6 +111,7 @@ class SlotScheduler(Scheduler):
   def __init__(self, ec: EngineConfig, stop_ids: Sequence[int], device):
     super().__init__(ec, stop_ids, device)
     self.capacities: list[int] = []  # KV capacity per round
+    self.row_counts: list[int] = []  # slots computed per round (over all row blocks)
     self.parked: list[tuple[Seq, object, int]] = []  # (sequence, its prefill's output, its prompt row there)
     self.parked_most = 0  # most sequences parked at once
     self.held: list[Seq | None] = [None] * ec.batch_size  # slot -> the kept sequence whose KV it holds
@@ -103,7 +125,11 @@ class SlotScheduler(Scheduler):
     self.held = old.held
 
   def _free(self) -> list[int]:
-    return [i for i, s in enumerate(self.slots) if s is None and self.held[i] is None]
+    """Free slots, lowest first within each row block and the blocks taken in turn: live slots stay in the
+    smallest row class (`SlotRunner.row_classes`) their number allows."""
+    block = self.ec.batch_size // self.device.shards
+    return sorted((i for i, s in enumerate(self.slots) if s is None and self.held[i] is None),
+                  key=lambda i: (i % block, i // block))
 
   def _hold(self, seq: Seq) -> bool:
     i = next((i for i, s in enumerate(self.slots) if s is seq), None)  # finished at its prefill: not in a slot
@@ -192,8 +218,12 @@ class SlotScheduler(Scheduler):
 
   def _device_decode(self, rows, last):
     del last  # the capacity set in _prepare covers it
+    block = self.ec.batch_size // self.device.shards
+    need = 1 + max((i % block for i in np.flatnonzero(rows["live"])), default=0)
+    computed = next(r for r in self.device.row_classes() if r >= need)
+    self.row_counts.append(computed * self.device.shards)
     return self.device.decode(rows["tok"], rows["pos"], rows["gen"], rows["limit"], rows["seeds"], rows["samples"],
-                              rows["live"], bool(self.waiting or self.parked))
+                              rows["live"], bool(self.waiting or self.parked), rows=computed)
 
 
 class SlotRunner(Runner):
@@ -259,15 +289,24 @@ class SlotRunner(Runner):
                             self._whole(np.asarray(count, np.int32)))
     self.device_s += time.perf_counter() - t
 
-  def decode(self, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, eager: bool = False):
-    """(tokens [B, steps], their log-probs [B, steps]) on this host; rows read the whole current capacity."""
+  def row_classes(self) -> tuple[int, ...]:
+    """Slots per row block a decode round may compute, smallest first: the block's slots halved
+    `ec.decode_row_classes` - 1 times (a round computes the smallest that covers its live slots)."""
+    block = self.ec.batch_size // self.shards
+    return tuple(sorted({max(1, block >> k) for k in range(self.ec.decode_row_classes)}))
+
+  def decode(self, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, eager: bool = False,
+             rows: int | None = None):
+    """(tokens [B, steps], their log-probs [B, steps]) on this host; rows read the whole current capacity; only
+    the first `rows` slots of each row block compute (None: all; the others must not be live)."""
     self.cache, out = self._decode(self.cache, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, eager,
-                                   None)
+                                   None, program=DECODE_ROWS, rows=rows or self.ec.batch_size // self.shards,
+                                   shards=self.shards)
     return out
 
   def warmup(self, keep: bool = False) -> int:
     """Compile every program a run may need: prefill per bucket, insert per (bucket, capacity), decode per
-    capacity, resize between neighbouring capacities, and with `keep` (the sampler serves episodes) extend per
+    (capacity, row class), resize between neighbouring capacities, and with `keep` (the sampler serves episodes) extend per
     (chunk bucket, capacity) a continuation can meet (all writes land in empty slots or nowhere); returns how many."""
     ec, r, b = self.ec, self.ec.prefill_rows, self.ec.batch_size
     z = np.zeros((b,), np.int32)
@@ -279,8 +318,9 @@ class SlotRunner(Runner):
       for bucket in (p for p in ec.prefill_buckets() if p <= cap):
         self.insert(staged[bucket], z, z, 0)
         count += 1  # insert_slots at (bucket, cap)
-      self.decode(z, z, z, z, z.astype(np.uint32), z, z.astype(bool))
-      count += 1
+      for rows in self.row_classes():
+        self.decode(z, z, z, z, z.astype(np.uint32), z, z.astype(bool), rows=rows)
+        count += 1
       for bucket in extend_buckets(ec, cap) if keep else ():
         self.extend(np.zeros((b, bucket), np.int32), z, np.ones((b,), np.int32), z.astype(np.uint32), z,
                     np.full((b,), b, np.int32))  # row b writes into slot B: none
