@@ -203,7 +203,7 @@ class RLLoraConfig(LoraConfig):
   """LoRA for RL (`--lora.rank N` turns it on): the causal-LM adapters, and GRPO's learning rate scaled for them."""
 
   lr_scale: float = 5.0  # GRPO trains the adapters at grpo.lr x this (measured best of 2.5-20 here; docs/lora.md)
-  b_lr_ratio: float = 1.0  # LoRA+: B's lr / A's lr (1/4 and 4 no better at rank 1, 2 mixed at rank 16: docs/lora.md)
+  b_lr_ratio: float = 1.0  # LoRA+: B's lr / A's lr (1/4, 2, 4 no better at rank 1; 2 mixed at rank 16: docs/lora.md)
 
   def __post_init__(self):
     super().__post_init__()
