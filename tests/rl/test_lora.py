@@ -137,13 +137,39 @@ def test_grpo_with_lora_trains_the_adapters_and_references_the_base(warm_policy,
     assert 2 * s["params"] <= s["opt_state"] <= 2 * s["params"] + 64 and s["trained"] == s["params"] + s["opt_state"]
 
 
+def test_lora_b_lr_ratio_scales_only_the_b_updates_of_grpo(tmp_path):
+  """`--lora.b_lr_ratio R` (LoRA+) reaches GRPO's optimizer: from the same gradients, every adapter's B moves R
+  times as far as its A, on top of the lr x lr_scale both get; the default (1) moves them alike."""
+  import draccus
+  import jax.numpy as jnp
+  from jaxpod.rl.config import RLConfig
+  from jaxpod.rl.run import grpo_config
+  from tests.rl.clusters import TINY
+
+  base_url = str(tmp_path / "base")
+  hf_io.save(init(LLAMA, seed=0), base_url)
+
+  def updates(*flags):
+    cfg = draccus.parse(RLConfig, args=[*TINY, "--lora.rank", "1", *flags])
+    tx, _ = grpo_config(cfg, str(tmp_path), base_url, source=object()).task.build(None).optimizer()
+    grads = {"lora_a": jnp.full((4, 1), 0.5), "lora_b": jnp.full((1, 4), 0.5)}
+    state = tx.init(grads)
+    for _ in range(2):  # the first step's lr is 0 (the 5-step warm-up starts at 0)
+      out, state = tx.update(grads, state, grads)
+    return out
+  plain, plus = updates(), updates("--lora.b_lr_ratio", "4")
+  assert jnp.allclose(plain["lora_b"], plain["lora_a"][0, 0])
+  assert float(plain["lora_a"][0, 0]) == pytest.approx(-5 * 3e-4 / 5, rel=1e-3)  # lr x lr_scale 5, step 1 of the 5-step warm-up
+  assert jnp.allclose(plus["lora_a"], plain["lora_a"]) and jnp.allclose(plus["lora_b"], 4 * plain["lora_b"])
+
+
 def test_lora_settings_it_cannot_serve_fail_in_one_line():
-  """Invariant 7: LoRA without a base to adapt (no model.hf, no warm-up), rank < 1, an unknown target or a
-  non-positive lr scale fail when the config is built, in one line naming the field."""
+  """Invariant 7: LoRA without a base to adapt (no model.hf, no warm-up), rank < 1, an unknown target, a
+  non-positive lr scale or B lr ratio fail when the config is built, in one line naming the field."""
   from jaxpod.rl.config import RLConfig, RLLoraConfig, WarmupConfig
   for make, field in ((lambda: RLConfig(lora=RLLoraConfig(rank=1), warmup=WarmupConfig(steps=0)), "rl.lora"),
                       (lambda: RLLoraConfig(rank=0), "rank"), (lambda: RLLoraConfig(target_modules=("w1",)), "w1"),
-                      (lambda: RLLoraConfig(lr_scale=0), "lr_scale")):
+                      (lambda: RLLoraConfig(lr_scale=0), "lr_scale"), (lambda: RLLoraConfig(b_lr_ratio=0), "b_lr_ratio")):
     with pytest.raises(ValueError, match=field) as e:
       make()
     assert "\n" not in str(e.value)

@@ -203,11 +203,14 @@ class RLLoraConfig(LoraConfig):
   """LoRA for RL (`--lora.rank N` turns it on): the causal-LM adapters, and GRPO's learning rate scaled for them."""
 
   lr_scale: float = 5.0  # GRPO trains the adapters at grpo.lr x this (measured best of 2.5-20 here; docs/lora.md)
+  b_lr_ratio: float = 1.0  # LoRA+: B's lr / A's lr (1/4, 2, 4 no better at rank 1; 2 mixed at rank 16: docs/lora.md)
 
   def __post_init__(self):
     super().__post_init__()
     if not self.lr_scale > 0:
       raise ValueError(f"rl.lora.lr_scale={self.lr_scale} must be > 0 (1: the same lr as full fine-tuning)")
+    if not self.b_lr_ratio > 0:
+      raise ValueError(f"rl.lora.b_lr_ratio={self.b_lr_ratio} must be > 0 (1: B at A's lr)")
 
 
 @dataclasses.dataclass(frozen=True)

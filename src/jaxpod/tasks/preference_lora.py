@@ -97,12 +97,10 @@ class LoraParts:
 
   def optimizer(self):
     """(optax transformation, lr schedule) of `optim()`; with LoRA, B's updates x task.lora_b_lr_ratio (LoRA+)."""
-    import jax
     import optax
+    from jaxpod.models.llama.lora import is_b
     tx, sched = self.optim().build(self.cfg.trainer.steps)
     ratio = self.pc.lora and (self.pc.lora_b_lr_ratio or B_LR_RATIO[self.pc.loss.kind])
     if not ratio or ratio == 1.0:
       return tx, sched
-    is_b = lambda params: jax.tree_util.tree_map_with_path(lambda path, _: "lora_b" in jax.tree_util.keystr(path),
-                                                           params)
     return optax.chain(tx, optax.masked(optax.scale(ratio), is_b)), sched

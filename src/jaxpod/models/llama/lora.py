@@ -134,6 +134,11 @@ def _place(w: np.ndarray, sharding) -> jax.Array:
   return jax.make_array_from_callback(w.shape, sharding, lambda idx: np.ascontiguousarray(w[idx]))
 
 
+def is_b(params):
+  """The pytree of `params` with True at every adapter's B (`lora_b`): optax.masked's mask for B-only updates."""
+  return jax.tree_util.tree_map_with_path(lambda path, _: "lora_b" in jax.tree_util.keystr(path), params)
+
+
 def lora_config(model: model_lib.Llama) -> LoraConfig | None:
   """The LoraConfig the model's adapters were attached with (None: no adapters)."""
   return getattr(model, "lora_config", None)
