@@ -128,13 +128,6 @@ def adapted(module: nnx.Module, name: str, x_BxTxF, y):
   return y if adapter is None else y + adapter(x_BxTxF).reshape(y.shape).astype(y.dtype)
 
 
-def stacked_matmuls(x_BxTxD) -> bool:
-  """Whether projections of one input run as one matmul on weights stacked on a new axis (not concatenated: a split
-  over `model` stays local): with more rows than D (training, prefill; XLA:CPU then makes one transposed gradient copy
-  for the weight gradients, not one per projection), not in decode, where the stack would copy the weights per call."""
-  return x_BxTxD.size // x_BxTxD.shape[-1] >= x_BxTxD.shape[-1]
-
-
 class Attention(nnx.Module):
   """Grouped-query attention; query head j uses kv head j // G."""
 
@@ -153,25 +146,12 @@ class Attention(nnx.Module):
       self.q_norm = _norm_param(cfg, e, ("head_dim",))
       self.k_norm = _norm_param(cfg, e, ("head_dim",))
 
-  def _project(self, x_BxTxD, name: str, axes, y=None):
-    """x @ {q,k,v}_proj (+ bias): [B, T, heads, E]; y: x @ proj already computed (`_qkv`)."""
-    y = jnp.einsum("btd,dhe->bthe", x_BxTxD, getattr(self, f"{name}_proj")[...]) if y is None else y
-    y = adapted(self, f"{name}_proj", x_BxTxD, y)
+  def _project(self, x_BxTxD, name: str, axes):
+    """x @ {q,k,v}_proj (+ bias): [B, T, heads, E]."""
+    y = adapted(self, f"{name}_proj", x_BxTxD, jnp.einsum("btd,dhe->bthe", x_BxTxD, getattr(self, f"{name}_proj")[...]))
     if self.cfg.qkv_bias:
       y = y + getattr(self, f"{name}_bias")[...]
     return constrain(y, ("batch", "seq", axes, "head_dim"))
-
-  def _qkv(self, x_BxTxD):
-    """(q [B, T, H, E], k, v [B, T, K, E]); with many rows (`stacked_matmuls`) q, k and v (GQA: k and v) come from
-    one matmul on the projections stacked on a new axis (-7% on the GRPO step on XLA:CPU, as the MLP's)."""
-    names = ("q", "k", "v") if self.cfg.num_key_value_heads == self.cfg.num_attention_heads else ("k", "v")
-    got = {}
-    if stacked_matmuls(x_BxTxD):
-      w_DxCxNxE = jnp.stack([getattr(self, f"{n}_proj")[...] for n in names], axis=1)
-      y = jnp.einsum("btd,dcne->btcne", x_BxTxD, w_DxCxNxE)
-      got = {n: y[:, :, i] for i, n in enumerate(names)}
-    return tuple(self._project(x_BxTxD, n, axes, got.get(n)) for n, axes in (("q", "heads"), ("k", "kv_heads"),
-                                                                             ("v", "kv_heads")))
 
   def __call__(self, x_BxTxD, positions_BxT, kv_mask_BxS, cache, cache_index, layer: int, inv_freq, kv_len=None,
                window=None):
@@ -179,7 +159,8 @@ class Attention(nnx.Module):
     cfg = self.cfg
     e = cfg.head_dim_
     b, t, _ = x_BxTxD.shape
-    q, k, v = self._qkv(x_BxTxD)
+    q, k, v = (self._project(x_BxTxD, "q", "heads"), self._project(x_BxTxD, "k", "kv_heads"),
+               self._project(x_BxTxD, "v", "kv_heads"))
     if cfg.qk_norm:
       q = rms_norm(q, self.q_norm[...], cfg.rms_norm_eps, cfg.norm_plus_one)
       k = rms_norm(k, self.k_norm[...], cfg.rms_norm_eps, cfg.norm_plus_one)
@@ -271,13 +252,7 @@ class MLP(nnx.Module):
     self.down_proj = _param(rngs, (i, d), ("mlp", "embed"), dt)
 
   def __call__(self, x_BxTxD):
-    gate_DxI, up_DxI = self.gate_proj[...], self.up_proj[...]
-    if stacked_matmuls(x_BxTxD):  # one [D, 2, I] matmul: -9% on the GRPO step on XLA:CPU
-      gu_BxTx2xI = jnp.einsum("btd,dci->btci", x_BxTxD, jnp.stack([gate_DxI, up_DxI], axis=1))
-      gate, up = gu_BxTx2xI[:, :, 0], gu_BxTx2xI[:, :, 1]
-    else:
-      gate, up = x_BxTxD @ gate_DxI, x_BxTxD @ up_DxI
-    gate, up = adapted(self, "gate_proj", x_BxTxD, gate), adapted(self, "up_proj", x_BxTxD, up)
+    gate, up = (adapted(self, n, x_BxTxD, x_BxTxD @ getattr(self, n)[...]) for n in ("gate_proj", "up_proj"))
     h = constrain(self.act(gate) * up, ("batch", "seq", "mlp"))
     return constrain(adapted(self, "down_proj", h, h @ self.down_proj[...]), _ACT)
 
