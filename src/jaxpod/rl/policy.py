@@ -125,11 +125,8 @@ class PolicyTask(LlamaTask):
     sched = optax.linear_schedule(0.0, lr, max(warmup, 1)) if warmup else optax.constant_schedule(lr)
     adamw = optax.adamw(sched, b1=0.9, b2=0.99, weight_decay=weight_decay, mask=weight_decay_mask)
     tx = optax.chain(optax.clip_by_global_norm(grad_clip), adamw) if grad_clip else adamw
-    ratio = getattr(self.lora, "b_lr_ratio", 1.0)
-    if ratio != 1.0:  # LoRA+: B's updates scaled after Adam (B starts at 0 and carries the adapter's output)
-      from jaxpod.models.llama.lora import is_b
-      tx = optax.chain(tx, optax.masked(optax.scale(ratio), is_b))
-    return tx, sched
+    from jaxpod.models.llama.lora import scale_b  # LoRA+: B's updates scaled after Adam (B starts at 0)
+    return scale_b(tx, getattr(self.lora, "b_lr_ratio", 1.0)), sched
 
   def evaluator(self, graphdef, mesh, ema_sh, buffer_sh, batch_sh) -> Callable:
     return Accuracy(self.problems, self.rollout, graphdef, mesh, self.tokenizer, self.stop_ids,

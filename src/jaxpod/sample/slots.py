@@ -127,7 +127,7 @@ class SlotScheduler(Scheduler):
   def _free(self) -> list[int]:
     """Free slots, lowest first within each row block and the blocks taken in turn: live slots stay in the
     smallest row class (`SlotRunner.row_classes`) their number allows."""
-    block = self.ec.batch_size // self.device.shards
+    block = self.device.block
     return sorted((i for i, s in enumerate(self.slots) if s is None and self.held[i] is None),
                   key=lambda i: (i % block, i // block))
 
@@ -218,8 +218,7 @@ class SlotScheduler(Scheduler):
 
   def _device_decode(self, rows, last):
     del last  # the capacity set in _prepare covers it
-    block = self.ec.batch_size // self.device.shards
-    need = 1 + max((i % block for i in np.flatnonzero(rows["live"])), default=0)
+    need = 1 + max((i % self.device.block for i in np.flatnonzero(rows["live"])), default=0)
     computed = next(r for r in self.device.row_classes() if r >= need)
     self.row_counts.append(computed * self.device.shards)
     return self.device.decode(rows["tok"], rows["pos"], rows["gen"], rows["limit"], rows["seeds"], rows["samples"],
@@ -289,25 +288,29 @@ class SlotRunner(Runner):
                             self._whole(np.asarray(count, np.int32)))
     self.device_s += time.perf_counter() - t
 
+  @property
+  def block(self) -> int:
+    """Slots per row block: the slots one data shard holds."""
+    return self.ec.batch_size // self.shards
+
   def row_classes(self) -> tuple[int, ...]:
     """Slots per row block a decode round may compute, smallest first: the block's slots halved
     `ec.decode_row_classes` - 1 times (a round computes the smallest that covers its live slots)."""
-    block = self.ec.batch_size // self.shards
-    return tuple(sorted({max(1, block >> k) for k in range(self.ec.decode_row_classes)}))
+    return tuple(sorted({max(1, self.block >> k) for k in range(self.ec.decode_row_classes)}))
 
   def decode(self, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, eager: bool = False,
              rows: int | None = None):
     """(tokens [B, steps], their log-probs [B, steps]) on this host; rows read the whole current capacity; only
     the first `rows` slots of each row block compute (None: all; the others must not be live)."""
     self.cache, out = self._decode(self.cache, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, eager,
-                                   None, program=DECODE_ROWS, rows=rows or self.ec.batch_size // self.shards,
-                                   shards=self.shards)
+                                   None, program=DECODE_ROWS, rows=rows or self.block, shards=self.shards)
     return out
 
   def warmup(self, keep: bool = False) -> int:
     """Compile every program a run may need: prefill per bucket, insert per (bucket, capacity), decode per
-    (capacity, row class), resize between neighbouring capacities, and with `keep` (the sampler serves episodes) extend per
-    (chunk bucket, capacity) a continuation can meet (all writes land in empty slots or nowhere); returns how many."""
+    (capacity, row class), resize between neighbouring capacities, and with `keep` (the sampler serves episodes)
+    extend per (chunk bucket, capacity) a continuation can meet (all writes land in empty slots or nowhere); returns
+    how many."""
     ec, r, b = self.ec, self.ec.prefill_rows, self.ec.batch_size
     z = np.zeros((b,), np.int32)
     caps, count = ec.kv_buckets(), len(ec.prefill_buckets())

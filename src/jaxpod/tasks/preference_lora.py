@@ -97,10 +97,8 @@ class LoraParts:
 
   def optimizer(self):
     """(optax transformation, lr schedule) of `optim()`; with LoRA, B's updates x task.lora_b_lr_ratio (LoRA+)."""
-    import optax
-    from jaxpod.models.llama.lora import is_b
+    from jaxpod.models.llama.lora import scale_b
     tx, sched = self.optim().build(self.cfg.trainer.steps)
-    ratio = self.pc.lora and (self.pc.lora_b_lr_ratio or B_LR_RATIO[self.pc.loss.kind])
-    if not ratio or ratio == 1.0:
+    if not self.pc.lora:
       return tx, sched
-    return optax.chain(tx, optax.masked(optax.scale(ratio), is_b)), sched
+    return scale_b(tx, self.pc.lora_b_lr_ratio or B_LR_RATIO[self.pc.loss.kind]), sched

@@ -139,6 +139,12 @@ def is_b(params):
   return jax.tree_util.tree_map_with_path(lambda path, _: "lora_b" in jax.tree_util.keystr(path), params)
 
 
+def scale_b(tx, ratio: float):
+  """`tx` with every adapter B's updates x `ratio` after it (LoRA+: B's lr / A's lr); `tx` itself at ratio 1."""
+  import optax
+  return tx if ratio == 1.0 else optax.chain(tx, optax.masked(optax.scale(ratio), is_b))
+
+
 def lora_config(model: model_lib.Llama) -> LoraConfig | None:
   """The LoraConfig the model's adapters were attached with (None: no adapters)."""
   return getattr(model, "lora_config", None)
