@@ -13,6 +13,7 @@ import signal
 
 import pytest
 
+from jaxpod.problems import AdditionProblems
 from jaxpod.rl.disaggregated.queue import Queue, parse_name
 from jaxpod.runtime import storage
 
@@ -71,18 +72,31 @@ def test_colocated_calculator_episodes_on_two_hosts_over_the_bucket(bucket, calc
 
 @pytest.mark.slow
 @pytest.mark.multihost
-def test_two_trainer_hosts_and_two_rollout_hosts_learn_over_the_bucket(bucket, warm_policy, tmp_path):
-  """Invariants 8 and 9: a 2-host trainer and a 2-host rollout worker, sharing only gs://, learn (held-out
-  greedy accuracy rises; the sampled reward at temperature 1 of 64 rows per step is too noisy to compare)."""
-  warm = _upload(warm_policy, f"{bucket}/warm")
-  args = _args(f"{bucket}/runs", warm, "--trainer.steps", "20", "--trainer.eval_every", "20", "--task.eval_size", "64")
+def test_two_trainer_hosts_and_two_rollout_hosts_learn_over_the_bucket(bucket, period_policy, tmp_path):
+  """Invariants 8 and 9: a 2-host trainer and a 2-host rollout worker, sharing only gs://, learn: every reward in
+  the files trained on is its own sample's (a 2-host worker's samples finish out of order), the sampled reward
+  of the last 5 steps beats the first 5's by 0.1 and held-out greedy accuracy rises, as GRPO removes the
+  warm-up's trailing period (measured over 4 seeds of warm-up and run: +0.19 to +0.46 and +0.19 to +0.63)."""
+  import numpy as np
+  from jaxpod.models.llama.tokenizer import ByteTokenizer
+  from jaxpod.problems.rewards import VerifiedProblems
+  warm = _upload(period_policy, f"{bucket}/warm")
+  args = _args(f"{bucket}/runs", warm, "--trainer.steps", "20", "--trainer.eval_every", "20", "--grpo.lr", "1e-3")
   trainer = Cluster("trainer", [*args, "--role", "trainer"], tmp_path, hosts=2)
   worker = Cluster("worker0", [*args, "--role", "rollout"], tmp_path, hosts=2)
   assert trainer.join().returncode == 0, trainer.text()[-3000:]
   assert worker.join().returncode == 0, worker.text()[-3000:]
   folder = _run_folder(f"{bucket}/runs")
-  assert len([r for r in _metrics(folder) if "reward" in r]) == 20
+  records = _metrics(folder)
+  queue, tok = Queue(folder), ByteTokenizer()
+  scorer = VerifiedProblems(AdditionProblems(digits=1), ("exact_match",), (), 0).scorer()
+  for name in {t.split(":")[0] for r in records for t in r.get("rl/took", [])}:
+    for g in queue.read(name)[0]:
+      assert g.rewards == [scorer(g.problem, tok.decode(s[:-1] if f else s), f) for s, f in zip(g.sampled, g.finished)]
+  rewards = [r["reward"] for r in records if "reward" in r]
+  assert len(rewards) == 20
   summary = json.loads(storage.read_text(f"{folder}/summary.json"))
+  assert np.mean(rewards[-5:]) > np.mean(rewards[:5]) + 0.1, rewards
   assert summary["accuracy.end"] > summary["accuracy.start"], summary["accuracy_curve"]
   assert "host 1/2" in trainer.text() and "host 1/2" in worker.text()
 

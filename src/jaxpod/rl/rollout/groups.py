@@ -74,8 +74,12 @@ class Group:
 
 
 def make_group(problem: Problem, prompt_ids: Sequence[int], completions, texts: Sequence[str], scorer) -> Group:
-  """A Group from the engine's n `Completion`s of one prompt and their decoded texts."""
-  completions = sorted(completions, key=lambda c: c.sample)
+  """A Group from the engine's n `Completion`s of one prompt and their decoded texts (same order, any order: the
+  continuous engine hands samples back as they finish; the group keeps them in sample order)."""
+  if len(texts) != len(completions):
+    raise ValueError(f"{len(completions)} completions but {len(texts)} texts for prompt {problem.prompt!r}")
+  order = sorted(range(len(completions)), key=lambda i: completions[i].sample)  # each text stays with its tokens
+  completions, texts = [completions[i] for i in order], [texts[i] for i in order]
   finished = [c.finish_reason == "stop" for c in completions]
   return Group(problem=problem, prompt_ids=list(prompt_ids),
                sampled=[list(c.sampled) for c in completions],
