@@ -83,7 +83,7 @@ class GRPOConfig:
   scale_rewards: str = "group"  # advantage scale: group (GRPO) | batch | none (Dr. GRPO)
   loss_norm: str = "token"  # token (DAPO/TRL: over all completion tokens) | sequence (GRPO) | constant (Dr. GRPO)
   max_policy_lag: int = 2  # oldest version a trained token may come from: trainer version - this (older: dropped)
-  num_iterations: int = 1  # optimizer updates per rollout batch (TRL's num_iterations, GRPO's mu); one step, one version
+  num_iterations: int = 1  # optimizer updates per rollout batch (TRL's num_iterations, GRPO's mu) in one step
   lr: float = 3e-4  # AdamW learning rate (constant after a 5-step warm-up)
   weight_decay: float = 0.0  # AdamW decoupled weight decay
   grad_clip: float = 1.0  # global-norm clip (0: none)
