@@ -90,6 +90,8 @@ def test_two_iterations_are_two_updates_on_one_batch_in_one_step(tmp_path):
   assert ratio["first"] == pytest.approx(1.0, abs=1e-5) and abs(ratio["second"] - 1.0) > 1e-4, ratio
   assert float(metrics["ratio_sum"]) == pytest.approx((float(first["ratio_sum"]) + float(second["ratio_sum"])) / 2,
                                                       rel=1e-5)  # logged: the mean of the batch's updates
+  extreme = max(float(first["ratio_max"]), float(second["ratio_max"]))
+  assert float(metrics["ratio_max"]) == pytest.approx(extreme)  # a *_max: the largest of the updates', not their mean
   moved_once = jax.tree.leaves(one.params)
   assert any(not np.allclose(a, b) for a, b in zip(moved_once, jax.tree.leaves(state.params)))
 

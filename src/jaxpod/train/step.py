@@ -57,13 +57,14 @@ def train_step_fn(loss_fn: Callable, tx: optax.GradientTransformation, ema_decay
 def repeated(train_step: Callable, updates: int, lr_fn: Callable | None) -> Callable:
   """`train_step` applied `updates` times to one batch as one step: the state's step (and rng, checkpoints,
   hooks) advances once, the optimizer's count (and lr schedule) `updates` times; metrics are the mean of the
-  updates' sums (so `normalize` reads per update) and lr that of the batch's first update."""
+  updates' sums (so `normalize` reads per update), a `*_max` / `*_min` the extreme over them, lr the first's."""
   def step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     def body(s, i):
       s, metrics = train_step(s.replace(rng=jax.random.fold_in(state.rng, i)), batch)
       return s.replace(step=state.step), metrics
     new, metrics = jax.lax.scan(body, state, jnp.arange(updates))
-    metrics = jax.tree.map(lambda m: jnp.mean(m, axis=0), metrics)
+    reduce = {"_max": jnp.max, "_min": jnp.min}  # extremes (e.g. GRPO's ratio_max) over the updates, sums averaged
+    metrics = {k: reduce.get(k[-4:], jnp.mean)(m, axis=0) for k, m in metrics.items()}
     if lr_fn is not None:
       metrics["lr"] = jnp.asarray(lr_fn(state.step * updates), jnp.float32)
     return new.replace(step=state.step + 1, rng=state.rng), metrics
