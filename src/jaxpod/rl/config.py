@@ -83,6 +83,7 @@ class GRPOConfig:
   scale_rewards: str = "group"  # advantage scale: group (GRPO) | batch | none (Dr. GRPO)
   loss_norm: str = "token"  # token (DAPO/TRL: over all completion tokens) | sequence (GRPO) | constant (Dr. GRPO)
   max_policy_lag: int = 2  # oldest version a trained token may come from: trainer version - this (older: dropped)
+  num_iterations: int = 1  # optimizer updates per rollout batch (TRL's num_iterations, GRPO's mu) in one step
   lr: float = 3e-4  # AdamW learning rate (constant after a 5-step warm-up)
   weight_decay: float = 0.0  # AdamW decoupled weight decay
   grad_clip: float = 1.0  # global-norm clip (0: none)
@@ -111,6 +112,8 @@ class GRPOConfig:
                        f"num_prompts_per_step={self.num_prompts_per_step}")
     if self.max_sampling_rounds < 1:
       raise ValueError(f"rl.grpo.max_sampling_rounds={self.max_sampling_rounds} must be >= 1")
+    if self.num_iterations < 1:
+      raise ValueError(f"rl.grpo.num_iterations={self.num_iterations} must be >= 1 (updates per rollout batch)")
     if self.max_policy_lag < 0:
       raise ValueError(f"rl.grpo.max_policy_lag={self.max_policy_lag} must be >= 0")
     if self.tis not in TIS_LEVELS or self.mis not in MIS_LEVELS:

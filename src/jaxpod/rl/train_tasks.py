@@ -181,6 +181,11 @@ class GRPOTask(PolicyTask):
       raise ValueError("rl_grpo: no batch source; jaxpod rl builds one (colocated.RolloutBuffer or QueueSource) "
                        "and passes it as GRPOTaskConfig.source")
     self.grpo, self.source = tc.grpo, tc.source
+    # num_iterations: the batch's updates run inside one trainer step (`train.step.repeated`), so a step, a
+    # checkpoint, a published policy version and a batch stay one and the same in both topologies: resume, eval_every
+    # and max_policy_lag (in batches) mean what they did. The ratio's pi_old stays the engine's behaviour log-probs
+    # (TRL's num_iterations), so the clip bounds how far the later updates move from the policy that sampled.
+    self.updates_per_batch = tc.grpo.num_iterations
 
   def _buffers(self, params) -> dict:
     return {"ref": params} if self.grpo.beta > 0 else {}
@@ -190,7 +195,7 @@ class GRPOTask(PolicyTask):
 
   def optimizer(self):
     g = self.grpo
-    return self._adamw(g.lr, 5, g.weight_decay, g.grad_clip)
+    return self._adamw(g.lr, 5 * g.num_iterations, g.weight_decay, g.grad_clip)  # warm-up: 5 batches' updates
 
   def loss_fn(self, graphdef) -> Callable:
     import jax

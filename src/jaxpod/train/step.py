@@ -3,6 +3,8 @@
 One call is one loss evaluation of the task and one optimizer update (the task's carry, e.g. TRM's
 ACT carry, goes from step to step inside the state). The rng of step
 k is `fold_in(state.rng, k)`, so a resumed run draws exactly what an uninterrupted one does.
+A task may ask for several updates on each batch (`updates`, GRPO's num_iterations): still one step, one
+batch, one checkpointable unit, the updates looped inside the jitted call.
 
 Metrics come back as raw sums (replicated global scalars). The loop reads step N-1's metrics
 after dispatching step N (`host_metrics`), so the host never waits on the device in between.
@@ -27,10 +29,11 @@ def ema_update(ema, params, decay: float):
 
 
 def train_step_fn(loss_fn: Callable, tx: optax.GradientTransformation, ema_decay: float,
-                  lr_fn: Callable | None = None):
+                  lr_fn: Callable | None = None, updates: int = 1):
   """The pure step function (unjitted): the task's loss and grads, one update, EMA, metrics.
 
   loss_fn: `(params, buffers, batch, rng, carry) -> (loss, (carry, metric sums))` (`Task.loss_fn`).
+  updates > 1: that many loss evaluations and optimizer updates on the same batch (`repeated`).
   """
   grad_fn = jax.value_and_grad(loss_fn, argnums=0, has_aux=True)
 
@@ -48,7 +51,24 @@ def train_step_fn(loss_fn: Callable, tx: optax.GradientTransformation, ema_decay
     new_state = state.replace(params=params, opt_state=opt_state, ema_params=ema, step=state.step + 1, carry=carry)
     return new_state, metrics
 
-  return train_step
+  return train_step if updates == 1 else repeated(train_step, updates, lr_fn)
+
+
+def repeated(train_step: Callable, updates: int, lr_fn: Callable | None) -> Callable:
+  """`train_step` applied `updates` times to one batch as one step: the state's step (and rng, checkpoints,
+  hooks) advances once, the optimizer's count (and lr schedule) `updates` times; metrics are the mean of the
+  updates' sums (so `normalize` reads per update), a `*_max` / `*_min` the extreme over them, lr the first's."""
+  def step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+    def body(s, i):
+      s, metrics = train_step(s.replace(rng=jax.random.fold_in(state.rng, i)), batch)
+      return s.replace(step=state.step), metrics
+    new, metrics = jax.lax.scan(body, state, jnp.arange(updates))
+    reduce = {"_max": jnp.max, "_min": jnp.min}  # extremes (e.g. GRPO's ratio_max) over the updates, sums averaged
+    metrics = {k: reduce.get(k[-4:], jnp.mean)(m, axis=0) for k, m in metrics.items()}
+    if lr_fn is not None:
+      metrics["lr"] = jnp.asarray(lr_fn(state.step * updates), jnp.float32)
+    return new.replace(step=state.step + 1, rng=state.rng), metrics
+  return step
 
 
 def batch_shardings(mesh, ndims: dict) -> dict:

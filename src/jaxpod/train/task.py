@@ -20,6 +20,7 @@ shardings, optimizer step, EMA, checkpoints, hooks, tracker. A task supplies:
     eval_summary(ev)               (label, value) rows for the end-of-run table
     summary_fields(run_dir)        optional: extra keys for summary.json (leader, after the run; e.g. accuracy.start)
     name, headline                 run-folder prefix; the eval metric logged first (optional)
+    updates_per_batch              optional: optimizer updates per batch, in one step (GRPO's num_iterations; 1)
 
 A task is two classes in one module of `jaxpod.tasks` (or any module imported before parsing):
 its config, registered with `@TaskConfig.register_subclass("name")`, whose `build(cfg)` returns
