@@ -218,7 +218,7 @@ class SlotScheduler(Scheduler):
 
   def _device_decode(self, rows, last):
     del last  # the capacity set in _prepare covers it
-    need = 1 + max((i % self.device.block for i in np.flatnonzero(rows["live"])), default=0)
+    need = 1 + (np.flatnonzero(rows["live"]) % self.device.block).max(initial=0)  # the highest live slot of a block
     computed = next(r for r in self.device.row_classes() if r >= need)
     self.row_counts.append(computed * self.device.shards)
     return self.device.decode(rows["tok"], rows["pos"], rows["gen"], rows["limit"], rows["seeds"], rows["samples"],

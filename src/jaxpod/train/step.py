@@ -56,7 +56,7 @@ def train_step_fn(loss_fn: Callable, tx: optax.GradientTransformation, ema_decay
 
 def repeated(train_step: Callable, updates: int, lr_fn: Callable | None) -> Callable:
   """`train_step` applied `updates` times to one batch as one step: the state's step (and rng, checkpoints,
-  hooks) advances once, the optimizer's count (and lr schedule) `updates` times; metrics are the mean of the
+  hooks) advances once, the optimizer's count (and lr schedule) and the EMA `updates` times; metrics are the mean of the
   updates' sums (so `normalize` reads per update), a `*_max` / `*_min` the extreme over them, lr the first's."""
   def step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     def body(s, i):
