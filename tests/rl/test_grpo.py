@@ -188,6 +188,34 @@ def test_a_batch_gives_up_after_max_rounds_of_uniform_groups_in_both_topologies(
   assert source.queue.progress()["stopped"] and source.queue.progress()["done"]  # the workers stop
 
 
+def test_a_batch_starved_by_solved_problems_ends_the_run_as_a_success_in_both_topologies(tmp_path):
+  """A policy that solves what it draws (most groups judged had every sample correct) is not an error: the bound
+  gives up with `grpo.Solved` (an `EndOfData`: the trainer ends at its last step, exit 0), the same one line in both
+  topologies; the disaggregated leader tells the workers the trainer is done, not that it stopped; a set the policy
+  half solves and half fails is still `Starved`."""
+  from jaxpod.rl.colocated import fill_batch
+  from jaxpod.rl.config import GRPOConfig, RolloutConfig
+  from jaxpod.rl.disaggregated.queue import to_bytes
+  from jaxpod.rl.disaggregated.queue_source import QueueSource
+  from jaxpod.train.task import EndOfData
+  cfg = GRPOConfig(num_prompts_per_step=2, sample_prompts_per_step=4, max_sampling_rounds=3)
+  solved, failed, mixed = _group((5, 5), (1, 1)), _group((5, 5), (0, 0)), _group((5, 5), (0, 1))
+  with pytest.raises(grpo.Solved) as colocated:
+    fill_batch(iter([[solved] * 3 + [mixed]] + [[solved] * 4] * 10), cfg.batch_fill(5))
+  assert isinstance(colocated.value, EndOfData) and not isinstance(colocated.value, ValueError)
+  assert str(colocated.value).startswith("rl: the policy solves its training problems: 11 of the 12 groups judged "
+                                         "for step 6 had every sample correct and 1 of the 2 needed")
+  assert "the run ends at step 5" in str(colocated.value) and "\n" not in str(colocated.value)
+  source = QueueSource(str(tmp_path / "run"), None, cfg, RolloutConfig(), batcher=None)
+  for seq in range(3):
+    source.queue.put(0, seq, to_bytes([solved] * 3 + [mixed] if seq == 0 else [solved] * 4, {}))
+  pick = source._pick(version=5)
+  assert pick == {"solved": str(colocated.value)}
+  assert source.queue.progress()["done"] and not source.queue.progress().get("stopped")
+  with pytest.raises(grpo.Starved):  # 6 solved, 6 failed of 12: not most solved
+    fill_batch(iter([[solved, failed] * 2] * 3), cfg.batch_fill(5))
+
+
 # ----------------------------------------------------------------------------- off-policy corrections
 def np_corrected_loss(logp, behaviour, adv, mask, ref, beta, norm, max_new, tis, cap, mis, low, high):
   """The published TIS / MIS (decoupled: the clipped ratio against pi_old = pi, so it is 1), loop by loop."""

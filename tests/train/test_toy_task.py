@@ -49,3 +49,31 @@ def test_a_task_in_one_module_trains_through_the_trainer(tmp_path):
   np.testing.assert_allclose(np.asarray(state["params"]["w"]["value"]), toy_task.W_TRUE, atol=0.05)
   assert (run / "metrics.png").stat().st_size > 0
   assert json.loads((run / "config.json").read_text())["task"]["type"] == "toy_linear"
+
+
+def test_an_iterator_that_ends_early_ends_the_run_at_its_last_step_and_a_rerun_trains_nothing(tmp_path):
+  """`EndOfData` from the train iterator (every host, the same step; RL raises it when the policy solves its problems)
+  ends the run at the last trained step as trainer.steps would: final eval and checkpoint there, summary.json with
+  the reason, exit 0; rerunning the same command restores that step, finds the data still ended, trains nothing
+  and returns the stored summary."""
+  from jaxpod.cli.train import load_config
+  from jaxpod.train import train
+  cfg = load_config(["--task.type", "toy_linear", "--task.data.end_after", "25", "--trainer.steps", "40",
+                     "--trainer.eval_every", "10", "--trainer.checkpoint_every", "10", "--trainer.log_every", "1",
+                     "--trainer.ema", "0", "--trainer.runs_dir", str(tmp_path), "--trainer.progress", "false",
+                     "--tracker.tensorboard", "false"])
+  recorder = Recorder()
+  summary = train(cfg, extra_hooks=[recorder])
+  run = Path(summary.run_dir)
+  assert summary.final_step == 25 and "task.data.end_after" in summary.end_reason
+  assert [s for s, _ in recorder.metrics] == list(range(1, 26))
+  assert [s for s, _ in recorder.results] == [10, 20, 25]  # the last step evaluated as a final one
+  with ocp.CheckpointManager(run / "checkpoints") as mgr:
+    assert max(mgr.all_steps()) == 25
+  stored = json.loads((run / "summary.json").read_text())
+  assert stored["final_step"] == 25 and stored["end_reason"] == summary.end_reason
+  again = Recorder()
+  rerun = train(cfg, extra_hooks=[again])
+  assert again.metrics == [] and rerun.final_step == 25 and rerun.resumed
+  with ocp.CheckpointManager(run / "checkpoints") as mgr:
+    assert max(mgr.all_steps()) == 25

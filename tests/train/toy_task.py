@@ -23,6 +23,7 @@ class ToyData(DataConfig):
 
   global_batch_size: int = 16  # rows per training step over all hosts
   eval_batch_size: int = 64  # held-out rows, evaluated in one batch
+  end_after: int = 0  # batches the iterator yields before it raises EndOfData (0: endless)
 
 
 @TaskConfig.register_subclass("toy_linear")  # the registry line
@@ -52,6 +53,9 @@ class _Iter:
     self.data, self.per, self.host, self.step = data, data.global_batch_size // hosts, host, 0
 
   def __next__(self) -> dict:
+    if self.data.end_after and self.step >= self.data.end_after:
+      from jaxpod.train.task import EndOfData
+      raise EndOfData(f"toy: the {self.data.end_after} batches of task.data.end_after are trained")
     rows = _rows(self.data.seed, 1 + self.step, self.data.global_batch_size)
     self.step += 1
     return {k: v[self.host * self.per:(self.host + 1) * self.per] for k, v in rows.items()}

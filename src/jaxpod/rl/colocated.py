@@ -15,8 +15,8 @@ A batch is filled in rounds: a round samples the next `sample_prompts_per_step` 
 training stream 2 and `grpo.take` admits groups in order (`grpo.admit`, the rule the disaggregated
 trainer applies to the queue: with filter_groups, groups whose rewards are all equal are dropped)
 until `num_prompts_per_step` are taken; at most `max_sampling_rounds` rounds per batch (DAPO's
-max_num_gen_batches; `grpo.BatchFill`, the bound the disaggregated trainer applies too: a policy that solves
-or fails almost every problem ends the run in one line).
+max_num_gen_batches; `grpo.BatchFill`, the bound the disaggregated trainer applies too: a policy that fails
+almost every problem ends the run in one line; one that solves them ends it as a success at its last step).
 Request seeds are fixed by the run seed, so a rerun from a checkpoint regenerates exactly the rollouts
 it would have trained on: the data state is the number of batches trained and the stream position of the batch not yet
 trained (invariant 5 for RL: nothing trained twice, nothing lost).
@@ -53,7 +53,7 @@ def check_memory(state, mesh, rollout: RolloutConfig, model_cfg, available: int 
 
 def fill_batch(rounds, fill: grpo.BatchFill) -> list:
   """The groups `fill` admits from `rounds`, an iterator of lists of groups (each drawn only when the previous ones
-  did not fill the batch); `grpo.Starved` once `fill` gives up (max_sampling_rounds rounds)."""
+  did not fill the batch); `grpo.Solved` or `grpo.Starved` once `fill` gives up (max_sampling_rounds rounds)."""
   chosen = []
   for groups in rounds:
     taken, _ = fill.take(groups)
@@ -61,7 +61,7 @@ def fill_batch(rounds, fill: grpo.BatchFill) -> list:
     if fill.full:
       return chosen
     if fill.starved():
-      raise fill.error()
+      raise fill.give_up()
   raise RuntimeError("rl colocated: the rounds of a batch ran out")  # `rounds` is endless in a run
 
 
@@ -79,6 +79,7 @@ class RolloutBuffer(BatchSource):
     self.grpo = g
     self.trained = 0  # batches handed to the trainer (= optimizer steps taken on rollouts)
     self.ready: dict | None = None  # the global arrays of batch `trained`
+    self.ended: grpo.Solved | None = None  # the policy solved its problems: no batch `trained`, the run ends
     self.cursor: int | None = None  # stream position of the next round (None: the start of batch `trained`)
     self.ready_from = 0  # stream position the ready batch's first round sampled
 
@@ -86,6 +87,8 @@ class RolloutBuffer(BatchSource):
     return f"colocated RolloutBuffer (stream {RL_STREAM}, {self.sampled_prompts} prompts per round)"
 
   def __next__(self) -> dict:
+    if self.ended is not None:
+      raise self.ended  # every host: decided from the same groups (the trainer ends at its last step)
     if self.ready is None:
       raise RuntimeError("colocated rollouts: no batch was generated for the next step (ColocatedRollouts missing?)")
     batch, self.ready = self.ready, None
@@ -154,8 +157,11 @@ class ColocatedRollouts(Hook):
         yield sampled[-len(batch):]
 
     fill = buffer.grpo.batch_fill(version)
-    chosen = fill_batch(rounds(), fill)
-    buffer.ready = buffer.batcher(chosen)
+    try:
+      chosen = fill_batch(rounds(), fill)
+      buffer.ready = buffer.batcher(chosen)
+    except grpo.Solved as e:  # raised to the trainer by the next batch it asks for: this step's hooks finish first
+      chosen, buffer.ended = [], e
     self.last_end = time.perf_counter()
     dt = self.last_end - t0
     tokens = self.roller.tokens - before
@@ -164,7 +170,8 @@ class ColocatedRollouts(Hook):
             "rl/interval_s": interval, "rl/sampled_version": version, "rl/sampled_reward": sum(rewards) / len(rewards),
             "rl/mixed_groups": sum(grp.mixed for grp in sampled) / len(sampled),
             # the trained episodes that got an observation (a tool answered): what multi-turn training is about
-            "rl/observed": sum(not all(f) for grp in chosen for f in grp.from_policy) / sum(g.n for g in chosen),
+            "rl/observed": (sum(not all(f) for grp in chosen for f in grp.from_policy)
+                            / max(sum(g.n for g in chosen), 1)),
             "rl/samples": sum(len(grp.sampled) for grp in sampled),  # samples (episodes) drawn for this batch
             "rl/prefill_tokens": self.roller.prefill_tokens - prefilled,  # real tokens the engine prefilled for them
             "rl/context_tokens": self.roller.context_tokens - distinct,  # their distinct tokens (prompt + after it)

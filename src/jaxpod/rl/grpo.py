@@ -13,9 +13,11 @@ groups in order until it has the groups it needs.
 
 The bound on the wait (`BatchFill`, one rule and one message for both topologies): a batch for which
 `grpo.max_sampling_rounds` x `sample_prompts_per_step` groups have been judged on their rewards (taken,
-or dropped as uniform) without filling it ends the run with one line naming the reason and the knobs
-(`Starved`, exit 2). Colocated, that is exactly max_sampling_rounds rounds of sampling; disaggregated,
-the same number of groups from the queue. Stale and future drops do not count (a backlog left by a
+or dropped as uniform) without filling it ends the run in one line. If most of those groups had every sample
+correct, the policy has learned the set: the run ends as a success at its last trained step (`Solved`: final eval,
+export and summary, exit 0). Otherwise the line names the reason and the knobs (`Starved`, exit 2).
+Colocated, that is exactly max_sampling_rounds rounds of sampling; disaggregated, the same number of
+groups from the queue. Stale and future drops do not count (a backlog left by a
 restart, bounded by the workers' max_queued_files); `rollout.rollout_timeout_s` bounds those.
 
 Advantages, for the n samples of one prompt with rewards r_1..r_n (`scale_rewards`):
@@ -62,6 +64,7 @@ import numpy as np
 from jaxpod.models.llama.model import head_logits
 from jaxpod.sample.config import SamplingParams
 from jaxpod.sample.tokens import token_logprobs as sample_token_logprobs
+from jaxpod.train.task import EndOfData
 
 SCALE_REWARDS = ("group", "batch", "none")
 LOSS_NORMS = ("token", "sequence", "constant")
@@ -104,6 +107,11 @@ def take(groups, need: int, trainer_version: int, *, max_policy_lag: int,
   return taken, dropped
 
 
+class Solved(EndOfData):
+  """A batch `BatchFill` gave up on because the policy solves the problems it draws: the run ends at its last trained
+  step as at trainer.steps (final eval, export, summary; exit 0), on every host at the same step."""
+
+
 class Starved(ValueError):
   """A batch `BatchFill` gave up on: one line (exit 2, bad input); every host raises it at the same point."""
 
@@ -119,6 +127,7 @@ class BatchFill:
     self.taken = 0
     self.judged = 0  # groups judged on their rewards: taken, or dropped as uniform
     self.uniform_reward = 0.0  # the sum of the uniform groups' (equal) rewards
+    self.all_correct = 0  # uniform groups whose every sample is correct (the policy solves that problem)
     self.by_source: dict = {}  # source (e.g. a worker) -> {"taken": n, <reason>: n}
 
   @property
@@ -137,6 +146,7 @@ class BatchFill:
       tally[why] = tally.get(why, 0) + 1
       if why == "uniform":
         self.uniform_reward += groups[i].rewards[0]
+        self.all_correct += all(groups[i].correct)
     self.taken += len(taken)
     self.judged += len(taken) + sum(why == "uniform" for _, why in dropped)
     return taken, dropped
@@ -147,6 +157,22 @@ class BatchFill:
   def starved(self) -> bool:
     """The batch is not full and `limit` groups were judged for it: give up (`error`)."""
     return not self.full and self.judged >= self.limit
+
+  def solved(self) -> bool:
+    """Starved because the policy solves its problems: most groups judged had every sample correct."""
+    return self.starved() and 2 * self.all_correct > self.judged
+
+  def give_up(self) -> Solved | Starved:
+    """What ends the run once `starved`: `Solved` (success) or `Starved` (the one-line error)."""
+    return self.end() if self.solved() else self.error()
+
+  def end(self) -> Solved:
+    """The one line a solved run ends with (both topologies)."""
+    return Solved(f"rl: the policy solves its training problems: {self.all_correct} of the {self.judged} groups "
+                  f"judged for step {self.version + 1} had every sample correct and {self.taken} of the {self.need} "
+                  f"needed have rewards that differ (grpo.filter_groups; limit grpo.max_sampling_rounds x "
+                  f"sample_prompts_per_step = {self.limit} groups), so the run ends at step {self.version}; for more "
+                  "to learn, a harder --task")
 
   def describe(self) -> str:
     """`3 of 32 groups taken; worker 0: 2 taken, dropped 61 uniform, 4 stale; ...` (the progress line)."""

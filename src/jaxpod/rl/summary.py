@@ -12,6 +12,8 @@ summarises its whole history, not just the last process's part. Keys of summary.
                                   held-out problem at the rollout temperature; on in the multi-turn examples)
   tokens_per_s                    sampled tokens per second of rollout time
   rows_per_step                   sequences per optimizer step (grpo.num_prompts_per_step x num_generations)
+  steps, end_reason               the last GRPO step, and why it came before trainer.steps ("" if it did not:
+                                  e.g. `grpo.Solved`, the policy solves the problems it draws)
   time_s                          wall seconds: warmup, rl, and within RL rollout / train / eval / waiting /
                                   publish / fetch (the last three in disaggregated runs)
 """
@@ -83,7 +85,7 @@ def write(topology: str, rows_per_step: int, folder: str, warm, rl, warmup_s: fl
   s = out.pop("seconds")
   train_s = max(0.0, s["interval"] - s["eval"] - s["waiting"] - s["publish"])
   out.update({"run_dir": folder, "topology": topology, "rows_per_step": rows_per_step, "steps": rl.final_step,
-              "resumed": rl.resumed,
+              "end_reason": rl.end_reason, "resumed": rl.resumed,
               "lift_points": 100 * (out["accuracy.end"] - out["accuracy.start"]),
               "memory": procstats.peak_memory(),  # this trainer process's peak (the engine's too when colocated)
               "time_s": {"total": wall_s, "warmup": warmup_s, "rl": rl.wall_s, "rl_startup": rl.time_to_first_step_s,
@@ -110,6 +112,7 @@ def _print(out: dict) -> None:
                                 f"({out['lift_points']:+.1f} points)"),
           ("reward", f"{rewards[0][1]:.3f} -> {rewards[-1][1]:.3f} over {len(rewards)} steps" if rewards else "-"),
           *_pass_rows(out),
+          *([("ended early", out["end_reason"])] if out.get("end_reason") else []),
           ("rollout tokens/s", f"{out['tokens_per_s']:.0f}" if out["tokens_per_s"] else "-"),
           ("time", f"{t['total']:.0f} s: warm-up {t['warmup']:.0f} s, RL {t['rl']:.0f} s (rollout "
                    f"{t['rollout']:.0f}, train {t['train']:.0f}, eval {t['eval']:.0f}, waiting {t['waiting']:.0f}, "

@@ -12,7 +12,8 @@ shardings, optimizer step, EMA, checkpoints, hooks, tracker. A task supplies:
     optimizer()                    (optax transformation, lr schedule or None)
     loss_fn(graphdef)              (params, buffers, batch, rng, carry) -> (loss, (carry, metric sums))
     normalize(raw, global_batch)   host-side metric sums -> logged values
-    train_iter() / eval_iter       checkpointable train iterator (get_state/set_state) / eval batches
+    train_iter() / eval_iter       checkpointable train iterator (get_state/set_state) / eval batches; its
+                                   `__next__` may raise `EndOfData` (every host, the same step) to end the run early
     evaluator(graphdef, mesh, ema_sh, buffer_sh, batch_sh)   callable (params, buffers) -> eval dict
     hooks(graphdef, mesh, tcfg)    task-specific hooks, run after eval (LM: SampleHook)
     initial_params(mesh, shardings)  optional: (params, buffers) to start from, placed in shardings.params /
@@ -31,6 +32,14 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol
 
 from jaxpod.train.config import TrainConfig
+
+
+class EndOfData(Exception):
+  """Raised by a train iterator's `__next__`, on every host for the same step, when nothing is left worth training on
+  (RL: the policy solves the problems it draws). The run ends at the last trained step as it would at trainer.steps
+  (final eval, checkpoint, export, summary with `end_reason`; exit 0). Its message says why, in one line."""
+
+  coordinated = True  # every host raises it at the same step: not a failure to publish to the others
 
 
 class Task(Protocol):

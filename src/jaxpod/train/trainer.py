@@ -31,6 +31,7 @@ from jaxpod.train.config import TrainConfig, run_id, validate_for_hosts, validat
 from jaxpod.train.hooks import (CheckpointHook, EvalHook, Hook, ProgressHook, StepInfo, TrackerHook, find_hook,
                                 run_hooks)
 from jaxpod.train.preemption import Preempted, PreemptionWatch
+from jaxpod.train.task import EndOfData
 
 log = get_logger("train")
 POLL_S = 0.02  # longest sleep between readiness polls
@@ -52,6 +53,7 @@ class RunSummary:
   compile_cache_hits: int
   compile_cache_misses: int
   resumed: bool
+  end_reason: str = ""  # why the run ended before trainer.steps (the iterator's `EndOfData`); "" if it did not
 
 
 def run_url(cfg: TrainConfig, prefix: str) -> str:
@@ -156,18 +158,13 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
     initial = getattr(task, "initial_params", None)
     state = st.init_state(init_fn, shardings, initial(mesh, shardings) if initial is not None else None)
   if start >= tcfg.steps:
-    done = storage.join(run_dir, "summary.json")
     log.warning("run %s is already complete at step %d: nothing to train (raise --trainer.steps to train further, "
                 "or pass --trainer.run_name NEW for a new run)", run_dir, start)
     tracker.close()
     ckpt.close()
-    if storage.exists(done):
-      fields = {f.name for f in dataclasses.fields(RunSummary)}  # summary.json may hold the task's own keys too
-      summary = RunSummary(**{**{k: v for k, v in json.loads(storage.read_text(done)).items() if k in fields},
-                              "resumed": True})
-      if host.is_leader:
-        print_summary(ProgressDisplay(0, 0, False).console, _summary_rows(task, summary))
-      return summary
+    stored = _stored_summary(run_dir, task, host)
+    if stored is not None:
+      return stored
 
   with jax.set_mesh(mesh):
     step_fn = sp.jit_train_step(sp.train_step_fn(task.loss_fn(graphdef), tx, tcfg.ema, lr_fn,
@@ -183,7 +180,7 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
     loop = Loop(task, step_fn, iterator, batch_sh, hooks, run_dir, mesh,
                 PreemptionWatch(host.multi_process, tcfg.preemption_check_every), tcfg.steps, dcfg.global_batch_size)
     try:
-      last = _loop(loop, state, start)
+      last, final_step, ended = _loop(loop, state, start)
     except Preempted as e:
       progress.close()
       tracker.close()
@@ -198,18 +195,39 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
       loop.preemption.close()
   for hook in hooks:
     hook.close()
+  if ended:
+    log.warning("run %s ended at step %d of %d: %s", run_dir, final_step, tcfg.steps, ended)
+    if final_step == start and start > 0:  # a rerun of a run that had ended there: nothing new to report
+      stored = _stored_summary(run_dir, task, host)
+      if stored is not None:
+        return stored
   wall = time.monotonic() - t_start
-  steps_done = tcfg.steps - start
+  steps_done = final_step - start
   loop_s = max(wall - (progress.first_step_s or 0.0), 1e-9)
   eval_hist = find_hook(hooks, EvalHook).history
-  summary = RunSummary(run_dir=run_dir, start_step=start, final_step=tcfg.steps, final_metrics=last,
+  summary = RunSummary(run_dir=run_dir, start_step=start, final_step=final_step, final_metrics=last,
                        eval=eval_hist[-1][1] if eval_hist else {},
                        time_to_first_step_s=progress.first_step_s or 0.0, wall_s=wall,
                        steps_per_s=max(steps_done - 1, 0) / loop_s, compile_cache_hits=compile_cache.STATS.hits,
-                       compile_cache_misses=compile_cache.STATS.misses, resumed=restored is not None)
+                       compile_cache_misses=compile_cache.STATS.misses, resumed=restored is not None,
+                       end_reason=ended)
   if host.is_leader:
     _finish(cfg, task, summary, progress.console, print_summary)
   runtime.barrier("train.end", timeout_s=600)
+  return summary
+
+
+def _stored_summary(run_dir: str, task, host) -> RunSummary | None:
+  """The summary.json a finished run wrote (printed again on the leader), or None if there is none."""
+  from jaxpod.train.progress import ProgressDisplay, print_summary
+  done = storage.join(run_dir, "summary.json")
+  if not storage.exists(done):
+    return None
+  fields = {f.name for f in dataclasses.fields(RunSummary)}  # summary.json may hold the task's own keys too
+  summary = RunSummary(**{**{k: v for k, v in json.loads(storage.read_text(done)).items() if k in fields},
+                          "resumed": True})
+  if host.is_leader:
+    print_summary(ProgressDisplay(0, 0, False).console, _summary_rows(task, summary))
   return summary
 
 
@@ -248,8 +266,9 @@ def _restore(tcfg, ckpt, target):
   return restored
 
 
-def _loop(loop: Loop, state, start: int) -> dict:
-  """Steps start+1..steps; returns the last host-side normalised training metrics (with the last hook results)."""
+def _loop(loop: Loop, state, start: int) -> tuple[dict, int, str]:
+  """Steps start+1..steps, or until the iterator raises `EndOfData`; returns the last host-side normalised training
+  metrics (with the last hook results), the last step trained and why the run ended early ("" if it did not)."""
   from jaxpod.train import step as sp
   pending = None  # (step number, device metrics) of the step whose metrics are still on the device
   latest = _start_hooks(loop, state, start)
@@ -262,8 +281,14 @@ def _loop(loop: Loop, state, start: int) -> dict:
       hook.on_metrics(step, values)
     return values
 
+  step, ended = start, ""
   for step in range(start + 1, loop.steps + 1):
-    batch = sp.global_batch(next(loop.iterator), loop.batch_sh)
+    try:
+      host_batch = next(loop.iterator)
+    except EndOfData as e:
+      step, ended = step - 1, str(e) or "the train iterator ended"
+      break
+    batch = sp.global_batch(host_batch, loop.batch_sh)
     state, metrics = loop.step_fn(state, batch)
     if pending is not None:
       latest = drain(pending)
@@ -274,13 +299,7 @@ def _loop(loop: Loop, state, start: int) -> dict:
     if due or preempted:
       latest = drain(pending)
       pending = None
-      info = StepInfo(step=step, state=state, final=final, run_dir=loop.run_dir, mesh=loop.mesh, metrics=latest,
-                      extras={"data_state": loop.iterator.get_state})
-      out = run_hooks(due, info)
-      if out:
-        for hook in loop.hooks:
-          hook.on_results(step, out)
-        latest = {**latest, **out}
+      latest, info = _run_due(loop, due, state, step, final, latest)
       if preempted:
         checkpoint = find_hook(loop.hooks, CheckpointHook)
         checkpoint(info)
@@ -288,7 +307,22 @@ def _loop(loop: Loop, state, start: int) -> dict:
         raise Preempted(step)
   if pending is not None:
     latest = drain(pending)
-  return latest
+  if ended and (step > start or start == 0):  # the last step becomes the final one: what its own round did not run
+    due = [h for h in loop.hooks if h.due(step, True) and not h.due(step, False)]
+    latest, _ = _run_due(loop, due, state, step, True, latest)
+  return latest, step, ended
+
+
+def _run_due(loop: Loop, due: list, state, step: int, final: bool, latest: dict) -> tuple[dict, StepInfo]:
+  """Run the due hooks at `step`; their results go to every hook's on_results and into `latest`."""
+  info = StepInfo(step=step, state=state, final=final, run_dir=loop.run_dir, mesh=loop.mesh, metrics=latest,
+                  extras={"data_state": loop.iterator.get_state})
+  out = run_hooks(due, info)
+  if out:
+    for hook in loop.hooks:
+      hook.on_results(step, out)
+    latest = {**latest, **out}
+  return latest, info
 
 
 def _start_hooks(loop: Loop, state, start: int) -> dict:
@@ -319,7 +353,8 @@ def _finish(cfg: TrainConfig, task, summary: RunSummary, console, print_summary)
 def _summary_rows(task, summary: RunSummary) -> list[tuple[str, str]]:
   ev = summary.eval
   return [("run folder", str(summary.run_dir)),
-          ("steps", f"{summary.start_step} -> {summary.final_step}" + (" (resumed)" if summary.resumed else "")),
+          ("steps", f"{summary.start_step} -> {summary.final_step}" + (" (resumed)" if summary.resumed else "")
+           + (f" (ended early: {summary.end_reason})" if summary.end_reason else "")),
           ("train loss", f"{summary.final_metrics.get('loss', float('nan')):.4f}"),
           *task.eval_summary(ev),
           ("time to first step", f"{summary.time_to_first_step_s:.1f} s (init, data, compile)"),

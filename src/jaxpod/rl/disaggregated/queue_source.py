@@ -12,7 +12,8 @@ While a batch waits the leader logs a progress line every WAIT_LINE_S (groups ta
 reason, per worker). `grpo.BatchFill` bounds the wait as in the colocated topology: once
 max_sampling_rounds x sample_prompts_per_step groups were judged on their rewards without filling the
 batch, the leader tells the workers to stop (progress record: done, stopped) and broadcasts the one line;
-every trainer host raises it (`grpo.Starved`, exit 2).
+every trainer host raises it (`grpo.Starved`, exit 2; or `grpo.Solved` when the policy solves the problems it
+draws: the run ends at its last step, exit 0, and the workers are told the trainer is done).
 
 While it waits, the leader reads the workers' heartbeats: a worker whose heartbeat stops
 changing for `rollout.worker_timeout_s` is named as lost (once), one that comes back is named as
@@ -111,7 +112,7 @@ class QueueSource(BatchSource):
   def _pick(self, version: int) -> dict:
     """Leader: {"take": [[file, [groups]]], "drop": [[file, group, why]], "waited": s} once enough groups are
     admitted (`grpo.admit`: the one rule both topologies use), scanning files oldest first, workers interleaved;
-    {"starved": the one line} once `grpo.BatchFill` gives up on the batch (the bound the colocated trainer has)."""
+    {"starved" or "solved": the one line} once `grpo.BatchFill` gives up on the batch (the colocated bound)."""
     fill = self.grpo.batch_fill(version)
     take, drop = {}, []
     t0, sleep = time.monotonic(), POLL_S[0]
@@ -135,9 +136,10 @@ class QueueSource(BatchSource):
       if fill.full:
         return {"take": [[k, v] for k, v in take.items()], "drop": drop, "waited": waited}
       if fill.starved():
+        end = fill.give_up()
         log.warning("rl trainer: gave up on step %d after %.0f s: %s", version + 1, waited, fill.describe())
-        self._report(done=True, stopped=True)  # the workers stop: nothing more will be taken
-        return {"starved": str(fill.error())}
+        self._report(done=True, stopped=not isinstance(end, grpo.Solved))  # the workers stop: nothing more is taken
+        return {"solved" if isinstance(end, grpo.Solved) else "starved": str(end)}
       self._report(done=False, examined=set(take) | {d[0] for d in drop})
       if time.monotonic() - last_line >= WAIT_LINE_S:
         last_line = time.monotonic()
@@ -155,6 +157,8 @@ class QueueSource(BatchSource):
                                   timeout_s=self.rollout_timeout_s + 120)
     if "starved" in pick:  # every host: the same line, exit 2 (invariant 1: decided on the leader)
       raise grpo.Starved(pick["starved"])
+    if "solved" in pick:  # every host: the run ends at its last step (exit 0)
+      raise grpo.Solved(pick["solved"])
     groups = [self._groups(name)[i] for name, idxs in pick["take"] for i in idxs]
     for name, idxs in pick["take"]:
       self.consumed.take(name, idxs, len(self._groups(name)))
