@@ -216,6 +216,23 @@ def test_a_batch_starved_by_solved_problems_ends_the_run_as_a_success_in_both_to
     fill_batch(iter([[solved, failed] * 2] * 3), cfg.batch_fill(5))
 
 
+def test_a_colocated_buffer_that_ended_raises_solved_and_checkpoints_the_start_of_its_rounds(tmp_path):
+  """Invariant 5 for RL: the checkpoint written as a solved run ends holds where the batch that was not trained
+  started drawing problems (not past its rounds), so a rerun draws the same rounds and ends at the same step; the
+  trainer's next batch is the `Solved` itself."""
+  import draccus
+  from jaxpod.rl.config import RLConfig
+  from jaxpod.rl.run import batch_source
+  from tests.rl.clusters import TINY
+  cfg = draccus.parse(RLConfig, args=[*TINY, "--trainer.runs_dir", str(tmp_path)])
+  buffer = batch_source(cfg, str(tmp_path / "run"), None)
+  buffer.trained, buffer.ready_from, buffer.cursor = 5, 640, 640 + 8 * 128  # 8 rounds drawn for batch 6, none full
+  buffer.ended = grpo.Solved("rl: the policy solves its training problems")
+  assert buffer.get_state() == {"trained": 5, "cursor": 640}
+  with pytest.raises(grpo.Solved):
+    next(buffer)
+
+
 # ----------------------------------------------------------------------------- off-policy corrections
 def np_corrected_loss(logp, behaviour, adv, mask, ref, beta, norm, max_new, tis, cap, mis, low, high):
   """The published TIS / MIS (decoupled: the clipped ratio against pi_old = pi, so it is 1), loop by loop."""

@@ -97,7 +97,8 @@ class RolloutBuffer(BatchSource):
 
   def get_state(self) -> dict:
     """Batches trained and where the batch not yet trained starts (regenerated on resume)."""
-    return {"trained": self.trained, "cursor": self.ready_from if self.ready is not None else self.cursor}
+    drawn = self.ready is not None or self.ended is not None  # a batch's rounds were drawn: a rerun draws them again
+    return {"trained": self.trained, "cursor": self.ready_from if drawn else self.cursor}
 
   def set_state(self, state: dict) -> None:
     self.trained = int(state["trained"])
