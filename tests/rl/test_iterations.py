@@ -50,7 +50,8 @@ def _on_policy_batch(graphdef, params, rollout, seed):
 
 
 def test_one_iteration_is_one_plain_update_of_the_tasks_loss(tmp_path):
-  """The default (num_iterations 1) is today's step: params after it are one AdamW update of the loss's grads."""
+  """The default for full fine-tuning (num_iterations 0: 1 without LoRA) is today's step: params after it are one
+  AdamW update of the loss's grads."""
   import optax
   task, graphdef, state, rollout = _setup(tmp_path)
   assert task.updates_per_batch == 1
@@ -96,9 +97,19 @@ def test_two_iterations_are_two_updates_on_one_batch_in_one_step(tmp_path):
   assert any(not np.allclose(a, b) for a, b in zip(moved_once, jax.tree.leaves(state.params)))
 
 
+def test_the_default_is_two_updates_per_batch_with_lora_and_one_without():
+  """num_iterations 0 (the default) resolves by the policy: LoRA adapters take 2 updates per batch (docs/lora.md:
+  8-20 points more on the same samples at rank 1 and 16), full fine-tuning 1; a value given is kept either way."""
+  from jaxpod.rl.config import GRPOConfig
+  assert GRPOConfig().num_iterations == 0
+  assert (GRPOConfig().updates_per_batch(lora=True), GRPOConfig().updates_per_batch(lora=False)) == (2, 1)
+  assert GRPOConfig(num_iterations=3).updates_per_batch(lora=True) == 3
+  assert GRPOConfig(num_iterations=3).updates_per_batch(lora=False) == 3
+
+
 def test_bad_num_iterations_is_one_line_before_jax(capsys, tmp_path):
-  """Invariant 7: num_iterations < 1 fails in one line naming the field, before JAX starts."""
+  """Invariant 7: num_iterations < 0 fails in one line naming the field, before JAX starts."""
   from jaxpod.cli.main import main
-  code = main(["rl", "--trainer.runs_dir", str(tmp_path / "runs"), "--grpo.num_iterations", "0"])
+  code = main(["rl", "--trainer.runs_dir", str(tmp_path / "runs"), "--grpo.num_iterations", "-1"])
   err = capsys.readouterr().err.strip()
-  assert code == 2 and "rl.grpo.num_iterations=0 must be >= 1" in err and len(err.splitlines()) == 1, err
+  assert code == 2 and "rl.grpo.num_iterations=-1 must be >= 1" in err and len(err.splitlines()) == 1, err

@@ -106,20 +106,24 @@ def test_grpo_with_lora_trains_the_adapters_and_references_the_base(warm_policy,
   from jaxpod.rl.config import RLConfig
   from jaxpod.rl.run import run, run_dir
   from tests.rl.clusters import TINY
+  # one update per batch (LoRA's default is 2): the logged log-prob gap is then the engine's against the trainer's
   cfg = draccus.parse(RLConfig, args=[*TINY, "--model.hf", warm_policy, "--lora.rank", "1", "--grpo.beta", "0.05",
-                                      "--trainer.steps", "3", "--trainer.eval_every", "3",
+                                      "--grpo.num_iterations", "1", "--trainer.steps", "3", "--trainer.eval_every", "3",
                                       "--trainer.eval_at_start", "false", "--trainer.runs_dir", str(tmp_path)])
   run(cfg)
   folder = run_dir(cfg)
   rows = [json.loads(line) for line in open(f"{folder}/train/metrics.jsonl")]
   last = [r for r in rows if "kl" in r][-1]
   assert last["kl"] > 0 and abs(last["logprob_gap"]) < 1e-4
-  assert last["lr"] == pytest.approx(5 * 3e-4 * 2 / 5)  # lr_scale 5; step 3: 2/5 of the 5 warm-up steps
+  assert last["lr"] == pytest.approx(5 * 3e-4 * 2 / 5)  # lr_scale 5; step 3: 2/5 of the 5 warm-up batches
   adapter_cfg = json.load(open(f"{folder}/adapter/adapter_config.json"))
   assert adapter_cfg["r"] == 1 and adapter_cfg["base_model_name_or_path"] == warm_policy
   from jaxpod.rl.run import grpo_config
   task = grpo_config(cfg, folder, warm_policy, source=object()).task.build(grpo_config(cfg, folder, warm_policy,
                                                                                        source=object()))
+  assert task.updates_per_batch == 1
+  default = draccus.parse(RLConfig, args=[*TINY, "--model.hf", warm_policy, "--lora.rank", "1"])
+  assert grpo_config(default, folder, warm_policy, source=object()).task.build(None).updates_per_batch == 2
   _, params, buffers = task.abstract_model(0)
   assert all(isinstance(v, nnx.LoRAParam) for _, v in nnx.to_flat_state(params))
   assert not any(isinstance(v, nnx.LoRAParam) for _, v in nnx.to_flat_state(buffers))
@@ -159,7 +163,8 @@ def test_lora_b_lr_ratio_scales_only_the_b_updates_of_grpo(tmp_path):
     return out
   plain, plus = updates(), updates("--lora.b_lr_ratio", "4")
   assert jnp.allclose(plain["lora_b"], plain["lora_a"][0, 0])
-  assert float(plain["lora_a"][0, 0]) == pytest.approx(-5 * 3e-4 / 5, rel=1e-3)  # lr x lr_scale 5, step 1 of the 5-step warm-up
+  # lr x lr_scale 5 at update 1 of the warm-up: 5 batches of 2 updates each (LoRA's default grpo.num_iterations)
+  assert float(plain["lora_a"][0, 0]) == pytest.approx(-5 * 3e-4 / 10, rel=1e-3)
   assert jnp.allclose(plus["lora_a"], plain["lora_a"]) and jnp.allclose(plus["lora_b"], 4 * plain["lora_b"])
 
 

@@ -185,7 +185,7 @@ class GRPOTask(PolicyTask):
     # checkpoint, a published policy version and a batch stay one and the same in both topologies: resume, eval_every
     # and max_policy_lag (in batches) mean what they did. The ratio's pi_old stays the engine's behaviour log-probs
     # (TRL's num_iterations), so the clip bounds how far the later updates move from the policy that sampled.
-    self.updates_per_batch = tc.grpo.num_iterations
+    self.updates_per_batch = tc.grpo.updates_per_batch(lora=tc.policy.lora is not None)
 
   def _buffers(self, params) -> dict:
     return {"ref": params} if self.grpo.beta > 0 else {}
@@ -195,7 +195,7 @@ class GRPOTask(PolicyTask):
 
   def optimizer(self):
     g = self.grpo
-    return self._adamw(g.lr, 5 * g.num_iterations, g.weight_decay, g.grad_clip)  # warm-up: 5 batches' updates
+    return self._adamw(g.lr, 5 * self.updates_per_batch, g.weight_decay, g.grad_clip)  # warm-up: 5 batches' updates
 
   def loss_fn(self, graphdef) -> Callable:
     import jax
