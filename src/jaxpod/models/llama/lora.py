@@ -93,7 +93,9 @@ class Adapter(nnx.Module):
                          b_metadata={"logical_axes": (None, axes[1])})
 
   def __call__(self, x_BxTxF):
-    return self.lora(x_BxTxF) * jnp.asarray(self.scale, x_BxTxF.dtype)
+    """s * (x A) B on the flattened rows (as `model.dense`, so XLA:CPU copies no gradient transposed): [B, T, out]."""
+    y_NxO = self.lora(x_BxTxF.reshape(-1, x_BxTxF.shape[-1]))
+    return y_NxO.reshape(*x_BxTxF.shape[:-1], -1) * jnp.asarray(self.scale, x_BxTxF.dtype)
 
 
 def _build(model: model_lib.Llama, lcfg: LoraConfig, seed: int, traced: bool) -> None:

@@ -122,6 +122,15 @@ def rope(x_BxTxNxE, positions_BxT, inv_freq_E2):
   return x_BxTxNxE * cos + rot * sin
 
 
+def dense(x_BxTxF, w_FxO, **kw):
+  """x @ w over x's last axis as one 2-D matmul on the flattened rows [B*T, F] (w's trailing axes flattened too,
+  [F, ...] -> [B, T, ...]). Why: for a 3-D x, XLA:CPU builds the weight gradient by first copying the output's
+  gradient transposed; on [B*T, F] it contracts both operands' row axis in place (an MLP's forward + backward at the
+  GRPO step's shapes: 87 vs 149 ms)."""
+  b, t, f = x_BxTxF.shape
+  return jnp.matmul(x_BxTxF.reshape(b * t, f), w_FxO.reshape(f, -1), **kw).reshape(b, t, *w_FxO.shape[1:])
+
+
 def adapted(module: nnx.Module, name: str, x_BxTxF, y):
   """y = x @ module.<name> plus its LoRA adapter's s * x A B when `lora.py` attached one (`<name>_lora`)."""
   adapter = getattr(module, f"{name}_lora", None)
@@ -148,7 +157,7 @@ class Attention(nnx.Module):
 
   def _project(self, x_BxTxD, name: str, axes):
     """x @ {q,k,v}_proj (+ bias): [B, T, heads, E]."""
-    y = adapted(self, f"{name}_proj", x_BxTxD, jnp.einsum("btd,dhe->bthe", x_BxTxD, getattr(self, f"{name}_proj")[...]))
+    y = adapted(self, f"{name}_proj", x_BxTxD, dense(x_BxTxD, getattr(self, f"{name}_proj")[...]))
     if self.cfg.qkv_bias:
       y = y + getattr(self, f"{name}_bias")[...]
     return constrain(y, ("batch", "seq", axes, "head_dim"))
@@ -176,7 +185,7 @@ class Attention(nnx.Module):
     # one flat contraction over H*E: with two contracting dims XLA CPU transposed all of o_proj every step
     o_FxD = self.o_proj[...].reshape(cfg.num_attention_heads * e, -1)
     ctx_BxTxF = ctx.reshape(b, t, -1)
-    return constrain(adapted(self, "o_proj", ctx_BxTxF, ctx_BxTxF @ o_FxD), _ACT), cache
+    return constrain(adapted(self, "o_proj", ctx_BxTxF, dense(ctx_BxTxF, o_FxD)), _ACT), cache
 
   def _attend_static(self, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, kv_mask_BxS, cache, cache_index, layer, kv_len,
                      positions_BxT, window):
@@ -252,9 +261,9 @@ class MLP(nnx.Module):
     self.down_proj = _param(rngs, (i, d), ("mlp", "embed"), dt)
 
   def __call__(self, x_BxTxD):
-    gate, up = (adapted(self, n, x_BxTxD, x_BxTxD @ getattr(self, n)[...]) for n in ("gate_proj", "up_proj"))
+    gate, up = (adapted(self, n, x_BxTxD, dense(x_BxTxD, getattr(self, n)[...])) for n in ("gate_proj", "up_proj"))
     h = constrain(self.act(gate) * up, ("batch", "seq", "mlp"))
-    return constrain(adapted(self, "down_proj", h, h @ self.down_proj[...]), _ACT)
+    return constrain(adapted(self, "down_proj", h, dense(h, self.down_proj[...])), _ACT)
 
 
 class Block(nnx.Module):
@@ -347,8 +356,7 @@ class Llama(nnx.Module):
 
 def head_logits(h_BxTxD, w_DxV):
   """Final-normed hidden [B, T, D] x head [D, V] -> float32 logits [B, T, V] (`Llama.head`, or a chunk of positions)."""
-  return constrain(jnp.einsum("btd,dv->btv", h_BxTxD, w_DxV, preferred_element_type=jnp.float32),
-                   ("batch", "seq", "vocab"))
+  return constrain(dense(h_BxTxD, w_DxV, preferred_element_type=jnp.float32), ("batch", "seq", "vocab"))
 
 
 def _check_captures(cfg: LlamaConfig, layers: Sequence[int], points: Sequence[str]) -> None:
