@@ -95,3 +95,17 @@ def test_verifier_rewards_score_only_stopped_samples(name, completion):
   assert reward(problem, completion, True) == 1.0
   assert reward(problem, completion, False) == 0.0  # cut by the length limit: not an answer
   assert reward(problem, completion.replace("12", "13"), True) == 0.0
+
+
+def test_a_completion_scored_twice_is_parsed_once():
+  """A rollout asks the verifier twice per completion (its reward, then `correct`): the second answer comes from the
+  memo, and the n samples of one problem share its parsed reference."""
+  from jaxpod.problems import verifiers
+  completion, reference = "so 17 + 25 = 42\n#### 42 (memo test)", "#### 42"
+  before = gsm8k_correct.cache_info()
+  assert gsm8k_correct(completion, reference) and gsm8k_correct(completion, reference)
+  after = gsm8k_correct.cache_info()
+  assert (after.misses - before.misses, after.hits - before.hits) == (1, 1)
+  gold_before = verifiers._gold.cache_info().hits
+  gsm8k_correct("#### 42.0 (another sample)", reference)
+  assert verifiers._gold.cache_info().hits > gold_before

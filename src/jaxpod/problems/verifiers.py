@@ -9,7 +9,9 @@ LaTeX and plain expressions into sympy and compares values, so `1,234` = `1234`,
 = `0.5`, `5\\text{ cm}` = `5`. It is an optional extra (`pip install 'jaxpod[math]'`), named
 when missing. What math-verify does not decide (a letter choice, a word) falls back to a
 normalised string comparison of the boxed text. Each function is pure and never raises on
-what a model wrote: an answer it cannot read is simply wrong.
+what a model wrote: an answer it cannot read is simply wrong. Being pure, they are memoised: a
+rollout scores each completion twice (its reward, then `correct`) and n samples share one reference;
+parsing into sympy was 160 ms of a 128-sample step here, 64 ms memoised.
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ def _equal(gold: list, answer: list) -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=4096)
 def _gold(reference: str) -> list:
   """The reference parsed as LaTeX (wrapped in $...$ when bare) and as a plain expression."""
   mv = _math_verify()
@@ -68,6 +71,7 @@ def gsm8k_answer(completion: str) -> str | None:
   return tail.splitlines()[0].strip() if tail else None
 
 
+@functools.lru_cache(maxsize=4096)
 def gsm8k_correct(completion: str, reference: str) -> bool:
   """True if the number after the completion's last `####` equals the reference's value."""
   answer = gsm8k_answer(completion)
@@ -102,6 +106,7 @@ def normalise(text: str) -> str:
   return text.lower()
 
 
+@functools.lru_cache(maxsize=4096)
 def boxed_correct(completion: str, reference: str) -> bool:
   """True if the completion's last `\\boxed{}` equals the reference, by value (math-verify) or as normalised text."""
   boxed = last_boxed(completion)
