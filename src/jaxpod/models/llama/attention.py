@@ -1,4 +1,5 @@
-"""Attention over one call's own keys (training, a prefill without a cache), computed block by block of queries.
+"""Attention math of the static paths: `context` (masked softmax over given keys: a static-cache call), and
+`attend_own_keys`, attention over one call's own keys (training, a forward without a cache) block by block of queries.
 
 Without a cache a query in slot q sees key slots s <= q only. The plain form scores every query against every key
 [B, K, G, T, T] and masks half of it away; here the queries go in blocks of `query_block(T)` rows and each block
@@ -21,18 +22,22 @@ def query_block(t: int) -> int:
   return t if t < 2 * MIN_BLOCK else max(MIN_BLOCK, -(-t // MAX_BLOCKS))
 
 
+def context(q_BxTxKxGxE, keys_BxKxSxE, values_BxKxSxE, mask_BxTxS, scale: float):
+  """softmax(q k * scale, masked) v over the given keys: [B, T, K, G, E] (float32 scores)."""
+  scores = jnp.einsum("btkge,bkse->bkgts", q_BxTxKxGxE, keys_BxKxSxE, preferred_element_type=jnp.float32) * scale
+  scores = jnp.where(mask_BxTxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(values_BxKxSxE.dtype)
+  return jnp.einsum("bkgts,bkse->btkge", probs, values_BxKxSxE)
+
+
 def attend_own_keys(q_BxTxKxGxE, keys_BxKxTxE, values_BxKxTxE, mask_BxTxT, scale: float, block: int | None = None):
   """Context [B, T, K, G, E] of queries over the call's own keys, `mask_BxTxT` (causal and any padding or window
   rule) applied; `block` query rows at a time (default `query_block(T)`), each against keys 0 .. its last row."""
   t = q_BxTxKxGxE.shape[1]
   block = query_block(t) if block is None else block
-  lowest = jnp.finfo(jnp.float32).min
   out = []
   for i0 in range(0, t, block):
     i1 = min(i0 + block, t)  # rows i0..i1-1 see keys below i1 at most (causal)
-    scores = jnp.einsum("btkge,bkse->bkgts", q_BxTxKxGxE[:, i0:i1], keys_BxKxTxE[:, :, :i1],
-                        preferred_element_type=jnp.float32) * scale
-    scores = jnp.where(mask_BxTxT[:, None, None, i0:i1, :i1], scores, lowest)
-    probs = jax.nn.softmax(scores, axis=-1).astype(values_BxKxTxE.dtype)
-    out.append(jnp.einsum("bkgts,bkse->btkge", probs, values_BxKxTxE[:, :, :i1]))
+    out.append(context(q_BxTxKxGxE[:, i0:i1], keys_BxKxTxE[:, :, :i1], values_BxKxTxE[:, :, :i1],
+                       mask_BxTxT[:, i0:i1, :i1], scale))
   return out[0] if len(out) == 1 else jnp.concatenate(out, axis=1)

@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxpod.models.llama.attention import attend_own_keys
+from jaxpod.models.llama.attention import attend_own_keys, context
 from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.models.llama.kv import CACHE_AXES, PAGE_AXES, SLOT_AXES, KVCache, PagedKVCache, SlotKVCache  # noqa: F401
 from jaxpod.runtime.sharding import constrain
@@ -214,13 +214,9 @@ class Attention(nnx.Module):
       q_BxTxKxGxE = q_BxTxHxE.reshape(b, t, kvh, h // kvh, e)
       if cache is None:  # causal over the call's own keys: query blocks skip the keys after them
         ctx = attend_own_keys(q_BxTxKxGxE, keys_BxKxSxE, values_BxKxSxE, mask_BxTxS, cfg.attn_scale)
-        return constrain(ctx.reshape(b, t, h, e), ("batch", "seq", "heads", "head_dim")), cache
-      scores = jnp.einsum("btkge,bkse->bkgts", q_BxTxKxGxE, keys_BxKxSxE,
-                          preferred_element_type=jnp.float32) * cfg.attn_scale
-      scores = jnp.where(mask_BxTxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
-      probs = jax.nn.softmax(scores, axis=-1).astype(values_BxKxSxE.dtype)
-      ctx = jnp.einsum("bkgts,bkse->btkge", probs, values_BxKxSxE).reshape(b, t, h, e)
-    return constrain(ctx, ("batch", "seq", "heads", "head_dim")), cache
+      else:
+        ctx = context(q_BxTxKxGxE, keys_BxKxSxE, values_BxKxSxE, mask_BxTxS, cfg.attn_scale)
+    return constrain(ctx.reshape(b, t, h, e), ("batch", "seq", "heads", "head_dim")), cache
 
 
 def _attend_cached(cfg: LlamaConfig, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, cache, layer: int, positions_BxT, kv_len,

@@ -136,10 +136,10 @@ class QueueSource(BatchSource):
       if fill.full:
         return {"take": [[k, v] for k, v in take.items()], "drop": drop, "waited": waited}
       if fill.starved():
-        end = fill.give_up()
+        solved = fill.solved()
         log.warning("rl trainer: gave up on step %d after %.0f s: %s", version + 1, waited, fill.describe())
-        self._report(done=True, stopped=not isinstance(end, grpo.Solved))  # the workers stop: nothing more is taken
-        return {"solved" if isinstance(end, grpo.Solved) else "starved": str(end)}
+        self._report(done=True, stopped=not solved)  # the workers stop: nothing more is taken
+        return {"solved" if solved else "starved": str(fill.give_up())}
       self._report(done=False, examined=set(take) | {d[0] for d in drop})
       if time.monotonic() - last_line >= WAIT_LINE_S:
         last_line = time.monotonic()
