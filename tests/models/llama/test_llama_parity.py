@@ -27,10 +27,10 @@ def _tokens(vocab, b=2, t=24, seed=0):
   return np.random.default_rng(seed).integers(0, vocab, (b, t)).astype(np.int32)
 
 
-def _parity(folder, hf_model, mesh=None):
+def _parity(folder, hf_model, mesh=None, t=24):
   mesh = mesh or make_mesh(devices=jax.devices()[:1])
   model = hf_io.load(folder, mesh)
-  tokens = _tokens(model.cfg.vocab_size)
+  tokens = _tokens(model.cfg.vocab_size, t=t)
   with torch.no_grad():
     want = hf_model(torch.from_numpy(tokens).long()).logits.float().numpy()
   g, p = nnx.split(model)
@@ -64,6 +64,11 @@ def test_parity_llama3_rope_old_config_keys(tmp_path):
   cfg = hf_io.load_config(str(tmp_path))
   assert (cfg.rope_type, cfg.rope_theta, cfg.rope_factor) == ("llama3", 500000.0, 8.0)
   _parity(str(tmp_path), hf_model)
+
+
+def test_parity_long_call_in_query_blocks(hf_gqa):
+  """160 tokens: attention without a cache runs in 3 blocks of 64 query rows (`models/llama/attention.py`)."""
+  _parity(*hf_gqa, t=160)
 
 
 def test_parity_sharded_mesh(hf_gqa):
