@@ -131,35 +131,40 @@ def _default_args(runs) -> list[str]:
           "--task.model.hidden_size", "32", "--task.model.intermediate_size", "64"]
 
 
-def test_the_builtin_default_reports_held_out_exact_match_at_start_and_end(tmp_path):
-  """The shrunken default: warm-up, on-policy pairs, training, summary keys, plot."""
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+  """The shrunken default, its warm-up preempted at step 1, then the whole default run with the same config (which
+  resumes the warm-up): (sort folder, warm-up config, summary of the finished preference run)."""
   from jaxpod.cli.train import load_config
+  from jaxpod.tasks.preference_start import warmup_config
   from jaxpod.train import train
-  summary = train(load_config(_default_args(tmp_path / "runs")))
+  from jaxpod.train.task import make_task
+  cfg = load_config(_default_args(tmp_path_factory.mktemp("pref_default") / "runs"))
+  task = make_task(cfg)
+  folder = task.sort_folder(task.prepare())
+  warm = warmup_config(cfg, folder)
+  with pytest.raises(SystemExit) as exit_info:
+    train(warm, extra_hooks=[SigTermAt(1)])
+  assert exit_info.value.code == 143
+  return folder, warm, train(cfg)
+
+
+def test_the_builtin_default_reports_held_out_exact_match_at_start_and_end(default_run):
+  """The shrunken default: warm-up, on-policy pairs, training, summary keys, plot."""
+  _, _, summary = default_run
   saved = json.loads(storage.read_text(storage.join(summary.run_dir, "summary.json")))
   assert 0.0 <= saved["accuracy.start"] <= 1.0 and 0.0 <= saved["accuracy.end"] <= 1.0
   assert saved["pairs"]["extra_repeat"] == 64 and saved["pairs"]["on_policy"] + saved["pairs"]["teacher"] > 0
   assert storage.exists(storage.join(summary.run_dir, "metrics.png"))
 
 
-def test_the_defaults_warm_up_is_rls_warmup_task_and_a_preempted_one_resumes(tmp_path):
+def test_the_defaults_warm_up_is_rls_warmup_task_and_a_preempted_one_resumes(default_run):
   """The default warms up with `jaxpod rl`'s WarmupTask (the trainer, in the data cache, invariant 8): preempted
   at step 1, it holds a checkpoint of step 2, and the preference run resumes it there rather than starting over."""
-  from jaxpod.cli.train import load_config
   from jaxpod.rl.train_tasks import WarmupTaskConfig
-  from jaxpod.tasks.preference_start import warmup_config
-  from jaxpod.train import train
-  from jaxpod.train.task import make_task
-  cfg = load_config(_default_args(tmp_path / "runs"))
-  task = make_task(cfg)
-  folder = task.sort_folder(task.prepare())
-  warm = warmup_config(cfg, folder)
+  folder, warm, _ = default_run
   assert isinstance(warm.task, WarmupTaskConfig) and warm.task.problems.problem_set.teacher_dedup == 0.7
   assert warm.task.warmup.steps == 3 and warm.task.warmup.grad_clip == 0.0
-  with pytest.raises(SystemExit) as exit_info:
-    train(warm, extra_hooks=[SigTermAt(1)])
-  assert exit_info.value.code == 143
-  train(cfg)
   saved = json.loads(storage.read_text(storage.join(folder, "warmup", "summary.json")))
   assert saved["resumed"] and saved["start_step"] == 2 and saved["final_step"] == 3
   assert storage.exists(storage.join(folder, "warmup", "hf", "config.json"))
