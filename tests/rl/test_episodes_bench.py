@@ -3,9 +3,10 @@ import json
 
 import pytest
 
-# the synthetic example cut to 3 turns: fewer engine programs to compile, still 2 re-prefilled turns
+# the synthetic example cut to 2 turns (<= 20 + 16 + 16 tokens of context): fewer engine programs to compile, still a
+# re-prefilled turn
 TOY = ("--grpo.num_prompts_per_step", "2", "--grpo.sample_prompts_per_step", "2", "--grpo.num_generations", "2",
-       "--grpo.filter_groups", "false", "--task.max_turns", "3", "--rollout.max_prompt_len", "96",
+       "--grpo.filter_groups", "false", "--task.max_turns", "2", "--rollout.max_prompt_len", "64",
        "--rollout.max_new_tokens", "16", "--rollout.batch_size", "4",
        "--rollout.eval_slots", "4", "--rollout.groups_per_file", "2", "--task.eval_size", "4", "--eval.k", "0")
 
