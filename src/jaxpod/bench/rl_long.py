@@ -58,7 +58,7 @@ class LongWorkload:
 
 
 SIZES = {
-    "small": LongWorkload("small", (9, 11), 512, 192, 4, 4, 512, 32, 224, 4, 8, 1e-4, 800, 32),
+    "small": LongWorkload("small", (9, 11), 512, 192, 4, 4, 512, 32, 224, 4, 8, 1e-5, 800, 32),
     "full": LongWorkload("full", (24, 30), 2048, 512, 6, 8, 1408, 32, 480, 8, 8, 1e-4, 1500, 32),
 }
 
