@@ -15,14 +15,18 @@ def test_long_workload_rows_and_tokenizer_are_the_same_on_both_sides(tmp_path):
   problems = [json.loads(line) for line in open(paths["problems"])]
   sft = [json.loads(line) for line in open(paths["sft"])]
   assert not {p["question"] for p in problems} & {r["question"] for r in sft}  # RL prompts are not demonstrated
-  for p in problems:  # a correct worked solution: every line follows from the one before, the answer is the count
+  for p in problems:  # a correct worked solution: a numbered line per day, each from the one before; the count
     lines = p["answer"].split("\n")
-    count = int(re.search(r"has (\d+)", p["question"]).group(1))
-    for line in lines[:-1]:
-      a, op, b, c = re.fullmatch(r"(?:add|take) \d: (\d+)([+-])(\d)=(\d+)", line).groups()
-      assert int(a) == count and int(c) == (count + int(b) if op == "+" else count - int(b))
-      count = int(c)
-    assert lines[-1] == f"#### {count}" and w.steps[0] <= len(lines) - 1 <= w.steps[1]
+    count, gain, loss, days = map(int, re.search(r"has (\d+) .* (\d) more and \w+(?: away)? (\d)\. .* after (\d+) days",
+                                                 p["question"]).groups())
+    for i, line in enumerate(lines[:-1]):
+      k, a, g, up, up2, op, b, down = re.fullmatch(r"\((\d+)\) (\d+)\+(\d)=(\d+), (\d+)([+-])(\d)=(\d+)", line).groups()
+      assert (int(k), int(a), int(g), int(up), int(up2)) == (i + 1, count, gain, count + gain, count + gain)
+      assert (op, int(b), int(down)) == ("-", loss, count + gain - loss)
+      count = int(down)
+    assert lines[-1] == f"#### {count}" and len(lines) - 1 == days and w.steps[0] <= days <= w.steps[1]
+  flawed = sum("+" in line.split(", ")[1] for r in sft for line in r["answer"].split("\n")[:-1])
+  assert flawed > 0  # only the teacher's rows read a take-away as a sum
   train_tokenizer(paths["sft"], str(tmp_path / "tok"), w.vocab)
   ours, theirs = load_tokenizer(str(tmp_path / "tok")), AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
   for p in problems[:5]:

@@ -15,7 +15,7 @@ generates inside its step), reward per wall-clock second, held-out greedy accura
 the check is jaxpod's reward/s over TRL's, per workload.
 
 Two workloads (`--workloads`, both by default, alternating within each round):
-  long   `rl_long.py`: chained word problems whose worked solutions take 128-512 tokens, a BPE tokenizer and a
+  long   `rl_long.py`: day-by-day word problems whose worked solutions take 128-512 tokens, a BPE tokenizer and a
          Llama-shaped policy fine-tuned on a flawed teacher (`--long-size small`, the default, or `full`)
   short  the one above: one-step problems, byte-level policy, completions of at most 20 tokens
 After them, the GRPO train step alone on each workload's shapes and policy (`rl_step.py`): jaxpod's

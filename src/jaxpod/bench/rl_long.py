@@ -1,20 +1,24 @@
-"""The long-completion workload of `jaxpod bench rl --against trl`: chained word problems, a BPE tokenizer, a
+"""The long-completion workload of `jaxpod bench rl --against trl`: day-by-day word problems, a BPE tokenizer, a
 Llama-shaped policy, worked solutions of 128-512 tokens.
 
-A problem is a chain of `steps` events on one count (`Ann has 7 pens. She gets 5 more. She sells 3. ...
-How many pens now?`); its worked solution writes one line per event with the running count (`gets 5 more:
-7+5=12`), then `#### <count>` (GSM8K's format: the gsm8k verifier on both sides). The answer needs the
-length: the count is only known after every line. The warm-up's teacher is flawed as `jaxpod data
-word-problems`' is: it reads a take-away as a sum with probability `teacher_wrong_op` per event, so RL has
-a habit to unlearn. `problems.jsonl` (RL prompts, held-out split) and `sft.jsonl` (the teacher's rows,
-other questions) are a pure function of the seed.
+A problem is a count that changes the same way every day for `steps` days (`Bo has 42 apples. Every day she
+buys 8 more and loses 4. How many apples does she have after 10 days?`); its worked solution writes one numbered
+line per day with the running count (`(1) 42+8=50, 50-4=46`), then `#### <count>` (GSM8K's format: the gsm8k
+verifier on both sides). The answer needs the length: each line needs the one before. Every line depends only on
+the line before and two amounts of the question, so a policy of a few million parameters learns it in a warm-up
+of minutes; a story of distinct events did not (the line for event k must find event k in the question: after
+300 warm-up steps the policy skipped and repeated events and no held-out problem came out right, so neither side
+earned any reward to compare). The warm-up's teacher is flawed as `jaxpod data word-problems`' is: it reads the
+day's take-away as a sum with probability `teacher_wrong_op` per day, so RL has a habit to unlearn.
+`problems.jsonl` (RL prompts, held-out split) and `sft.jsonl` (the teacher's rows, other questions) are a pure
+function of the seed.
 
 The tokenizer is a byte-level BPE (`tokenizers`' trainer, offline) fitted on the teacher's rows, written as
 HF files (BOS prepended; EOS, PAD) so jaxpod and TRL load the same ids; the policy is a random Llama
 (`SIZES`) fine-tuned here on the teacher's rows (next-token loss on the solution and EOS; AdamW) and
 saved as a HF checkpoint with those tokenizer files: the one checkpoint both sides start from.
-Sizes: `small` (default: ~2M parameters, ~130-token solutions; a repeat takes minutes on 2 cores) and
-`full` (~19M parameters, ~450-token solutions).
+Sizes: `small` (default: ~2M parameters, solutions of 125-215 tokens; a repeat takes minutes on 2 cores) and
+`full` (~19M parameters, solutions of 360-460 tokens).
 """
 from __future__ import annotations
 
@@ -24,9 +28,10 @@ import os
 
 import numpy as np
 
-from jaxpod.data.word_problems import MORE, NAMES, THINGS
+from jaxpod.data.word_problems import NAMES, THINGS
 
-LESS = ("gives away {b}", "loses {b}", "sells {b}")  # present tense: each event is a step of the story
+MORE = ("gets {b} more", "buys {b} more", "finds {b} more")  # present tense: what happens every day
+LESS = ("gives away {b}", "loses {b}", "sells {b}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +39,7 @@ class LongWorkload:
   """One size of the long workload: the problems, the policy's architecture, the GRPO step's shape."""
 
   name: str  # small | full
-  steps: tuple[int, int]  # events per problem (inclusive range)
+  steps: tuple[int, int]  # days per problem, a line of the solution each (inclusive range)
   vocab: int  # BPE vocabulary (specials included)
   hidden: int  # Llama hidden size
   layers: int  # decoder blocks
@@ -47,43 +52,41 @@ class LongWorkload:
   lr: float  # GRPO learning rate
   warmup_steps: int  # supervised steps of the warm-up
   warmup_batch: int  # rows per warm-up step
-  teacher_wrong_op: float = 0.3  # the teacher adds instead of taking away with this probability, per event
+  teacher_wrong_op: float = 0.1  # the teacher adds instead of taking away with this probability, per day
   problems: int = 1000  # rows of problems.jsonl
   sft: int = 4000  # rows of sft.jsonl
 
 
 SIZES = {
-    "small": LongWorkload("small", (13, 17), 512, 192, 4, 4, 512, 112, 192, 4, 8, 3e-4, 300, 32),
-    "full": LongWorkload("full", (40, 50), 2048, 512, 6, 8, 1408, 288, 512, 8, 8, 1e-4, 1500, 32),
+    "small": LongWorkload("small", (9, 11), 512, 192, 4, 4, 512, 32, 224, 4, 8, 1e-5, 800, 32),
+    "full": LongWorkload("full", (24, 30), 2048, 512, 6, 8, 1408, 32, 480, 8, 8, 1e-4, 1500, 32),
 }
 
 
-def chain(rng: np.random.Generator, w: LongWorkload) -> tuple[str, list[tuple[str, int]]]:
-  """(question, [(op, amount)]) of one problem: the count never goes below 0 nor above 99."""
+def chain(rng: np.random.Generator, w: LongWorkload) -> tuple[str, list[tuple[int, int]]]:
+  """(question, [(count, 0), (gain, loss) per day]) of one problem: the count stays within 0..199."""
   name, thing = NAMES[rng.integers(len(NAMES))], THINGS[rng.integers(len(THINGS))]
-  count = int(rng.integers(10, 60))
-  start, events, words = count, [], [f"{name} has {count} {thing}."]
-  for _ in range(int(rng.integers(w.steps[0], w.steps[1] + 1))):
-    take = count >= 10 and (count > 80 or rng.random() < 0.5)
-    b = int(rng.integers(1, 10))
-    op = "-" if take else "+"
-    count += -b if take else b
-    verb = (LESS if take else MORE)[rng.integers(len(MORE))].format(b=b)
-    words.append(f"She {verb}.")
-    events.append((op, b))
-  return " ".join(words) + f" How many {thing} now?", [("=", start)] + events
+  days = int(rng.integers(w.steps[0], w.steps[1] + 1))
+  while True:
+    gain, loss = (int(x) for x in rng.integers(1, 10, size=2))
+    lowest = 10 + max(loss - gain, 0) * days  # a shrinking count starts high enough to last every day
+    if lowest + max(gain - loss, 0) * days + 9 <= 199:
+      break
+  count = int(rng.integers(lowest, min(lowest + 50, 199 - max(gain - loss, 0) * days - 9) + 1))
+  question = (f"{name} has {count} {thing}. Every day she {MORE[rng.integers(len(MORE))].format(b=gain)} and "
+              f"{LESS[rng.integers(len(LESS))].format(b=loss)}. How many {thing} does she have after {days} days?")
+  return question, [(count, 0)] + [(gain, loss)] * days
 
 
-def solution(events: list[tuple[str, int]], wrong: np.ndarray | None = None) -> str:
-  """The worked solution: one line per event with the running count, then `#### <count>`; `wrong[i]`: event i's
-  take-away read as a sum (the flawed teacher)."""
-  count, lines = events[0][1], []
-  for i, (op, b) in enumerate(events[1:]):
-    if op == "-" and wrong is not None and wrong[i]:
-      op = "+"
-    new = count + b if op == "+" else count - b
-    lines.append(f"{'take' if op == '-' else 'add'} {b}: {count}{op}{b}={new}")
-    count = new
+def solution(events: list[tuple[int, int]], wrong: np.ndarray | None = None) -> str:
+  """The worked solution: one line per day, numbered, with the running count (`(3) 41+7=48, 48-3=45`), then
+  `#### <count>`; `wrong[i]`: day i's take-away read as a sum (the flawed teacher)."""
+  count, lines = events[0][0], []
+  for i, (gain, loss) in enumerate(events[1:]):
+    up = count + gain
+    down = up + loss if wrong is not None and wrong[i] else up - loss
+    lines.append(f"({i + 1}) {count}+{gain}={up}, {up}{'+' if down > up else '-'}{loss}={down}")
+    count = down
   return "\n".join(lines) + f"\n#### {count}"
 
 
