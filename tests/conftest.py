@@ -13,11 +13,6 @@ import pytest
 # Single-process tests see 8 CPU devices (meshes); launched hosts get their own count from init().
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# Most of the suite's time is XLA compiling tiny programs: LLVM at -O0 compiles them ~20% faster (the test
-# processes and every host or child they start inherit it). It changes machine code only, not what a program
-# computes (no fast-math either way); the programs jaxpod users run keep XLA's default.
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 
 from jaxpod.runtime.hooks import Hook  # noqa: E402
 from jaxpod.runtime.launcher import LaunchConfig, LaunchResult, launch  # noqa: E402
