@@ -38,3 +38,10 @@ def test_the_trl_comparison_is_marked_void_when_a_side_started_on_a_busy_machine
     payload = report(runs, steps=4, warmup_steps=0, repeats=1, root=str(tmp_path), json_path=None)
     assert payload["quiet"] is quiet
     assert ("NOT QUIET" in capsys.readouterr().out) is not quiet
+
+
+def test_the_trl_comparison_alternates_which_side_runs_first_in_each_round():
+  """A fair comparison (issue 36): the side that runs second starts at the first one's load, so no side always runs
+  second: jaxpod first in even rounds, TRL first in odd ones, each side once per round."""
+  from jaxpod.bench.rl_against_trl import side_order
+  assert [side_order(r) for r in range(4)] == [("jaxpod", "trl"), ("trl", "jaxpod")] * 2

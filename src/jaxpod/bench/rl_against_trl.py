@@ -118,6 +118,12 @@ def _trl(root: str, policy: str, problems: str, steps: int, name: str, shape: Sh
   return json.loads(open(out).read()) | {"load_start": load}
 
 
+def side_order(round_index: int) -> tuple[str, str]:
+  """Who runs first in a round: jaxpod in even rounds, TRL in odd ones, so neither side always follows the other
+  (the one that runs second starts at the first one's load and in its page cache)."""
+  return ("jaxpod", "trl") if round_index % 2 == 0 else ("trl", "jaxpod")
+
+
 def run(steps: int, warmup_steps: int, repeats: int, json_path: str | None, policy: str = "",
         problems: str = "", profile: bool = False, workloads: tuple[str, ...] = WORKLOADS,
         long_size: str = "small") -> dict:
@@ -140,11 +146,12 @@ def run(steps: int, warmup_steps: int, repeats: int, json_path: str | None, poli
       print(f"bench rl --against trl: long ({long_size}) warm-up in {folder}", flush=True)
       setups["long"] = (long_shape(long_size), *warm_policy(folder, SIZES[long_size]))
   runs: dict[str, dict[str, list[dict]]] = {w: {"jaxpod": [], "trl": []} for w in setups}
+  sides = {"jaxpod": _jaxpod, "trl": _trl}
   for r in range(repeats):
     for workload, (shape, pol, probs) in setups.items():
       folder = os.path.join(root, workload)
-      runs[workload]["jaxpod"].append(_jaxpod(folder, pol, probs, steps, f"jaxpod-{r}", shape))
-      runs[workload]["trl"].append(_trl(folder, pol, probs, steps, f"trl-{r}", shape))
+      for side in side_order(r):
+        runs[workload][side].append(sides[side](folder, pol, probs, steps, f"{side}-{r}", shape))
       print(f"bench rl --against trl: {workload} round {r} done", flush=True)
   payload = {w: report(runs[w], steps, warmup_steps, repeats, os.path.join(root, w), None, setups[w][0])
              for w in setups}
