@@ -70,9 +70,10 @@ def chain(rng: np.random.Generator, w: LongWorkload) -> tuple[str, list[tuple[in
   while True:
     gain, loss = (int(x) for x in rng.integers(1, 10, size=2))
     lowest = 10 + max(loss - gain, 0) * days  # a shrinking count starts high enough to last every day
-    if lowest + max(gain - loss, 0) * days + 9 <= 199:
+    highest = 199 - max(gain - loss, 0) * days - 9  # a growing one low enough, with the last day's gain before its loss
+    if lowest <= highest:
       break
-  count = int(rng.integers(lowest, min(lowest + 50, 199 - max(gain - loss, 0) * days - 9) + 1))
+  count = int(rng.integers(lowest, min(lowest + 50, highest) + 1))
   question = (f"{name} has {count} {thing}. Every day she {MORE[rng.integers(len(MORE))].format(b=gain)} and "
               f"{LESS[rng.integers(len(LESS))].format(b=loss)}. How many {thing} does she have after {days} days?")
   return question, [(count, 0)] + [(gain, loss)] * days
