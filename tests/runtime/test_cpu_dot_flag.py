@@ -1,0 +1,48 @@
+"""jaxpod picks XLA:CPU's matmul library on import (src/jaxpod/__init__.py): Eigen's dots, not YNNPACK fusions,
+unless the user's XLA_FLAGS or JAXPOD_XLA_CPU_DOTS says otherwise. Each case runs in a fresh interpreter, since
+XLA reads its flags once per process."""
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+import jaxpod
+
+pytestmark = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
+                                reason="the flag is set on x86 only (jaxpod/__init__.py)")
+
+PROBE = """
+import json, os, re
+import jaxpod, jax, jax.numpy as jnp
+hlo = jax.jit(lambda a, b: a @ b).lower(jnp.ones((256, 64)), jnp.ones((64, 128))).compile().as_text()
+print(json.dumps({"flags": os.environ.get("XLA_FLAGS", ""), "ynn": "__ynn_fusion" in hlo}))
+"""
+
+
+def _probe(**env) -> dict:
+  full = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXPOD_XLA_CPU_DOTS")} | env
+  out = subprocess.run([sys.executable, "-c", PROBE], env=full, capture_output=True, text=True, check=True)
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_importing_jaxpod_compiles_matmuls_without_ynnpack():
+  got = _probe()
+  assert jaxpod.CPU_DOT_FLAG in got["flags"].split() and not got["ynn"]
+
+
+def test_a_users_xla_flags_naming_the_option_are_left_alone():
+  mine = "--xla_force_host_platform_device_count=2 --xla_cpu_experimental_ynn_fusion_type=dot"
+  assert _probe(XLA_FLAGS=mine)["flags"] == mine
+
+
+def test_jaxpod_xla_cpu_dots_ynn_keeps_xlas_default():
+  got = _probe(JAXPOD_XLA_CPU_DOTS="ynn", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  assert got == {"flags": "--xla_force_host_platform_device_count=2", "ynn": True}
+
+
+def test_other_xla_flags_are_kept_next_to_it():
+  got = _probe(XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  assert got["flags"].split() == ["--xla_force_host_platform_device_count=2", jaxpod.CPU_DOT_FLAG]
