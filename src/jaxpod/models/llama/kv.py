@@ -120,6 +120,8 @@ class PagedKVCache(NamedTuple):
     page, off = self._blocks(page_BxT), self._blocks(off_BxT)
 
     def put(pool, x_LxBxTxKxE):
+      if self.shards == 1:  # one pool: a plain scatter (the vmapped form made a one-shard paged rollout ~20% slower)
+        return pool.at[:, 0, page_BxT, off_BxT].set(x_LxBxTxKxE)
       one = lambda pool_s, page_s, off_s, x_s: pool_s.at[:, page_s, off_s].set(x_s)  # noqa: E731
       return jax.vmap(one, in_axes=(1, 0, 0, 1), out_axes=1)(pool, page, off, self._blocks(x_LxBxTxKxE, 1))
     return PagedKVCache(put(self.k, k_LxBxTxKxE), put(self.v, v_LxBxTxKxE), self.table_BxM)
@@ -130,6 +132,8 @@ class PagedKVCache(NamedTuple):
     src, dst = self._blocks(src_D), self._blocks(dst_D)
 
     def copy(pool):
+      if self.shards == 1:
+        return pool.at[:, 0, dst_D].set(pool[:, 0, src_D])
       one = lambda pool_s, src_s, dst_s: pool_s.at[:, dst_s].set(pool_s[:, src_s])  # noqa: E731
       return jax.vmap(one, in_axes=(1, 0, 0), out_axes=1)(pool, src, dst)
     return self._replace(k=copy(self.k), v=copy(self.v))
@@ -145,7 +149,8 @@ class PagedKVCache(NamedTuple):
     pages = self._blocks(self.table_BxM[:, :kv_len // ps])  # [N, B/N, M']
 
     def gather(pool):  # [N, B/N, M', ps, K, E] -> [B, K, S, E]
-      x = jax.vmap(lambda pool_s, pages_s: pool_s[pages_s])(pool[layer], pages)
+      x = (pool[layer, 0][pages] if self.shards == 1  # [1, B, M', ps, K, E]
+           else jax.vmap(lambda pool_s, pages_s: pool_s[pages_s])(pool[layer], pages))
       return x.reshape(b, kv_len, *x.shape[4:]).transpose(0, 2, 1, 3)
     return gather(self.k), gather(self.v)
 
