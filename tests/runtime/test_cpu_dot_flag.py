@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "am
                                 reason="the flag is set on x86 only (jaxpod/__init__.py)")
 
 PROBE = """
-import json, os, re
+import json, os
 import jaxpod, jax, jax.numpy as jnp
 hlo = jax.jit(lambda a, b: a @ b).lower(jnp.ones((256, 64)), jnp.ones((64, 128))).compile().as_text()
 print(json.dumps({"flags": os.environ.get("XLA_FLAGS", ""), "ynn": "__ynn_fusion" in hlo}))
