@@ -11,7 +11,7 @@ from jaxpod import extract
 from jaxpod.models.llama import hf_io, lora, peft_io
 from jaxpod.runtime import make_mesh
 
-from conftest import BASE_OPTIONS, assert_same_dataset
+from tests.extract.conftest import BASE_OPTIONS, assert_same_dataset
 
 
 @pytest.mark.slow
