@@ -92,7 +92,8 @@ class ShardedForward:
         x, bufs = carry
         block = nnx.merge(block_def, jax.tree.map(lambda w: jax.lax.dynamic_index_in_dim(w, i, keepdims=False),
                                                   blocks))
-        x, _, attn_out, mlp_out = block(x, positions, mask_BxT, None, 0, 0, inv_freq_LxE2[i], window=window_L[i])
+        x, _, attn_out, mlp_out = block(x, positions, mask_BxT, None, 0, 0,
+                                         model_lib.rope_tables(positions, inv_freq_LxE2[i]), window=window_L[i])
         got = {"resid": x, "attn_out": attn_out, "mlp_out": mlp_out}
         slot = jnp.asarray(slots)[i]
         bufs = {p: constrain(jax.lax.dynamic_update_index_in_dim(bufs[p], got[p].astype(x.dtype), slot, 0), BUFFER)
