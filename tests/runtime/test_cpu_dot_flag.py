@@ -46,3 +46,16 @@ def test_jaxpod_xla_cpu_dots_ynn_keeps_xlas_default():
 def test_other_xla_flags_are_kept_next_to_it():
   got = _probe(XLA_FLAGS="--xla_force_host_platform_device_count=2")
   assert got["flags"].split() == ["--xla_force_host_platform_device_count=2", jaxpod.CPU_DOT_FLAG]
+
+
+def test_a_profile_knows_when_its_dots_are_untraced():
+  """Eigen's dots run asynchronously and a trace holds only their dispatch: the bench profiles must say so (a
+  matmul share of ~2% was printed as fact). An empty YNN list means Eigen; a non-empty one, none, or an
+  accelerator backend means the dots are timed; the last flag given wins, as in XLA."""
+  from jaxpod.bench.sample_profile import eigen_dots
+  assert eigen_dots(jaxpod.CPU_DOT_FLAG, "cpu")
+  assert eigen_dots(f"--xla_dump_to=/tmp/x {jaxpod.CPU_DOT_FLAG}", "cpu")
+  assert not eigen_dots("--xla_cpu_experimental_ynn_fusion_type=dot", "cpu")
+  assert not eigen_dots(f"{jaxpod.CPU_DOT_FLAG} --xla_cpu_experimental_ynn_fusion_type=dot", "cpu")
+  assert not eigen_dots("", "cpu")
+  assert not eigen_dots(jaxpod.CPU_DOT_FLAG, "gpu")

@@ -206,10 +206,12 @@ def run(policy: str, shapes: StepShapes, *, repeats: int = 3, calls: int = 5, wi
               ["program", "ms", "/ jaxpod fwd+bwd"], rows)
   if with_profile:
     shares, top = profile(compiled, run_step)
-    out["profile"] = {"categories": shares, "top_ops": top}
-    print_table("jaxpod step by category (device op time)", ["category", "share"],
+    from jaxpod.bench import sample_profile
+    caveat = f" ({sample_profile.EIGEN_DOTS_CAVEAT})" if sample_profile.eigen_dots() else ""
+    out["profile"] = {"categories": shares, "top_ops": top, "untraced_dots": bool(caveat)}
+    print_table(f"jaxpod step by category (device op time){caveat}", ["category", "share"],
                 [(c, f"{s:.0%}") for c, s in shares.items()])
-    print_table(f"jaxpod step: the {TOP_OPS} most expensive XLA ops (share of device op time)",
+    print_table(f"jaxpod step: the {TOP_OPS} most expensive XLA ops (share of device op time){caveat}",
                 ["op", "share", "shape", "scope"],
                 [(op, f"{s:.1%}", shape, scope[-70:]) for op, s, shape, scope in top])
   return out

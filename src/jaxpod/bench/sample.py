@@ -319,11 +319,13 @@ def _rollout(opts: SampleBench, children: dict[str, Child], engines: dict[str, s
 
 def _profile(opts: SampleBench, jax_child: Child, engine: str, row: dict) -> dict:
   """Shares of the default layout's rollout wall time: device categories (a traced rollout) and host."""
-  from jaxpod.bench.sample_profile import CATEGORIES, table
+  from jaxpod.bench.sample_profile import CATEGORIES, EIGEN_DOTS_CAVEAT, eigen_dots, table
   shares = table(jax_child.ask("profile", engine), row["device_s"], row["generate_s"])
+  untraced = eigen_dots()  # the child runs with this process's XLA_FLAGS
   print_table(f"profile of {engine} on the rollout: share of wall time (device ops from a traced run, "
-              "host = outside device calls)", list(CATEGORIES), [tuple(f"{shares[c]:.0%}" for c in CATEGORIES)])
-  return {"engine": engine, "shares": shares}
+              "host = outside device calls)" + (f"; {EIGEN_DOTS_CAVEAT}" if untraced else ""), list(CATEGORIES),
+              [tuple(f"{shares[c]:.0%}" for c in CATEGORIES)])
+  return {"engine": engine, "shares": shares, "untraced_dots": untraced}
 
 
 def run_modes(json_path: str | None = None, **overrides) -> dict:
