@@ -4,6 +4,7 @@ import json
 import pytest
 
 from jaxpod.bench.sample import run
+from jaxpod.bench.sample_profile import eigen_dots
 
 ENGINES = {"continuous", "continuous_slots", "continuous_paged", "lockstep", "hf_generate"}
 
@@ -34,6 +35,7 @@ def test_bench_sample_smoke(tmp_path):
   assert set(roll["profile"]["shares"]) == {"attention", "matmuls", "sampling", "other", "host"}
   assert sum(roll["profile"]["shares"].values()) == pytest.approx(1.0)
   assert roll["profile"]["shares"]["matmuls"] > 0 and roll["profile"]["shares"]["attention"] > 0
+  assert roll["profile"]["untraced_dots"] == eigen_dots()  # says when its matmul share misses the dots
   assert (tmp_path / "sample_occupancy.png").read_bytes()[:4] == b"\x89PNG"
   fam = saved["families"]  # (a') the default family row set: gemma3_text at the same size
   assert set(fam) == {"llama", "gemma3_text"} and fam["gemma3_text"]["decode_vs_hf"] > 0
