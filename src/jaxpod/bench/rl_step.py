@@ -207,8 +207,9 @@ def run(policy: str, shapes: StepShapes, *, repeats: int = 3, calls: int = 5, wi
   if with_profile:
     shares, top = profile(compiled, run_step)
     from jaxpod.bench import sample_profile
-    caveat = f" ({sample_profile.EIGEN_DOTS_CAVEAT})" if sample_profile.eigen_dots() else ""
-    out["profile"] = {"categories": shares, "top_ops": top, "untraced_dots": bool(caveat)}
+    untraced = sample_profile.eigen_dots()
+    caveat = f" ({sample_profile.EIGEN_DOTS_CAVEAT})" if untraced else ""
+    out["profile"] = {"categories": shares, "top_ops": top, "untraced_dots": untraced}
     print_table(f"jaxpod step by category (device op time){caveat}", ["category", "share"],
                 [(c, f"{s:.0%}") for c, s in shares.items()])
     print_table(f"jaxpod step: the {TOP_OPS} most expensive XLA ops (share of device op time){caveat}",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import glob
+import os
 import re
 import tempfile
 from typing import Callable
@@ -34,12 +35,12 @@ EIGEN_DOTS_CAVEAT = ("matmuls understated: XLA:CPU's Eigen dots run asynchronous
 
 def eigen_dots(flags: str | None = None, backend: str | None = None) -> bool:
   """True when this process's XLA:CPU runs dots on Eigen (an empty YNN fusion list): its dots are not timed in a trace."""
-  import os
   import jax
+  from jaxpod import CPU_DOT_FLAG
   flags = os.environ.get("XLA_FLAGS", "") if flags is None else flags
   backend = jax.default_backend() if backend is None else backend
-  m = re.findall(r"--xla_cpu_experimental_ynn_fusion_type=(\S*)", flags)
-  return backend == "cpu" and bool(m) and m[-1] == ""
+  values = re.findall(re.escape(CPU_DOT_FLAG) + r"(\S*)", flags)  # the option's values, in order: XLA takes the last
+  return backend == "cpu" and bool(values) and values[-1] == ""
 
 
 def _op_names(hlo_texts: list[str]) -> dict[tuple[str, str], str]:
