@@ -27,6 +27,9 @@ def test_bench_sample_smoke(tmp_path):
   roll = saved["rollout"]
   assert set(roll["results"]) == ENGINES
   assert all(r["tokens"] > 0 and 1 <= r["len_min"] <= r["len_max"] <= 8 for r in roll["results"].values())
+  for r in roll["results"].values():  # a decode step yields 1 to rollout_slots tokens; each first token is prefill's
+    assert -(-(r["tokens"] - 6 * 2) // 4) <= r["decode_steps"] <= r["tokens"] - 6 * 2
+    assert r["step_bound"] == pytest.approx(roll["results"]["lockstep"]["decode_steps"] / max(r["decode_steps"], 1))
   slots = roll["results"]["continuous_slots"]
   assert slots["vs_lockstep"] > 0 and slots["tokens"] <= 6 * 2 * 8
   assert slots["prefill_real_per_prompt_token"] == pytest.approx(1 / 2)  # one prefill per group of n=2

@@ -63,7 +63,8 @@ def continuous(model, mesh, opts, layout: str) -> dict[str, Any]:
     sch, cfg = s.last, model.cfg
     occ = [o for _, o in sch.occupancy]
     out = {"occupancy": sch.occupancy, "mean_occupancy": float(np.mean(occ)) / ec.batch_size if occ else 0.0,
-           "rounds": sch.rounds, "preemptions": sch.preemptions, "device_s": box.get("device_s", 0.0),
+           "rounds": sch.rounds, "decode_steps": sch.decode_steps, "preemptions": sch.preemptions,
+           "device_s": box.get("device_s", 0.0),
            "prefill_real_per_prompt_token": sch.prefill_prompt_tokens / max(sch.sample_prompt_tokens, 1),
            "prefill_computed_per_prompt_token": sch.prefill_tokens / max(sch.sample_prompt_tokens, 1)}
     per_position = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim_ * np.dtype(cfg.dtype).itemsize
@@ -91,8 +92,10 @@ def lockstep(model, opts) -> dict[str, Any]:
   graphdef, params = nnx.split(model)
   rows = [(p, s * opts.rollout_n + j) for p, s in zip(prompts, seeds) for j in range(opts.rollout_n)]
 
+  box: dict = {}
+
   def run(rows=rows):
-    counts = []
+    counts, steps = [], 0
     for c in range(0, len(rows), ec.batch_size):
       chunk = rows[c:c + ec.batch_size]
       tokens = np.zeros((ec.batch_size, ec.max_prompt_len), np.int32)
@@ -101,13 +104,15 @@ def lockstep(model, opts) -> dict[str, Any]:
         tokens[r, :len(p)], lengths[r], sd[r] = p, len(p), seed
       out = np.asarray(fn(graphdef, params, tokens, lengths, sd)[0])
       counts += [int((out[r] != lockstep.NO_TOKEN).sum()) for r in range(len(chunk))]
+      steps += max(counts[c:]) - 1  # the chunk decodes until its longest row ends (its first token is prefill's)
+    box["decode_steps"] = steps
     return counts
 
   chunks = -(-len(rows) // ec.batch_size)
   prompt_tokens = sum(len(p) for p, _ in rows)
 
   def stats():
-    return {"prefill_real_per_prompt_token": 1.0,
+    return {"decode_steps": box.get("decode_steps", 0), "prefill_real_per_prompt_token": 1.0,
             "prefill_computed_per_prompt_token": chunks * ec.batch_size * ec.max_prompt_len / prompt_tokens}
   run(rows[:1])  # compile (every chunk has the same shape)
   return {"run": run, "stats": stats}
@@ -121,11 +126,11 @@ def hf(folder, opts) -> dict[str, Any]:
   model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
   per = max(1, opts.rollout_slots // opts.rollout_n)
   stop_set, pad = set(stops), 0
-  computed = [0]
+  computed = [0, 0]  # prompt token rows prefilled, decode steps
 
   def run():
     counts = []
-    computed[0] = 0
+    computed[:] = [0, 0]
     for c in range(0, len(prompts), per):
       chunk = prompts[c:c + per]
       width = max(len(p) for p in chunk)
@@ -136,13 +141,15 @@ def hf(folder, opts) -> dict[str, Any]:
         out = model.generate(ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
                              max_new_tokens=opts.rollout_max_new, num_return_sequences=opts.rollout_n,
                              eos_token_id=list(stops), pad_token_id=pad)
+      computed[1] += out.shape[1] - width - 1  # generate stops once every row ended; its first token is prefill's
       for row in out[:, width:].tolist():
         counts.append(next((i + 1 for i, t in enumerate(row) if t in stop_set), len(row)))
     return counts
 
   def stats():
     prompt_tokens = sum(len(p) for p in prompts) * opts.rollout_n
-    return {"prefill_real_per_prompt_token": 1.0, "prefill_computed_per_prompt_token": computed[0] / prompt_tokens}
+    return {"decode_steps": computed[1], "prefill_real_per_prompt_token": 1.0,
+            "prefill_computed_per_prompt_token": computed[0] / prompt_tokens}
   return {"run": run, "stats": stats}
 
 

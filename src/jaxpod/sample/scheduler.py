@@ -77,6 +77,7 @@ class Scheduler:
     self.ec, self.stop_ids, self.device = ec, frozenset(int(i) for i in stop_ids), device
     self.occupancy: list[tuple[float, int]] = []  # (seconds since start, live slots) per round
     self.preemptions = self.rounds = 0
+    self.decode_steps = 0  # decode steps the device ran (a round ends early once every row stopped, or eagerly)
     self.prefill_tokens = 0  # token rows the prefill programs computed (padding included)
     self.prefill_prompt_tokens = 0  # real prompt tokens among them
     self.sample_prompt_tokens = 0  # prompt tokens of the samples started (a prompt counts once per sample)
@@ -254,6 +255,7 @@ class Scheduler:
     out, logp = self._device_decode(rows, last)
     version = self.device.version
     self.rounds += 1
+    self.decode_steps += int((np.asarray(out) != NO_TOKEN).sum(axis=1).max(initial=0))
     for i, s in enumerate(self.slots):
       if s is None:
         continue
