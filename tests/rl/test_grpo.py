@@ -416,6 +416,7 @@ def test_jaxpod_rl_flags_reach_the_trainers_loss_and_metrics(tmp_path):
   assert metrics["tis_fraction"] == pytest.approx(2 / n) and metrics["mis_fraction"] == pytest.approx(1 / n)
   assert metrics["is_weight"] == pytest.approx((n - 2 + 1.5) / n, rel=1e-4)
   assert metrics["ratio_max"] == pytest.approx(8.0, rel=1e-4) and metrics["mis_seq_fraction"] == 0
+  assert metrics["row_len"] == length  # tokens per trained row: what grpo.trim_rows cut the batch to
 
 
 def test_policy_logprobs_match_plain_log_softmax():
@@ -446,4 +447,35 @@ def test_policy_logprobs_match_plain_log_softmax():
   (g_new, logp_new), (g_old, logp_old) = grad(params, chunked), grad(params, plain)
   np.testing.assert_allclose(logp_new, logp_old, rtol=1e-5, atol=1e-5)
   for a, b in zip(jax.tree.leaves(g_new), jax.tree.leaves(g_old)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("norm", grpo.LOSS_NORMS)
+def test_trimmed_rows_give_the_same_loss_and_gradient(norm):
+  """grpo.trim_rows cuts only padding after every row's last token: causal attention never reads it and the loss
+  mask is 0 there, so the GRPO loss and its gradient are the full-length batch's."""
+  from flax import nnx
+  from jaxpod.models.llama import model as llama
+  from jaxpod.models.llama.config import LlamaConfig
+  from jaxpod.rl.rollout.groups import Batcher
+  from tests.rl.test_groups import _random_groups
+  cfg = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                    num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=False)
+  graphdef, params = nnx.split(llama.init(cfg, 0))
+  groups = _random_groups(np.random.default_rng(2), [(9, (3, 20, 7)), (14, (1, 5, 12))])
+  sampling = SamplingParams(temperature=0.8)
+
+  def loss(p, batch):
+    tokens = jnp.asarray(batch["tokens"])
+    logp = grpo.policy_logprobs(graphdef, p, tokens[:, :-1], tokens[:, 1:], sampling)
+    return grpo.policy_loss(logp, jnp.asarray(batch["behaviour"][:, :-1]), jnp.asarray(batch["advantages"]),
+                            jnp.asarray(batch["loss_mask"][:, :-1] > 0), epsilon=0.2, epsilon_high=0.28, beta=0.0,
+                            loss_norm=norm, max_new_tokens=32)[0]
+  grads = jax.value_and_grad(loss)
+  value_full, grad_full = grads(params, Batcher(64, 0, "group").global_batch(groups))
+  trimmed = Batcher(64, 0, "group", trim=True).global_batch(groups)
+  assert trimmed["tokens"].shape[1] == 32
+  value_trim, grad_trim = grads(params, trimmed)
+  np.testing.assert_allclose(value_trim, value_full, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(grad_trim), jax.tree.leaves(grad_full)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)

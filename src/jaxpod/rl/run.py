@@ -139,7 +139,7 @@ def batch_source(cfg: RLConfig, folder: str, start_from: str | None):
   from jaxpod.rl.rollout.groups import Batcher
   policy = policy_spec(cfg, start_from)
   batcher = Batcher(cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens, policy.tokenizer().pad_id,
-                    cfg.grpo.scale_rewards)
+                    cfg.grpo.scale_rewards, cfg.grpo.trim_rows)
   if cfg.topology == "colocated":
     from jaxpod.rl.colocated import RolloutBuffer
     return RolloutBuffer(verified_problems(cfg), policy, cfg.rollout, cfg.grpo, batcher)

@@ -215,7 +215,7 @@ class GRPOTask(PolicyTask):
                                 ref, epsilon=g.epsilon, epsilon_high=g.epsilon_high, beta=g.beta,
                                 loss_norm=g.loss_norm, max_new_tokens=max_new_tokens, **g.correction)
       sums = {**sums, "reward_sum": jnp.sum(batch["reward"]), "correct_sum": jnp.sum(batch["correct"]),
-              "loss_sum": value * tokens.shape[0]}
+              "loss_sum": value * tokens.shape[0], "row_tokens_sum": jnp.float32(tokens.size)}
       return value, (carry, sums)
     return loss
 
@@ -224,7 +224,8 @@ class GRPOTask(PolicyTask):
     out = {"loss": raw["loss_sum"] / global_batch, "reward": raw["reward_sum"] / global_batch,
            "accuracy_sampled": raw["correct_sum"] / global_batch, "clip_fraction": raw["clipped_sum"] / tokens,
            "kl": raw["kl_sum"] / tokens, "ratio": raw["ratio_sum"] / tokens,
-           "logprob_gap": raw["logprob_gap_sum"] / tokens, "completion_tokens": raw["tokens"]}
+           "logprob_gap": raw["logprob_gap_sum"] / tokens, "completion_tokens": raw["tokens"],
+           "row_len": raw["row_tokens_sum"] / global_batch}  # tokens per trained row (grpo.trim_rows)
     out.update(correction_metrics(raw, global_batch))
     out.update({k: raw[k] for k in ("lr", "grad_norm") if k in raw})
     return out

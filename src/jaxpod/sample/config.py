@@ -106,12 +106,18 @@ class EngineConfig:
     """Slot KV capacities compiled: min_prefill_len doubled, with a 1.5x step between two doublings from
     2 * min_prefill_len on (attention reads a slot's whole capacity: at most 1/3 of it is waste there), up to
     cache_len (the last one)."""
-    out = []
-    for n in _doubling(self.min_prefill_len, self.cache_len)[:-1]:
-      out.append(n)
-      if n >= 2 * self.min_prefill_len and n * 3 // 2 < self.cache_len:
-        out.append(n * 3 // 2)
-    return tuple(out) + (self.cache_len,)
+    return length_buckets(self.min_prefill_len, self.cache_len)
+
+
+def length_buckets(smallest: int, largest: int) -> tuple[int, ...]:
+  """`smallest` doubled, with a 1.5x step between two doublings from 2 * smallest on, up to `largest` (the last
+  one): few compiled lengths, and past the first doubling at most 1/3 of a bucket is padding."""
+  out = []
+  for n in _doubling(smallest, largest)[:-1]:
+    out.append(n)
+    if n >= 2 * smallest and n * 3 // 2 < largest:
+      out.append(n * 3 // 2)
+  return tuple(out) + (largest,)
 
 
 def _doubling(start: int, end: int) -> tuple[int, ...]:

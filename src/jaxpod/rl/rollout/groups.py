@@ -7,7 +7,9 @@ tokens after the prompt are the policy's turns and the environment's observation
 says which is which; an observation token has no log-prob (0), no version (`NO_VERSION`) and is
 never trained on. A single-turn sample is a one-turn episode: every token the policy's.
 
-The trainer's batch (`to_batch`), G groups -> B = G*n rows of T = max_prompt_len + max_new_tokens:
+The trainer's batch (`to_batch`), G groups -> B = G*n rows of T tokens: max_prompt_len + max_new_tokens, or with
+`grpo.trim_rows` the shortest length bucket holding the batch's longest row (as TRL pads to the longest; a few
+programs, the same on every host since every host builds the same batch):
   tokens      [B, T] int32    prompt (BOS first) then the sampled tokens, PAD after
   loss_mask   [B, T] int32    1 at position t when token t+1 is a sampled token (target-aligned;
                               0 where token t+1 is an observation: it gets no gradient)
@@ -130,13 +132,24 @@ def host_share(arrays: dict[str, np.ndarray], host: int, hosts: int) -> dict[str
 class Batcher:
   """Groups -> this host's rows of the trainer's batch: every host builds the same global batch, keeps its share."""
 
-  row_len: int  # tokens per row: rollout.max_prompt_len + max_new_tokens
+  row_len: int  # tokens per row at most: rollout.max_prompt_len + max_new_tokens
   pad_id: int  # the tokenizer's PAD
   scale_rewards: str  # grpo.scale_rewards
+  trim: bool = False  # grpo.trim_rows: rows end at the shortest length bucket that holds the longest
+
+  def length(self, groups: Sequence[Group]) -> int:
+    """Tokens per row of these groups' batch: row_len, or with `trim` the shortest bucket holding the longest row,
+    32 tokens at least (a shorter step is cheap; another program is not). Every host builds the same batch, so
+    every host compiles the same train step."""
+    if not self.trim:
+      return self.row_len
+    from jaxpod.sample.config import length_buckets
+    longest = max(len(g.prompt_ids) + len(s) for g in groups for s in g.sampled)
+    return next((n for n in length_buckets(16, self.row_len) if n >= max(longest, 32)), self.row_len)
 
   def global_batch(self, groups: Sequence[Group]) -> dict[str, np.ndarray]:
     """The global batch of these groups (without `versions`: admission already placed every token's version)."""
-    arrays = to_batch(groups, self.row_len, self.pad_id, self.scale_rewards)
+    arrays = to_batch(groups, self.length(groups), self.pad_id, self.scale_rewards)
     del arrays["versions"]
     return arrays
 
