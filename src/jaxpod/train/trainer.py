@@ -54,6 +54,8 @@ class RunSummary:
   compile_cache_misses: int
   resumed: bool
   end_reason: str = ""  # why the run ended before trainer.steps (the iterator's `EndOfData`); "" if it did not
+  trained_params: int = 0  # parameters the optimizer updates (with LoRA: the adapters alone)
+  frozen_params: int = 0  # weights in the state it does not update (LoRA's base, a frozen reference)
 
 
 def run_url(cfg: TrainConfig, prefix: str) -> str:
@@ -139,6 +141,8 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
   graphdef, _, _ = st.abstract_model(task, tcfg.seed)
   init_fn = st.make_init_fn(task, tx, tcfg.seed, dcfg.global_batch_size, ema=tcfg.ema > 0)
   abstract = st.abstract_state(init_fn)
+  sizes = {k: sum(x.size for x in jax.tree.leaves(getattr(abstract, k))) for k in ("params", "buffers")}
+  log.info("parameters: %s trained, %s frozen", f"{sizes['params']:,}", f"{sizes['buffers']:,}")
   shardings = st.state_shardings(abstract, mesh)
   batch_sh = sp.batch_shardings(mesh, task.batch_ndims)
 
@@ -210,7 +214,7 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
                        time_to_first_step_s=progress.first_step_s or 0.0, wall_s=wall,
                        steps_per_s=max(steps_done - 1, 0) / loop_s, compile_cache_hits=compile_cache.STATS.hits,
                        compile_cache_misses=compile_cache.STATS.misses, resumed=restored is not None,
-                       end_reason=ended)
+                       end_reason=ended, trained_params=sizes["params"], frozen_params=sizes["buffers"])
   if host.is_leader:
     _finish(cfg, task, summary, progress.console, print_summary)
   runtime.barrier("train.end", timeout_s=600)
@@ -356,6 +360,7 @@ def _summary_rows(task, summary: RunSummary) -> list[tuple[str, str]]:
           ("steps", f"{summary.start_step} -> {summary.final_step}" + (" (resumed)" if summary.resumed else "")
            + (f" (ended early: {summary.end_reason})" if summary.end_reason else "")),
           ("train loss", f"{summary.final_metrics.get('loss', float('nan')):.4f}"),
+          ("parameters", f"{summary.trained_params:,} trained, {summary.frozen_params:,} frozen"),
           *task.eval_summary(ev),
           ("time to first step", f"{summary.time_to_first_step_s:.1f} s (init, data, compile)"),
           ("steps/s", f"{summary.steps_per_s:.2f}"),
