@@ -1,9 +1,12 @@
-"""A group's rewards belong to its own samples, whatever order the engine finished them in."""
+"""Groups and the batch built from them: a group's rewards stay with its own samples; rows end where the batch does."""
+import numpy as np
+
 from jaxpod.models.llama.tokenizer import ByteTokenizer
 from jaxpod.problems import AdditionProblems
 from jaxpod.problems.base import Problem
 from jaxpod.problems.rewards import VerifiedProblems
 from jaxpod.rl.rollout.episodes import group
+from jaxpod.rl.rollout.groups import Batcher, Group
 from jaxpod.sample.tokens import Completion
 
 TOK = ByteTokenizer(add_bos=False)  # completions carry no BOS
@@ -29,8 +32,7 @@ def test_rewards_stay_with_their_samples_when_samples_finish_out_of_order():
 
 
 def _random_groups(rng, lengths) -> list:
-  """Groups of two samples each: (prompt tokens, (sample tokens, sample tokens)) per entry of `lengths`."""
-  from jaxpod.rl.rollout.groups import Group
+  """One group per entry (prompt tokens, (sample tokens, ...)) of `lengths`, random ids, rewards 0, 1, ..."""
   out = []
   for i, (p, sizes) in enumerate(lengths):
     sampled = [rng.integers(1, 61, s).tolist() for s in sizes]
@@ -44,9 +46,8 @@ def _random_groups(rng, lengths) -> list:
 
 def test_a_batch_trains_at_the_shortest_length_bucket_that_holds_its_longest_row():
   """grpo.trim_rows: a batch whose rows stop well before max_prompt_len + max_new_tokens trains on its real length
-  (bucketed: 32, 48, 64, then the maximum; no shorter than 32), the rows cut from the full-length batch and nothing cut away."""
-  import numpy as np
-  from jaxpod.rl.rollout.groups import Batcher
+  (bucketed: 32, 48, 64, then the maximum; no shorter than 32), the rows cut from the full-length batch and nothing
+  cut away."""
   groups = _random_groups(np.random.default_rng(0), [(9, (3, 20)), (14, (1, 5))])  # longest row: 9 + 20 = 29
   full = Batcher(row_len=76, pad_id=0, scale_rewards="group").global_batch(groups)
   trimmed = Batcher(row_len=76, pad_id=0, scale_rewards="group", trim=True).global_batch(groups)

@@ -287,7 +287,7 @@ def _rollout(opts: SampleBench, children: dict[str, Child], engines: dict[str, s
     results[e]["vs_hf"] = results[e]["tok_s"] / results["hf_generate"]["tok_s"]
     results[e]["vs_lockstep"] = results[e]["tok_s"] / results["lockstep"]["tok_s"]
     # a decode step reads every weight once, so at the memory bound the ratio of steps caps decode's gain
-    results[e]["step_bound"] = results["lockstep"]["decode_steps"] / max(results[e].get("decode_steps", 0), 1)
+    results[e]["step_bound"] = results["lockstep"]["decode_steps"] / max(results[e]["decode_steps"], 1)
   results = _with_default(results, opts)
   default = f"continuous_{opts.layouts[0]}"
   out: dict[str, Any] = {"results": results}
@@ -303,17 +303,17 @@ def _rollout(opts: SampleBench, children: dict[str, Child], engines: dict[str, s
   rows = [(e, r["tok_s"], f"{r['vs_lockstep']:.2f}x", f"{r['vs_hf']:.2f}x", r["tokens"],
            f"{r['len_min']}/{r['len_median']:.0f}/{r['len_max']}", f"{r['prefill_real_per_prompt_token']:.2f}",
            f"{r['prefill_computed_per_prompt_token']:.2f}",
-           f"{r['mean_occupancy']:.0%}" if "mean_occupancy" in r else "-", r.get("decode_steps", "-"),
-           f"{r['step_bound']:.2f}x" if "step_bound" in r else "-", r["generate_s"])
+           f"{r['mean_occupancy']:.0%}" if "mean_occupancy" in r else "-", r["decode_steps"],
+           f"{r['step_bound']:.2f}x", r["generate_s"])
           for e, r in results.items() if e != "continuous"]
   mem = out.get("kv_memory")
   print_table(f"(b) rollout: {opts.rollout_prompts} prompts of {opts.rollout_min_prompt}-{opts.rollout_max_prompt} "
               f"tokens x n={opts.rollout_n}, <= {opts.rollout_max_new} new, stop chance 1/{opts.rollout_mean_len}, "
               f"{opts.rollout_slots} rows; prefill = prompt tokens prefilled per prompt token of the samples (real / "
               f"computed incl. padding); step bound = lock-step's decode steps / the engine's (each step reads every "
-              f"weight once, so at the memory bound it caps the decode part of the gain)" + (f"; KV: paged peak {mem['paged_peak_bytes'] / 2**20:.1f} MiB vs static "
-                                            f"{mem['static_bytes'] / 2**20:.1f} MiB = {mem['static_over_paged']:.2f}x "
-                                            f"less" if mem else ""),
+              f"weight once, so at the memory bound it caps the decode part of the gain)"
+              + (f"; KV: paged peak {mem['paged_peak_bytes'] / 2**20:.1f} MiB vs static "
+                 f"{mem['static_bytes'] / 2**20:.1f} MiB = {mem['static_over_paged']:.2f}x less" if mem else ""),
               ["engine", "generated tok/s", "vs lock-step", "vs HF", "tokens", "len min/med/max", "prefill real",
                "prefill computed", "occupancy", "decode steps", "step bound", "wall s"], rows)
   if opts.profile:

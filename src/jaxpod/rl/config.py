@@ -82,7 +82,7 @@ class GRPOConfig:
   beta: float = 0.0  # KL weight to the frozen starting policy (0: no reference model kept)
   scale_rewards: str = "group"  # advantage scale: group (GRPO) | batch | none (Dr. GRPO)
   loss_norm: str = "token"  # token (DAPO/TRL: over all completion tokens) | sequence (GRPO) | constant (Dr. GRPO)
-  trim_rows: bool = True  # train a batch's rows at the shortest of 32, 48, 64, 96... tokens holding its longest (false: max)
+  trim_rows: bool = True  # train a batch at the shortest of 32, 48, 64, 96... tokens holding its longest row (false: max)
   max_policy_lag: int = 2  # oldest version a trained token may come from: trainer version - this (older: dropped)
   num_iterations: int = 0  # optimizer updates per rollout batch in one step (TRL's; GRPO's mu); 0: 2 with LoRA, else 1
   lr: float = 3e-4  # AdamW learning rate (constant after a 5-step warm-up)

@@ -145,6 +145,7 @@ class Batcher:
       return self.row_len
     from jaxpod.sample.config import length_buckets
     longest = max(len(g.prompt_ids) + len(s) for g in groups for s in g.sampled)
+    # buckets from 16 so that 48 is one (the 1.5x steps start at twice the smallest); none below 32 is taken
     return next((n for n in length_buckets(16, self.row_len) if n >= max(longest, 32)), self.row_len)
 
   def global_batch(self, groups: Sequence[Group]) -> dict[str, np.ndarray]:
