@@ -32,7 +32,7 @@ def test_extract_with_an_adapter_equals_the_merged_checkpoint(tiny_ckpt, tmp_pat
   extract.run(extract.ExtractConfig(model=str(tmp_path / "merged"), out=str(tmp_path / "m"), **opts))
   got, want = extract.open(str(tmp_path / "a")), extract.open(str(tmp_path / "m"))
   assert_same_dataset(got, want)
-  base, merged = (np.asarray(hf_io.load(d, mesh).layers[0].mlp.down_proj[...])
+  base, merged = (np.asarray(hf_io.load(d, mesh).layers.mlp.down_proj[...][0])
                   for d in (model_dir, str(tmp_path / "merged")))
   assert np.abs(merged - base).max() > 1e-2  # so the equality above says the adapter reached the forward
   assert json.loads((tmp_path / "a" / "run.json").read_text())["adapter"] == cfg.adapter

@@ -48,9 +48,10 @@ def _jax_decode_engines(model, mesh, opts) -> dict[str, dict[str, Any]]:
   import dataclasses
   import jax
   from flax import nnx
+  from jaxpod.models.llama import stack
   from jaxpod.sample import EngineConfig, Sampler, SamplingParams, lockstep
   tokens = decode_tokens(opts)
-  graphdef, params = nnx.split(model)
+  graphdef, params = nnx.split(stack.unstacked(model))  # the engine's form: a block per layer
   b, p = tokens.shape
   ec = EngineConfig(batch_size=b, max_prompt_len=p, max_new_tokens=opts.max_new_tokens,
                     min_prefill_len=opts.min_prefill_len)

@@ -85,11 +85,12 @@ def continuous(model, mesh, opts, layout: str) -> dict[str, Any]:
 def lockstep(model, opts) -> dict[str, Any]:
   """Run / stats of the lock-step engine: chunks of rollout_slots rows, each prompt n times."""
   from flax import nnx
+  from jaxpod.models.llama import stack
   from jaxpod.sample import SamplingParams, lockstep
   prompts, seeds, stops = workload(opts)
   ec = engine_config(opts)
   fn = lockstep.compiled_generate(ec, SamplingParams(1.0), tuple(sorted(stops)))
-  graphdef, params = nnx.split(model)
+  graphdef, params = nnx.split(stack.unstacked(model))  # the engine's form: a block per layer
   rows = [(p, s * opts.rollout_n + j) for p, s in zip(prompts, seeds) for j in range(opts.rollout_n)]
 
   box: dict = {}

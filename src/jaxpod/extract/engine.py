@@ -241,8 +241,8 @@ def _run(cfg: ExtractConfig, hf: dict, host: runtime.HostInfo, on_batch) -> dict
     if cfg.adapter:  # LoRA: the adapters loaded as `jaxpod sample --adapter` does, then folded into the base
       from jaxpod.models.llama import lora, peft_io
       lora.merge_in_place(peft_io.load_adapter(model, cfg.adapter, mesh=mesh))
-    if cfg.forward == "sharded":  # its own stacked copy of the blocks; the model's are freed as they are stacked
-      forward = sharded_lib.ShardedForward(model, mesh, cfg, consume=True)
+    if cfg.forward == "sharded":  # the model's stacked blocks, one gathered per loop iteration
+      forward = sharded_lib.ShardedForward(model, mesh, cfg)
     else:
       forward = fwd_lib.Forward(model, mesh, cfg)
     del model

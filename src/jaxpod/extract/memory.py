@@ -50,7 +50,8 @@ def memory_plan(mc: LlamaConfig, cfg: ExtractConfig, mesh, seq_len: int) -> dict
     rows_live = rows_kept = cfg.batch_size // dp
     model = mesh.shape["model"]
     no_fsdp = DEFAULT_RULES.replace(embed=None)  # what a block looks like once its fsdp shards are gathered
-    gathered = _bytes(state["layers"][0], mesh, no_fsdp) + _bytes(state["embed_tokens"], mesh, no_fsdp)
+    gathered = _bytes(state["layers"], mesh, no_fsdp) // mc.num_hidden_layers + _bytes(state["embed_tokens"], mesh,
+                                                                                        no_fsdp)  # one block
   t = seq_len
   acts = rows_live * t * (4 * d + 2 * h * e // model + 2 * i // model) * item
   acts += 2 * rows_live * max(1, h // model) * t * t * 4

@@ -64,7 +64,7 @@ def test_lora_causal_lm_learns_and_trains_only_adapters(tmp_path):
     saved = mgr.restore(20, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
   base = st.to_nested(nnx.state(hf_io.load(str(tmp_path / "base"), make_mesh(devices=jax.devices()[:1]))))
   stored, want = jax.tree_util.tree_flatten_with_path(saved["buffers"])[0], jax.tree.leaves(base)
-  assert len(stored) == len(want) == 2 + 9 * 2 + 1  # embed, norm, lm_head + 9 per block (7 linear, 2 norms)
+  assert len(stored) == len(want) == 2 + 9 + 1  # embed, norm, lm_head + 9 block weights (7 linear, 2 norms) [L, ...]
   from jaxpod.models.llama import lora
   llama = hf_io.load_config(str(tmp_path / "base"))  # the summary counts the adapters as trained, the base as frozen
   adapters = llama.num_hidden_layers * sum(8 * (n_in + n_out) for n_in, n_out, *_ in lora.shapes(llama).values())
