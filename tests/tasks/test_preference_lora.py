@@ -59,7 +59,8 @@ def test_dpo_lora_state_holds_the_base_once_no_reference_and_adam_for_adapters_o
 def test_the_in_step_reference_is_the_base_with_the_adapters_off(tiny_ckpt, pair_file):
   """DPO loss at LoRA's start is log 2 (B = 0: policy = reference); with B moved, the policy's log-probs move and
   the reference's equal the plain base model's, computed from the same base arrays."""
-  from jaxpod.models.llama import forward, init, lora
+  from jaxpod.models.llama import init, lora
+  from jaxpod.models.llama.loss import token_logps
   from jaxpod.tasks.preference_loss import answer_logps
   from jaxpod.train.task import make_task
   cfg = _config("--task.hf", tiny_ckpt, "--task.data.path", pair_file, "--task.data.max_length", "20",
@@ -77,8 +78,8 @@ def test_the_in_step_reference_is_the_base_with_the_adapters_off(tiny_ckpt, pair
   @jax.jit
   def run(a, b):
     """(DPO loss, reference log-probs, policy log-probs) of adapters a on base b."""
-    ref = answer_logps(forward(ref_graphdef, b, tokens[:, :-1]).logits, tokens[:, 1:], answer[:, 1:])[0]
-    pol = answer_logps(forward(graphdef, task.weights(a, b), tokens[:, :-1]).logits, tokens[:, 1:], answer[:, 1:])[0]
+    ref = answer_logps(token_logps(ref_graphdef, b, tokens[:, :-1], tokens[:, 1:]), answer[:, 1:])[0]
+    pol = answer_logps(token_logps(graphdef, task.weights(a, b), tokens[:, :-1], tokens[:, 1:]), answer[:, 1:])[0]
     return task.loss_fn(graphdef)(a, b, batch, None, ())[0], ref, pol
   loss, ref, start = run(adapters, base)
   np.testing.assert_allclose(float(loss), math.log(2.0), rtol=1e-6)
@@ -113,7 +114,7 @@ def test_lora_b_lr_ratio_multiplies_only_the_b_updates():
     for _ in range(3):
       u, opt = tx.update(params, opt, params)
     updates[ratio] = {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_flatten_with_path(u)[0]}
-  assert updates["1"].keys() == updates["3"].keys() == updates["0"].keys() and len(updates["1"]) == 2 * 7 * 2
+  assert updates["1"].keys() == updates["3"].keys() == updates["0"].keys() and len(updates["1"]) == 7 * 2
   for k, one in updates["1"].items():
     assert np.all(one != 0), k
     for ratio, b in (("3", 3.0), ("0", 2.0)):
@@ -181,7 +182,7 @@ def test_a_short_lora_dpo_run_trains_the_adapters_and_leaves_the_base(tmp_path, 
   end = dict(jax.tree_util.tree_flatten_with_path(keep.end["params"])[0])
   moved = {jax.tree_util.keystr(k): float(np.max(np.abs(v - end[k])))
            for k, v in jax.tree_util.tree_flatten_with_path(keep.start["params"])[0]}
-  assert all(m > 0 for k, m in moved.items() if "lora_b" in k) and len(moved) == 2 * 7 * 2, moved  # every B moved
+  assert all(m > 0 for k, m in moved.items() if "lora_b" in k) and len(moved) == 7 * 2, moved  # every B moved (stacked)
   saved = json.loads(storage.read_text(storage.join(summary.run_dir, "summary.json")))
   assert saved["lora"]["rank"] == 2
   from safetensors.numpy import load_file
@@ -193,11 +194,12 @@ def test_a_short_lora_dpo_run_trains_the_adapters_and_leaves_the_base(tmp_path, 
   names = load_file(storage.join(folder, peft_io.WEIGHTS_FILE))
   assert len(names) == 2 * 7 * 2 and peft_io.tensor_name(0, "q_proj", "A") in names
   loaded = lora.adapters(peft_io.load_adapter(hf_io.load(tiny_ckpt, make_mesh(devices=jax.devices()[:1])), folder))
-  trained = {}  # (layer, projection) -> B [r, out] at the end of the run
+  trained = {}  # (layer, projection) -> B [r, out] at the end of the run (stored stacked: B [L, r, out])
   for path, v in jax.tree_util.tree_flatten_with_path(keep.end["params"])[0]:
     keys = [getattr(p, "key", getattr(p, "idx", None)) for p in path]
     if "lora_b" in keys:
-      trained[(next(k for k in keys if isinstance(k, int)), next(k for k in keys if str(k).endswith("_lora"))[:-5])] = v
+      name = next(k for k in keys if str(k).endswith("_lora"))[:-5]
+      trained.update({(layer, name): b for layer, b in enumerate(np.asarray(v))})
   assert len(trained) == 14 and all(np.array_equal(np.asarray(loaded[k][1]), v) for k, v in trained.items())
 
 

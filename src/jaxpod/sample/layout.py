@@ -75,42 +75,42 @@ def _split_move(params, want: dict, layers: int):
   out, live = [], {}
   for path, var in nnx.to_flat_state(params):
     x = var.get_value()
-    if stack.is_stacked_path(path):
+    split = stack.is_stacked_path(path)
+    if split:
       names, var = [("layers", i, *path[1:]) for i in range(layers)], stack.without_layers_axis(var)
     else:
       names = [path]
-    pieces = _moved(x, tuple(want[n] for n in names), live) if isinstance(x, jax.Array) else None
+    pieces = _moved(x, tuple(want[n] for n in names), split, live) if isinstance(x, jax.Array) else None
     if pieces is None:
-      pieces = [x[i] for i in range(layers)] if len(names) > 1 else [x]
+      pieces = [x[i] for i in range(layers)] if split else [x]
     out += [(n, var.replace(p)) for n, p in zip(names, pieces)]
   _recent.clear()  # what this version moved: the next one reuses copies of leaves that did not change
   _recent.update(live)
   return nnx.from_flat_state(out)
 
 
-def _moved(x: jax.Array, targets: tuple, live: dict):
-  """x's copies on `targets` (one per layer of a stacked leaf), reused while the last move's copy of x lives;
-  None when nothing is to be done (a plain leaf with no target, or already so laid out)."""
+def _moved(x: jax.Array, targets: tuple, split: bool, live: dict):
+  """x's copies on `targets` (split: one per layer of a stacked leaf), reused while the last move's copy of x lives;
+  None when nothing is to be done (no target)."""
   if all(t is None for t in targets):
     return None
-  whole = len(targets) == 1
-  if whole and x.sharding.is_equivalent_to(targets[0], x.ndim):
+  if not split and x.sharding.is_equivalent_to(targets[0], x.ndim):
     return [x]
   key = (id(x), targets)
   ref, outs = _recent.get(key, (None, ()))
   moved = [r() for r in outs]
   if ref is None or ref() is not x or any(y is None or y.is_deleted() for y in moved):
     with jax.set_mesh(targets[0].mesh):  # the caller's context mesh may be another one (a trainer's global mesh)
-      moved = list(_mover(x.shape, str(x.dtype), targets)(x))
+      moved = list(_mover(x.shape, str(x.dtype), targets, split)(x))
   live[key] = (weakref.ref(x), tuple(weakref.ref(y) for y in moved))
   return moved
 
 
 @functools.lru_cache(maxsize=64)
-def _mover(shape, dtype: str, targets: tuple):
+def _mover(shape, dtype: str, targets: tuple, split: bool):
   """A jitted split (a stacked leaf: one output per layer) or identity onto `targets` (compiled once per layout)."""
   del dtype
-  if len(targets) == 1:
+  if not split:
     return jax.jit(lambda x: (x,), out_shardings=targets)
   return jax.jit(lambda x: tuple(x[i] for i in range(shape[0])), out_shardings=targets)
 

@@ -308,12 +308,12 @@ class PreferenceTask(preference_lora.LoraParts, LlamaTask):
   def loss_fn(self, graphdef) -> Callable:
     import jax
     import jax.numpy as jnp
-    from jaxpod.models.llama import forward
+    from jaxpod.models.llama.loss import token_logps
     from jaxpod.tasks.preference_loss import answer_logps, pair_loss
     lc, in_step = self.pc.loss, self.pc.in_step_reference
 
     def sequence_logps(gdef, weights, tokens_2PxL, answer_2PxL):
-      total, count = answer_logps(forward(gdef, weights, tokens_2PxL[:, :-1]).logits, tokens_2PxL[:, 1:],
+      total, count = answer_logps(token_logps(gdef, weights, tokens_2PxL[:, :-1], tokens_2PxL[:, 1:]),
                                   answer_2PxL[:, 1:])
       return total.reshape(-1, 2), count.reshape(-1, 2)  # [P, 2]: chosen, rejected
 

@@ -111,12 +111,12 @@ def reference_logps(graphdef, params, arrays: dict, mesh, batch: int) -> np.ndar
   """[N, 2] summed answer log-probs of every pair's chosen and rejected answers under `params`."""
   from jax.sharding import NamedSharding, PartitionSpec
   from jaxpod import runtime
-  from jaxpod.models.llama import forward
+  from jaxpod.models.llama.loss import token_logps
   from jaxpod.tasks.preference_loss import answer_logps
 
   def logps(params, tokens_Bx2xL, answer_Bx2xL):
     tokens, answer = tokens_Bx2xL.reshape(-1, tokens_Bx2xL.shape[-1]), answer_Bx2xL.reshape(-1, answer_Bx2xL.shape[-1])
-    total, _ = answer_logps(forward(graphdef, params, tokens[:, :-1]).logits, tokens[:, 1:], answer[:, 1:])
+    total, _ = answer_logps(token_logps(graphdef, params, tokens[:, :-1], tokens[:, 1:]), answer[:, 1:])
     return total.reshape(-1, 2)
 
   fn = runtime.jit(logps, name="preference_reference_logps", out_shardings=NamedSharding(mesh, PartitionSpec()))

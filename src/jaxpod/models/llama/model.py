@@ -46,7 +46,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxpod.models.llama import params as table, stack
-from jaxpod.models.llama.attention import attend_own_keys, context
+from jaxpod.models.llama.attention import context, self_attention, visible
 from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.models.llama.kv import CACHE_AXES, PAGE_AXES, SLOT_AXES, KVCache, PagedKVCache, SlotKVCache  # noqa: F401
 from jaxpod.runtime.sharding import constrain
@@ -87,12 +87,6 @@ def rms_norm(x, w, eps: float, plus_one: bool = False):
   if plus_one:
     return (y * (1.0 + w.astype(jnp.float32))).astype(x.dtype)
   return w.astype(x.dtype) * y.astype(x.dtype)
-
-
-def visible(q_pos, k_pos, window):
-  """Sliding-window visibility of keys at k_pos from queries at q_pos (broadcast): all when window is None.
-  window may be traced (a scan over layers of both kinds passes `stack.NO_WINDOW` for full ones)."""
-  return True if window is None else (q_pos - k_pos < window)
 
 
 def embed(cfg: LlamaConfig, table_VxD, tokens_BxT):
@@ -189,27 +183,23 @@ class Attention(nnx.Module):
     cfg = self.cfg
     b, t, h, e = q_BxTxHxE.shape
     kvh = cfg.num_key_value_heads
-    if cache is None:
-      keys_BxKxSxE, values_BxKxSxE = k_BxKxTxE, v_BxKxTxE
-      q_slots_BxT = jnp.broadcast_to(jnp.arange(t), (b, t))
-      k_pos_BxS = positions_BxT
-    else:
-      start = (layer, 0, 0, cache_index, 0)
-      cache = cache._replace(k=jax.lax.dynamic_update_slice(cache.k, k_BxKxTxE[None].astype(cache.k.dtype), start),
-                             v=jax.lax.dynamic_update_slice(cache.v, v_BxKxTxE[None].astype(cache.v.dtype), start))
-      keys_BxKxSxE, values_BxKxSxE = cache.k[layer, :, :, :kv_len], cache.v[layer, :, :, :kv_len]
-      kv_mask_BxS = kv_mask_BxS[:, :kv_len]
-      q_slots_BxT = jnp.broadcast_to(cache_index + jnp.arange(t), (b, t))
-      k_pos_BxS = cache.pos[:, :kv_len]
+    if cache is None:  # training, scoring: causal over the call's own keys, by the platform's kernel
+      with jax.named_scope("attention"):
+        ctx = self_attention(cfg, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, kv_mask_BxS, positions_BxT, window)
+      return constrain(ctx, ("batch", "seq", "heads", "head_dim")), None
+    start = (layer, 0, 0, cache_index, 0)
+    cache = cache._replace(k=jax.lax.dynamic_update_slice(cache.k, k_BxKxTxE[None].astype(cache.k.dtype), start),
+                           v=jax.lax.dynamic_update_slice(cache.v, v_BxKxTxE[None].astype(cache.v.dtype), start))
+    keys_BxKxSxE, values_BxKxSxE = cache.k[layer, :, :, :kv_len], cache.v[layer, :, :, :kv_len]
+    kv_mask_BxS = kv_mask_BxS[:, :kv_len]
+    q_slots_BxT = jnp.broadcast_to(cache_index + jnp.arange(t), (b, t))
+    k_pos_BxS = cache.pos[:, :kv_len]
     s = keys_BxKxSxE.shape[2]
     mask_BxTxS = ((jnp.arange(s)[None, None, :] <= q_slots_BxT[:, :, None]) & kv_mask_BxS[:, None, :]
                   & visible(positions_BxT[:, :, None], k_pos_BxS[:, None, :], window))
     with jax.named_scope("attention"):
       q_BxTxKxGxE = q_BxTxHxE.reshape(b, t, kvh, h // kvh, e)
-      if cache is None:  # causal over the call's own keys: query blocks skip the keys after them
-        ctx = attend_own_keys(q_BxTxKxGxE, keys_BxKxSxE, values_BxKxSxE, mask_BxTxS, cfg.attn_scale)
-      else:
-        ctx = context(q_BxTxKxGxE, keys_BxKxSxE, values_BxKxSxE, mask_BxTxS, cfg.attn_scale)
+      ctx = context(q_BxTxKxGxE, keys_BxKxSxE, values_BxKxSxE, mask_BxTxS, cfg.attn_scale)
     return constrain(ctx.reshape(b, t, h, e), ("batch", "seq", "heads", "head_dim")), cache
 
 
