@@ -4,7 +4,7 @@ import json
 import pytest
 
 from jaxpod.bench.sample import run
-from jaxpod.bench.sample_profile import eigen_dots
+from jaxpod.bench.common import eigen_dots
 
 ENGINES = {"continuous", "continuous_slots", "continuous_paged", "lockstep", "hf_generate"}
 

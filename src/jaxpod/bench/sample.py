@@ -22,7 +22,7 @@ drifts on a shared machine hit every engine alike; medians are reported. Engines
     stop tokens; generated tok/s, prefill work per prompt token, slot occupancy (plot next to
     the JSON), KV memory (paged peak vs a static cache), and a profile of the default layout:
     share of wall time in attention, matmuls, sampling, other device ops and host-side work
-    (`sample_profile.py`).
+    (`bench/common.py`'s profile).
 
 `--hosts N` (N > 1) instead re-launches itself as N simulated hosts and times jaxpod's two
 modes on `num_prompts` prompts: `global` (model sharded over every host's devices, every host
@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxpod.bench.common import machine, print_table, write_json
+from jaxpod.bench.common import CATEGORIES, EIGEN_DOTS_CAVEAT, eigen_dots, machine, print_table, wall_shares, write_json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -323,8 +323,7 @@ def _rollout(opts: SampleBench, children: dict[str, Child], engines: dict[str, s
 
 def _profile(opts: SampleBench, jax_child: Child, engine: str, row: dict) -> dict:
   """Shares of the default layout's rollout wall time: device categories (a traced rollout) and host."""
-  from jaxpod.bench.sample_profile import CATEGORIES, EIGEN_DOTS_CAVEAT, eigen_dots, table
-  shares = table(jax_child.ask("profile", engine), row["device_s"], row["generate_s"])
+  shares = wall_shares(jax_child.ask("profile", engine), row["device_s"], row["generate_s"])
   untraced = eigen_dots()  # the child runs with this process's XLA_FLAGS
   print_table(f"profile of {engine} on the rollout: share of wall time (device ops from a traced run, "
               "host = outside device calls)" + (f"; {EIGEN_DOTS_CAVEAT}" if untraced else ""), list(CATEGORIES),

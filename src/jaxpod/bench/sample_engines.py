@@ -9,7 +9,7 @@ Each loads the model saved by the parent, compiles / warms up every engine it se
   decode_tokens ENGINE  the greedy tokens of the decode workload
   rollout ENGINE        seconds and per-sample token counts of one rollout, plus engine statistics
   episodes L:ENV:MODE   one batch of multi-turn episodes, KV kept or re-prefilled (`sample_rollout.episodes`)
-  profile ENGINE        a traced rollout: the share of device time per category (`sample_profile`)
+  profile ENGINE        a traced rollout: the share of device time per category (`common.device_shares`)
   memcpy                memcpy bytes per second in this process (the roofline's bandwidth)
 
 The parent interleaves the commands over both processes, so load drifts hit every engine alike
@@ -134,7 +134,7 @@ class Side:
       layout, env, mode = name.split(":")
       return self.episodes[layout](env, mode == "kept")
     if cmd == "profile":
-      from jaxpod.bench.sample_profile import device_shares
+      from jaxpod.bench.common import device_shares
       e = self.rollout[name]
       return device_shares(e["run"], e["sampler"].runner.hlo)
     if cmd == "memcpy":
