@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from jaxpod.bench.sample import run
+from jaxpod.bench.sample.command import run
 from jaxpod.bench.common import eigen_dots
 
 ENGINES = {"continuous", "continuous_slots", "continuous_paged", "lockstep", "hf_generate"}

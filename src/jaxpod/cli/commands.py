@@ -39,7 +39,7 @@ BENCHES = {
     "trm-parity": Command("TRM convergence vs the reference PyTorch TRM: same data and batches, N seeds, one PNG",
                           "jaxpod.bench.trm.parity:cli", "jaxpod.bench.trm.parity:TRMParityBench"),
     "sample": Command("jaxpod's sampler vs HF generate; --hosts N: global vs replicated mode",
-                      "jaxpod.bench.sample:cli", "jaxpod.bench.sample:SampleBench", relaunch=True),
+                      "jaxpod.bench.sample.command:cli", "jaxpod.bench.sample.command:SampleBench", relaunch=True),
     "extract": Command("extraction tokens/s vs transformers output_hidden_states",
                        "jaxpod.bench.extract:cli", "jaxpod.bench.extract:BenchConfig", relaunch=True),
     "checkpoint": Command("loop cost of one checkpoint (Orbax commit vs the old CRC manifest) per step time",
