@@ -49,7 +49,7 @@ BENCHES = {
     "preference": Command("preference training (DPO, SimPO) tokens/s and peak memory vs TRL's trainers, same model and pairs",
                           "jaxpod.bench.preference:cli", "jaxpod.bench.preference:PreferenceBench"),
     "rl": Command("RL post-training per topology and weight-update mode (colocated, in-flight, drain-and-sync)",
-                  "jaxpod.bench.rl:cli", "jaxpod.bench.rl:RLBench"),
+                  "jaxpod.bench.rl.command:cli", "jaxpod.bench.rl.command:RLBench"),
     "scale": Command("per-host bytes and peak memory of load, train step, publish, export on simulated hosts "
                      "(invariant 10), beside jaxpod plan's prediction",
                      "jaxpod.bench.scale:cli", "jaxpod.bench.scale:ScaleBench"),

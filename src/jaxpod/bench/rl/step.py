@@ -156,7 +156,7 @@ def _torch_round(policy: str, shapes: StepShapes, calls: int, folder: str, r: in
   if not all(importlib.util.find_spec(m) for m in ("torch", "transformers")):
     return None
   out = os.path.join(folder, f"torch-{r}.json")
-  run_logged(["jaxpod.bench.rl_step", policy, json.dumps(dataclasses.asdict(shapes)), str(calls), out],
+  run_logged(["jaxpod.bench.rl.step", policy, json.dumps(dataclasses.asdict(shapes)), str(calls), out],
              os.path.join(folder, f"torch-{r}.log"), "bench rl: torch's forward + backward")
   return json.loads(open(out).read())
 
@@ -219,7 +219,7 @@ def run(policy: str, shapes: StepShapes, *, repeats: int = 3, calls: int = 5, wi
 
 
 def main(argv=None) -> int:
-  """`python -m jaxpod.bench.rl_step POLICY SHAPES_JSON CALLS OUT`: torch's side of one round."""
+  """`python -m jaxpod.bench.rl.step POLICY SHAPES_JSON CALLS OUT`: torch's side of one round."""
   policy, shapes, calls, out = argv or sys.argv[1:]
   got = torch_times(policy, StepShapes(**json.loads(shapes)), int(calls))
   with open(out, "w") as f:
