@@ -45,14 +45,14 @@ BENCHES = {
     "checkpoint": Command("loop cost of one checkpoint (Orbax commit vs the old CRC manifest) per step time",
                           "jaxpod.bench.checkpoint:cli", "jaxpod.bench.checkpoint:CheckpointBench"),
     "transfer": Command("weight transfer per mode (checkpoint, ray, jax_transfer, arrow_flight)",
-                        "jaxpod.bench.transfer:cli", "jaxpod.bench.transfer:TransferBench"),
+                        "jaxpod.bench.transfer.command:cli", "jaxpod.bench.transfer.command:TransferBench"),
     "preference": Command("preference training (DPO, SimPO) tokens/s and peak memory vs TRL's trainers, same model and pairs",
-                          "jaxpod.bench.preference:cli", "jaxpod.bench.preference:PreferenceBench"),
+                          "jaxpod.bench.preference.command:cli", "jaxpod.bench.preference.command:PreferenceBench"),
     "rl": Command("RL post-training per topology and weight-update mode (colocated, in-flight, drain-and-sync)",
                   "jaxpod.bench.rl.command:cli", "jaxpod.bench.rl.command:RLBench"),
     "scale": Command("per-host bytes and peak memory of load, train step, publish, export on simulated hosts "
                      "(invariant 10), beside jaxpod plan's prediction",
-                     "jaxpod.bench.scale:cli", "jaxpod.bench.scale:ScaleBench"),
+                     "jaxpod.bench.scale.command:cli", "jaxpod.bench.scale.command:ScaleBench"),
 }
 
 COMMANDS: dict[str, Command | Group] = {
