@@ -33,7 +33,7 @@ class Group:
 
 BENCHES = {
     "barrier": Command("jaxpod barrier vs the raw coordination-service barrier vs a device collective",
-                       "jaxpod.bench.barrier:cli", "jaxpod.bench.barrier:BarrierBench", relaunch=True),
+                       "jaxpod.bench.barrier.command:cli", "jaxpod.bench.barrier.command:BarrierBench", relaunch=True),
     "trm-step": Command("TRM train-step throughput against this machine's fp32 matmul ceiling",
                         "jaxpod.bench.trm.step:cli", "jaxpod.bench.trm.step:TRMStepBench"),
     "trm-parity": Command("TRM convergence vs the reference PyTorch TRM: same data and batches, N seeds, one PNG",
@@ -41,9 +41,9 @@ BENCHES = {
     "sample": Command("jaxpod's sampler vs HF generate; --hosts N: global vs replicated mode",
                       "jaxpod.bench.sample.command:cli", "jaxpod.bench.sample.command:SampleBench", relaunch=True),
     "extract": Command("extraction tokens/s vs transformers output_hidden_states",
-                       "jaxpod.bench.extract:cli", "jaxpod.bench.extract:BenchConfig", relaunch=True),
+                       "jaxpod.bench.extract.command:cli", "jaxpod.bench.extract.command:BenchConfig", relaunch=True),
     "checkpoint": Command("loop cost of one checkpoint (Orbax commit vs the old CRC manifest) per step time",
-                          "jaxpod.bench.checkpoint:cli", "jaxpod.bench.checkpoint:CheckpointBench"),
+                          "jaxpod.bench.checkpoint.command:cli", "jaxpod.bench.checkpoint.command:CheckpointBench"),
     "transfer": Command("weight transfer per mode (checkpoint, ray, jax_transfer, arrow_flight)",
                         "jaxpod.bench.transfer.command:cli", "jaxpod.bench.transfer.command:TransferBench"),
     "preference": Command("preference training (DPO, SimPO) tokens/s and peak memory vs TRL's trainers, same model and pairs",

@@ -114,7 +114,8 @@ def _trl(root: str, policy: str, problems: str, steps: int, name: str, shape: Sh
           "--eval_size", str(shape.eval_size), "--steps", str(steps), "--num_prompts_per_step", str(shape.prompts),
           "--num_generations", str(shape.generations), "--lr", str(shape.lr), "--temperature", "1.0",
           "--max_new_tokens", str(shape.max_new_tokens), "--out", out]
-  run_logged(["jaxpod.bench.rl.trl_side", *args], os.path.join(root, f"{name}.log"), "bench rl --against trl: TRL's run")
+  run_logged(["jaxpod.bench.rl.trl_side", *args], os.path.join(root, f"{name}.log"),
+             "bench rl --against trl: TRL's run")
   return json.loads(open(out).read()) | {"load_start": load}
 
 
