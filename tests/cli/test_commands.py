@@ -122,7 +122,7 @@ def test_unknown_subcommand_lists_the_group(capsys):
 
 
 def test_comma_lists_follow_the_field_types():
-  from jaxpod.bench.sample import SampleBench
+  from jaxpod.bench.sample.command import SampleBench
   from jaxpod.cli.args import comma_lists, parse
   assert comma_lists(SampleBench, ["--layouts", "slots,paged", "--hidden_size", "8"]) == [
       "--layouts", "[slots,paged]", "--hidden_size", "8"]

@@ -13,8 +13,8 @@ TOY = ("--grpo.num_prompts_per_step", "2", "--grpo.sample_prompts_per_step", "2"
 
 @pytest.mark.slow
 def test_bench_rl_episodes_times_kept_and_whole_rl_steps_on_the_same_episodes(tmp_path):
-  from jaxpod.bench.rl_episodes import run
-  from jaxpod.bench.rl_step import save_policy
+  from jaxpod.bench.rl.episodes import run
+  from jaxpod.bench.rl.step import save_policy
   from jaxpod.rl.config import RLModelConfig
   small = RLModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, max_position_embeddings=256)
   policy = save_policy(small.llama(), str(tmp_path))  # a random policy instead of a warm-up (not what is measured)

@@ -131,7 +131,7 @@ def test_grpo_with_lora_trains_the_adapters_and_references_the_base(warm_policy,
   # what `jaxpod bench rl --lora-rank` reports: the trainer's peak memory, and the train state by part
   summary = json.load(open(f"{folder}/summary.json"))
   assert summary["memory"]["host_peak_rss_bytes"] > param_bytes(buffers)
-  from jaxpod.bench.rl_lora import train_state_bytes
+  from jaxpod.bench.rl.lora import train_state_bytes
   args = [*TINY, "--model.hf", warm_policy, "--trainer.runs_dir", str(tmp_path)]
   full, lora1 = train_state_bytes([*args, "--grpo.beta", "0.05"]), train_state_bytes([*args, "--lora.rank", "1"])
   model = param_bytes(buffers)

@@ -14,8 +14,8 @@ halves on the fly (`weights`): the rollout engine, the held-out evaluator, the H
                  same tree and shapes every version, so a swap compiles nothing.
   engine         unmerged: the engine computes x W + s (x A) B every decode step (`model.adapted`). The
                  alternative, merging W + s A B once per version, needs a second copy of every targeted
-                 weight on the sampler and a merge program per version; `jaxpod bench rl-lora` measures
-                 both (docs/rl.md, "LoRA").
+                 weight on the sampler and a merge program per version; `python -m jaxpod.bench.rl.lora`
+                 measures both (docs/lora.md, "RL: only adapters on the wire").
   export         `<run>/hf` is the merged model (a plain HF checkpoint, `hf_io.save` merges), `<run>/adapter`
                  the adapters as PEFT's files (`LlamaTask.export_hooks`, as every LoRA task).
 """

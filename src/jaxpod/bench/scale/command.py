@@ -4,7 +4,7 @@ A bf16 Llama (~1 GB by default: hidden 2048, 8 layers, vocab 32000) is written t
 GCS server (a real GCS-API server on 127.0.0.1); `--hosts` processes x 1 device then, FSDP over every
 device: load it (`hf_io.load`), take one AdamW train step, publish it through the checkpoint transport
 from a mesh that replicates it over groups of `--hosts_per_replica` hosts, and export it (`hf_io.save`).
-Each host measures itself (`bench/scale_host.py`). Figures are multiples of the fair share
+Each host measures itself (`bench/scale/host.py`). Figures are multiples of the fair share
 (model bytes / hosts): invariant 10 says each stays near 1. With `jaxpod plan`'s prediction beside.
 """
 from __future__ import annotations
@@ -60,7 +60,7 @@ def run(cfg: ScaleBench) -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env.pop("JAX_NUM_CPU_DEVICES", None)
     args = [f"{bucket}/ckpt", f"{bucket}/out", cfg.shard_mb << 20, cfg.batch_per_host, cfg.seq, cfg.hosts_per_replica]
-    result = launch([sys.executable, "-m", "jaxpod.bench.scale_host", *map(str, args)],
+    result = launch([sys.executable, "-m", "jaxpod.bench.scale.host", *map(str, args)],
                     LaunchConfig(hosts=cfg.hosts, devices_per_host=1, log_dir=f"{tmp}/logs", timeout_s=3600,
                                  hosts_root=f"{tmp}/hosts"), env=env, sink=None, summary=None)
     rows = sorted((json.loads(line.split("RESULT ", 1)[1]) for lines in result.output for line in lines

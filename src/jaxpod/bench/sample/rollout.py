@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxpod.bench.common import Synthetic, print_table
+
 
 def workload(opts) -> tuple[list[list[int]], list[int], tuple[int, ...]]:
   """(prompts, seeds, stop ids) of the rollout, fixed by the options."""
@@ -192,18 +194,6 @@ class CalculatorShapes:
     return f"= {self.answer}\n", 0.0, False
 
 
-class Synthetic:
-  """A synthetic environment: a 16-token observation after every turn, never done (6 turns: the turn limit)."""
-
-  def reset(self, problem):
-    self.turn = 0
-    return problem.prompt
-
-  def step(self, completion):
-    self.turn += 1
-    return f"observation {self.turn:03d}\n", 0.0, False
-
-
 def episodes(model, mesh, opts, layout: str):
   """`run(env, keep) -> stats` of one batch of episodes (EPISODE_PROBLEMS x EPISODE_N) of `env` on the continuous
   engine with `layout`, the KV kept across turns or every turn re-prefilled (same seeds: the same episodes)."""
@@ -242,7 +232,6 @@ def episodes_report(opts, ask) -> dict:
   """Interleaved timed episode batches (`ask(name) -> stats`, name = layout:env:kept|whole) after one untimed batch
   each (compiles); medians of `opts.repeats`; the table."""
   import statistics
-  from jaxpod.bench.common import print_table
   names = [f"{layout}:{env}:{mode}" for layout in opts.layouts for env in EPISODE_ENVS for mode in ("kept", "whole")]
   for name in names:
     ask(name)

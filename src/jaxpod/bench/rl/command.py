@@ -13,7 +13,7 @@ With `--lora-rank R` every arm runs twice from the same warm-up, full fine-tunin
 (`jaxpod rl --lora.rank R`: adapters trained and published alone), interleaved; the table adds kB per
 published version, the trainer process's peak resident memory (VmHWM from /proc/self/status at the end of
 its run, in its summary.json; on an accelerator also the devices' `peak_bytes_in_use`) and the bytes of the
-trained part of its train state (params + Adam state, from shapes: `bench.rl_lora.train_state_bytes`).
+trained part of its train state (params + Adam state, from shapes: `bench.rl.lora.train_state_bytes`).
 Both disaggregated arms run with the same `max_policy_lag`. Per arm, per GRPO step (seconds): rollout
 (the engine), train (the trainer's step and its hooks), publish (trainer), fetch (worker, per step),
 waiting (trainer idle for rollouts); sampled tokens/s; reward per wall-clock second (the rewards of
@@ -51,14 +51,14 @@ class RLBench:
                             "--rollout.max_new_tokens", "16")
   lora_rank: int = 0  # > 0: every arm runs twice from the same warm-up, full fine-tuning and `<arm>+lora` at this rank
   json: str | None = None  # write the results here
-  against: str = ""  # trl: jaxpod's colocated loop vs TRL's GRPOTrainer on a prompt file instead (rl_against_trl.py)
+  against: str = ""  # trl: jaxpod's colocated loop vs TRL's GRPOTrainer on a prompt file instead (against_trl.py)
   policy: str = ""  # --against trl: start from this HF checkpoint (tokenizer files included) instead of a warm-up
   prompts: str = ""  # --against trl with --policy: its word-problem file (`jaxpod data word-problems`' problems.jsonl)
-  workloads: tuple[str, ...] = ("long", "short")  # --against trl: which workloads (rl_against_trl.py), alternating
+  workloads: tuple[str, ...] = ("long", "short")  # --against trl: which workloads (against_trl.py), alternating
   long_size: str = "small"  # --against trl: the long workload's size: small (minutes per repeat) | full (~19M params)
-  step: bool = False  # only the GRPO train-step table (jaxpod's log-prob paths, torch's fwd+bwd; rl_step.py)
+  step: bool = False  # only the GRPO train-step table (jaxpod's log-prob paths, torch's fwd+bwd; step.py)
   profile: bool = False  # the train-step table adds its op-level profile (categories and the costliest XLA ops)
-  episodes: bool = False  # only multi-turn episodes' RL step, KV kept vs re-prefilled (rl_episodes.py; --steps etc.)
+  episodes: bool = False  # only multi-turn episodes' RL step, KV kept vs re-prefilled (episodes.py; --steps etc.)
 
   def __post_init__(self):
     if self.steps < 2 or self.warmup_steps < 1 or self.repeats < 1:
@@ -99,7 +99,7 @@ def run(json_path: str | None = None, **overrides) -> dict:
   by_arm = {a + v: [] for a in opts.arms for v, _ in variants}
   state = {}  # variant -> bytes of its train state's trained part (the same for every arm)
   if opts.lora_rank:
-    from jaxpod.bench.rl_lora import train_state_bytes
+    from jaxpod.bench.rl.lora import train_state_bytes
     state = {v: {"state_bytes": train_state_bytes(_arm_args("colocated", opts, warm, runs, "state") + more)["trained"]}
              for v, more in variants}
   for r in range(opts.repeats):
@@ -133,8 +133,8 @@ def _flag(extra: tuple[str, ...], name: str, default: int) -> int:
 
 
 def train_step(opts: RLBench, policy: str | None = None) -> dict:
-  """The train-step table (`rl_step.py`) on the arms' shapes: the warm-up's checkpoint, or a random policy."""
-  from jaxpod.bench import rl_step
+  """The train-step table (`step.py`) on the arms' shapes: the warm-up's checkpoint, or a random policy."""
+  from jaxpod.bench.rl import step as rl_step
   from jaxpod.rl.config import GRPOConfig, RLModelConfig, RolloutConfig
   g, r = GRPOConfig(), RolloutConfig()
   completion = _flag(opts.extra, "--rollout.max_new_tokens", r.max_new_tokens)
@@ -190,11 +190,11 @@ def cli(opts: RLBench) -> int:
     write_json(opts.json, {"benchmark": "rl-train-step", "machine": machine(), "train_step": train_step(opts)})
     return 0
   if opts.episodes:
-    from jaxpod.bench.rl_episodes import run as episodes
+    from jaxpod.bench.rl.episodes import run as episodes
     episodes(opts.json, steps=opts.steps, warmup_steps=opts.warmup_steps, repeats=opts.repeats)
     return 0
   if opts.against == "trl":
-    from jaxpod.bench.rl_against_trl import run as against_trl
+    from jaxpod.bench.rl.against_trl import run as against_trl
     against_trl(opts.steps, opts.warmup_steps, opts.repeats, opts.json, opts.policy, opts.prompts, opts.profile,
                 tuple(opts.workloads), opts.long_size)
     return 0

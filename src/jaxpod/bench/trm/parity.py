@@ -4,13 +4,13 @@ For each seed S, both sides train the default recipe of `jaxpod train` (or the o
 same jaxpod-built dataset and the same global batches, in the same order:
 - jaxpod: `jaxpod train --trainer.seed S --task.data.seed S` in a child process (its own run folder);
 - reference: its own model, `ACTLossHead`, AdamATan2 (the reference formula, in torch) and sparse
-  sign-SGD from an unmodified checkout (`jaxpod.bench.trm_reference --train-data`), fed the batches
+  sign-SGD from an unmodified checkout (`jaxpod.bench.trm.reference --train-data`), fed the batches
   jaxpod's loader gives for seed S, with jaxpod's schedule and EMA decay.
 Both evaluate held-out exact accuracy with EMA weights at the same steps. The table gives the median
 and the range over seeds per step; the PNG shows both sides' median and spread.
 
 Deviations of the reference side, all forced by running it without its trainer: the softmax loss is
-wrapped to drop `valid_mask=` (see trm_reference); the model seed is torch's, so initial weights
+wrapped to drop `valid_mask=` (see `reference.py`); the model seed is torch's, so initial weights
 differ from jaxpod's for the same S (the batches do not); the EMA skips the sparse puzzle embedding
 (the reference's EMAHelper covers parameters only); no torch.compile, fp32 on CPU.
 """
@@ -26,7 +26,7 @@ import tempfile
 import time
 
 from jaxpod.bench.common import machine, print_table, write_json
-from jaxpod.bench.trm_reference import check_reference_dir, missing_packages
+from jaxpod.bench.trm.reference import check_reference_dir, missing_packages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +113,7 @@ def _reference_side(cfg: TRMParityBench, train_cfg, seed: int, tmp: str) -> tupl
                "optim": optim, "seed": seed, "steps": cfg.steps, "eval_every": cfg.eval_every,
                "ema": train_cfg.trainer.ema}, f)
   t = time.perf_counter()
-  proc = _child([sys.executable, "-m", "jaxpod.bench.trm_reference", "--reference", cfg.reference, "--spec", spec,
+  proc = _child([sys.executable, "-m", "jaxpod.bench.trm.reference", "--reference", cfg.reference, "--spec", spec,
                  "--threads", str(cfg.threads), "--train-data", data], f"the reference (seed {seed})")
   curve = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")]
   return [{"step": c["step"], "exact_accuracy": c["exact_accuracy"]} for c in curve], time.perf_counter() - t

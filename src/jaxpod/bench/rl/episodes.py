@@ -8,7 +8,7 @@ timed) for `steps` GRPO steps, once with
 (medians reported). Examples (`EXAMPLES`):
 
   calculator  `--task.type calculator`: its tool, at most 3 turns (a tool call, the tool's `= value`, the answer)
-  synthetic   the calculator's problems with `bench.sample_rollout.Synthetic`: a 16-token observation after every
+  synthetic   the calculator's problems with `bench.common.Synthetic`: a 16-token observation after every
               turn, never done, so every episode runs its 6 turns (reward always 0: `--grpo.filter_groups false`)
   synthetic24 the same for 24 turns (contexts up to ~770 tokens), an agent's trajectory of many short tool calls:
               re-prefilling grows with turns squared, the train step and decoding with turns
@@ -30,7 +30,7 @@ import tempfile
 
 from jaxpod.bench.common import machine, print_table, rl_run_figures, run_jaxpod_rl, write_json
 
-SYNTHETIC = "jaxpod.bench.sample_rollout:Synthetic"
+SYNTHETIC = "jaxpod.bench.common:Synthetic"
 EXAMPLES = {"calculator": ("--rollout.max_prompt_len", "48"),  # the calculator's own config: 3 turns at most
             "synthetic": ("--task.environment_name", SYNTHETIC, "--task.max_turns", "6",  # 6 turns of <= 16 tokens:
                           "--rollout.max_prompt_len", "184"),  # 20 + 5 x (16 + a 16-token observation) = 180 fit

@@ -138,7 +138,7 @@ def run(config_path: str | None = None, batch: int = 64, steps: int = 5, json_pa
   `compute_dtype` overrides the config's ("float32" by default, to compare with the fp32 matmul
   ceiling; bf16 is emulated and slow on CPU); None keeps the config's. `matmul_size` is the side
   of the square ceiling matmul. With `reference` (a TinyRecursiveModels checkout) each side runs
-  in its own process, warmed once, and the two alternate `runs` times (see `trm_compare`);
+  in its own process, warmed once, and the two alternate `runs` times (see `compare.py`);
   `threads` sets torch's thread count there (0: torch's default).
   """
   import jax
@@ -148,7 +148,7 @@ def run(config_path: str | None = None, batch: int = 64, steps: int = 5, json_pa
   cfg, ocfg = _load(config_path, compute_dtype)
   flops = trm.step_flops(cfg, batch, train=True)
   if reference:
-    from jaxpod.bench.trm_compare import compare
+    from jaxpod.bench.trm.compare import compare
     per_step, ceilings, extra = compare(config_path, compute_dtype, cfg, ocfg, make_batches(cfg, batch), steps, runs,
                                         matmul_size, reference, threads)
   else:
@@ -182,7 +182,7 @@ def run(config_path: str | None = None, batch: int = 64, steps: int = 5, json_pa
 
 
 def _worker(argv: list[str]) -> int:
-  """`python -m jaxpod.bench.trm_step SPEC.json`: the jaxpod side of a comparison (stdin: run / quit)."""
+  """`python -m jaxpod.bench.trm.step SPEC.json`: the jaxpod side of a comparison (stdin: run / quit)."""
   import json
   import sys
   import numpy as np

@@ -1,7 +1,7 @@
 """The sampler-trainer log-prob gap that `grpo.tis` / `grpo.mis` correct (docs/rl.md, off-policy corrections).
 
-    python -m jaxpod.bench.logprob_gap 1b --prompts 64 --tokens 256     # the docs' H100 figures
-    python -m jaxpod.bench.logprob_gap small --prompts 8 --tokens 16    # a CPU smoke run
+    python -m jaxpod.bench.rl.logprob_gap 1b --prompts 64 --tokens 256     # the docs' H100 figures
+    python -m jaxpod.bench.rl.logprob_gap small --prompts 8 --tokens 16    # a CPU smoke run
 
 mu (the engine's per-token log-probs: KV cache, one token a step) against pi (`grpo.token_logprobs` of one
 full-sequence forward, as GRPO's train step computes it) on the same weights, in float32 and bfloat16, on this

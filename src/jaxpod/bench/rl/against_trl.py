@@ -4,9 +4,9 @@ The workload is a prompt file: GSM8K-format word problems (`jaxpod data word-pro
 policy a supervised warm-up on their disjoint warm-up set exported as a HF checkpoint with
 byte-level tokenizer files (so transformers and TRL load it with jaxpod's ids). From that one
 checkpoint, per round (`--repeats`, medians reported): `jaxpod rl --model.hf DIR --task.type
-dataset` (colocated) and `python -m jaxpod.bench.rl_trl` (TRL, HF generate, torch CPU), each in its
+dataset` (colocated) and `python -m jaxpod.bench.rl.trl_side` (TRL, HF generate, torch CPU), each in its
 own process, with the same prompts in the same order, reward (GSM8K's verifier), n, prompts per
-step, learning rate and schedule, clipping, loss normalisation and temperature (see rl_trl.py).
+step, learning rate and schedule, clipping, loss normalisation and temperature (see `trl_side.py`).
 DAPO's dynamic sampling is off on jaxpod's side (TRL samples exactly the prompts it trains on).
 Figures (steady state, steps 3..): seconds per step and where they go (generation: jaxpod's rollout
 engine / TRL's HF `generate`; scoring: TRL's decode + rewards + log-prob pass, inside jaxpod's rollout
@@ -15,10 +15,10 @@ generates inside its step), reward per wall-clock second, held-out greedy accura
 the check is jaxpod's reward/s over TRL's, per workload.
 
 Two workloads (`--workloads`, both by default, alternating within each round):
-  long   `rl_long.py`: day-by-day word problems whose worked solutions take 128-512 tokens, a BPE tokenizer and a
+  long   `long.py`: day-by-day word problems whose worked solutions take 128-512 tokens, a BPE tokenizer and a
          Llama-shaped policy fine-tuned on a flawed teacher (`--long-size small`, the default, or `full`)
   short  the one above: one-step problems, byte-level policy, completions of at most 20 tokens
-After them, the GRPO train step alone on each workload's shapes and policy (`rl_step.py`): jaxpod's
+After them, the GRPO train step alone on each workload's shapes and policy (`step.py`): jaxpod's
 forward + backward against torch's.
 """
 from __future__ import annotations
@@ -63,8 +63,8 @@ def _workload(shape: Shape) -> list[str]:
 
 
 def long_shape(size: str) -> Shape:
-  """The long workload's shape at `size` (`rl_long.SIZES`)."""
-  from jaxpod.bench.rl_long import SIZES
+  """The long workload's shape at `size` (`long.SIZES`)."""
+  from jaxpod.bench.rl.long import SIZES
   w = SIZES[size]
   return Shape("long", w.prompts, w.generations, w.lr, w.max_prompt_len, w.max_new_tokens, 32)
 
@@ -114,7 +114,8 @@ def _trl(root: str, policy: str, problems: str, steps: int, name: str, shape: Sh
           "--eval_size", str(shape.eval_size), "--steps", str(steps), "--num_prompts_per_step", str(shape.prompts),
           "--num_generations", str(shape.generations), "--lr", str(shape.lr), "--temperature", "1.0",
           "--max_new_tokens", str(shape.max_new_tokens), "--out", out]
-  run_logged(["jaxpod.bench.rl_trl", *args], os.path.join(root, f"{name}.log"), "bench rl --against trl: TRL's run")
+  run_logged(["jaxpod.bench.rl.trl_side", *args], os.path.join(root, f"{name}.log"),
+             "bench rl --against trl: TRL's run")
   return json.loads(open(out).read()) | {"load_start": load}
 
 
@@ -142,7 +143,7 @@ def run(steps: int, warmup_steps: int, repeats: int, json_path: str | None, poli
         print(f"bench rl --against trl: short warm-up ({warmup_steps} steps) in {folder}", flush=True)
       setups["short"] = (SHORT, *((policy, problems) if policy else _policy(folder, warmup_steps)))
     else:
-      from jaxpod.bench.rl_long import SIZES, warm_policy
+      from jaxpod.bench.rl.long import SIZES, warm_policy
       print(f"bench rl --against trl: long ({long_size}) warm-up in {folder}", flush=True)
       setups["long"] = (long_shape(long_size), *warm_policy(folder, SIZES[long_size]))
   runs: dict[str, dict[str, list[dict]]] = {w: {"jaxpod": [], "trl": []} for w in setups}
@@ -155,7 +156,7 @@ def run(steps: int, warmup_steps: int, repeats: int, json_path: str | None, poli
       print(f"bench rl --against trl: {workload} round {r} done", flush=True)
   payload = {w: report(runs[w], steps, warmup_steps, repeats, os.path.join(root, w), None, setups[w][0])
              for w in setups}
-  from jaxpod.bench.rl_step import StepShapes, run as step_table
+  from jaxpod.bench.rl.step import StepShapes, run as step_table
   for workload, (shape, pol, _) in setups.items():
     payload[workload]["train_step"] = step_table(
         pol, StepShapes(shape.prompts * shape.generations, shape.max_prompt_len + shape.max_new_tokens,

@@ -2,7 +2,7 @@
 
 One run writes a random tiny Llama as a HF checkpoint (byte-level tokenizer files that encode as
 jaxpod's `ByteTokenizer`, so both sides see the same ids) and a JSONL file of text pairs, then trains
-each loss on each side in a process of its own (`preference_side.py`): jaxpod's `preference` task on
+each loss on each side in a process of its own (`side.py`): jaxpod's `preference` task on
 the one trainer, and TRL 1.16's DPOTrainer (`dpo`) or CPOTrainer with `loss_type=simpo, cpo_alpha=0`
 (`simpo`). Same batch, learning rate, beta, max_length; no eval, no checkpoints, constant schedule.
 Sides alternate `repeats` times (load drifts on a shared machine hit both alike); medians are reported.
@@ -86,7 +86,7 @@ def _write_inputs(o: PreferenceBench, folder: Path) -> tuple[str, str, float]:
 
 
 def _side(side: str, options: dict) -> dict:
-  proc = subprocess.run([sys.executable, "-m", "jaxpod.bench.preference_side", side, json.dumps(options)],
+  proc = subprocess.run([sys.executable, "-m", "jaxpod.bench.preference.side", side, json.dumps(options)],
                         capture_output=True, text=True)
   lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
   if proc.returncode or not lines:

@@ -1,8 +1,8 @@
 """The processes of `jaxpod bench transfer`: a trainer (1 process, or N hosts under jaxpod's
 launcher) and inference clients, each its own OS process, paced through files in a sync folder.
 
-    python -m jaxpod.bench.transfer_roles trainer CFG_JSON SIZE SYNC ROUNDS
-    python -m jaxpod.bench.transfer_roles client CFG_JSON SIZE SYNC ROUNDS INDEX
+    python -m jaxpod.bench.transfer.roles trainer CFG_JSON SIZE SYNC ROUNDS
+    python -m jaxpod.bench.transfer.roles client CFG_JSON SIZE SYNC ROUNDS INDEX
 
 Round r: the driver drops `round_<r>`; every trainer host publishes weight id r (each host its
 own shards) and writes `published_<r>_<host>.json` (its metrics); each client receives id r and

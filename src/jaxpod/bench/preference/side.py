@@ -1,4 +1,4 @@
-"""One side of `jaxpod bench preference`, run as its own process: `python -m jaxpod.bench.preference_side SIDE JSON`.
+"""One side of `jaxpod bench preference`, run as its own process: `python -m jaxpod.bench.preference.side SIDE JSON`.
 
 SIDE is `jaxpod` (the one trainer's preference task) or `trl` (TRL's DPOTrainer, or its CPOTrainer with
 loss_type=simpo, cpo_alpha=0, for SimPO; torch CPU). Both read the same HF checkpoint and the same pair

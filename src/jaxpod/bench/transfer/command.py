@@ -3,7 +3,7 @@
 A trainer (one process, or `trainer_hosts` simulated hosts under jaxpod's launcher, each serving
 its own shards) publishes a model of `size` bytes (16 fp32 parameters) and `clients` client
 processes receive it at once, `rounds` times per mode after WARMUP untimed rounds (see
-`transfer_roles`). Reported per mode (medians over rounds): publish seconds; receive GB/s in
+`roles.py`). Reported per mode (medians over rounds): publish seconds; receive GB/s in
 aggregate (every client's bytes over the span from the first fetch start to the last client
 done) and per client; the whole transfer (publish + that span); every phase on both sides;
 beside this machine's memcpy and one-stream loopback TCP throughput measured in the same run.
@@ -92,7 +92,7 @@ def _median_phases(ms: list[dict]) -> dict[str, float]:
 
 def _start_trainer(cfg_json: str, size: int, sync: str, total: int, hosts: int, env: dict):
   """The trainer: a subprocess, or `hosts` simulated hosts (1 device each) under jaxpod's launcher."""
-  argv = [sys.executable, "-m", "jaxpod.bench.transfer_roles", "trainer", cfg_json, str(size), sync, str(total)]
+  argv = [sys.executable, "-m", "jaxpod.bench.transfer.roles", "trainer", cfg_json, str(size), sync, str(total)]
   if hosts == 1:
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
     return proc.poll, proc.wait
@@ -117,7 +117,7 @@ def _start_trainer(cfg_json: str, size: int, sync: str, total: int, hosts: int, 
 def bench_mode(mode: str, size: int, rounds: int, folder: str, ray_address: str | None, trainer_hosts: int = 1,
                clients: int = 1) -> dict:
   """Median figures of one mode: a trainer of `trainer_hosts` hosts, `clients` clients receiving at once."""
-  from jaxpod.bench import transfer_roles as roles
+  from jaxpod.bench.transfer import roles
   total = rounds + WARMUP
   cfg = json.dumps(dict(mode=mode, name=f"bench_{os.getpid()}_{mode}", ray_namespace="jaxpod_bench",
                         folder=os.path.join(folder, mode), keep_n=2, receive_timeout_s=300.0, publish_timeout_s=300.0,
@@ -126,7 +126,7 @@ def bench_mode(mode: str, size: int, rounds: int, folder: str, ray_address: str 
   env = dict(os.environ, JAXPOD_BENCH_RAY=(ray_address or "") if mode == "ray" else "", JAX_PLATFORMS="cpu",
              JAX_NUM_CPU_DEVICES="1")
   trainer_poll, trainer_wait = _start_trainer(cfg, size, sync, total, trainer_hosts, env)
-  procs = [subprocess.Popen([sys.executable, "-m", "jaxpod.bench.transfer_roles", "client", cfg, str(size), sync,
+  procs = [subprocess.Popen([sys.executable, "-m", "jaxpod.bench.transfer.roles", "client", cfg, str(size), sync,
                              str(total), str(i)], env=env, stdout=subprocess.DEVNULL) for i in range(clients)]
   alive = lambda: trainer_poll() is None and all(p.poll() is None or p.returncode == 0 for p in procs)  # noqa: E731
   rows = []
@@ -148,7 +148,7 @@ def bench_mode(mode: str, size: int, rounds: int, folder: str, ray_address: str 
 
 
 def _load(path: str, alive) -> dict:
-  from jaxpod.bench.transfer_roles import wait_file
+  from jaxpod.bench.transfer.roles import wait_file
   wait_file(path, 600, alive)
   with open(path) as f:
     return json.load(f)

@@ -1,6 +1,6 @@
 """jaxpod's TRM train step against the reference PyTorch step: two worker processes, alternating.
 
-Each side is its own process (`jaxpod.bench.trm_step` and `jaxpod.bench.trm_reference`), built
+Each side is its own process (`jaxpod.bench.trm.step` and `jaxpod.bench.trm.reference`), built
 and warmed once from the same config, optimizer settings and batches. Then, `runs` times, each is
 told to time `steps` steps while the other waits on stdin; the side that goes first alternates
 between rounds, so slow drift on a shared machine hits both. Figures are medians over rounds.
@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 
-from jaxpod.bench.trm_reference import check_reference_dir, missing_packages
+from jaxpod.bench.trm.reference import check_reference_dir, missing_packages
 
 
 class _Worker:
@@ -51,7 +51,7 @@ def compare(config_path, compute_dtype, cfg, ocfg, batches: list[dict], steps: i
             reference: str, threads: int = 0):
   """(jaxpod seconds/step per round, matmul FLOP/s per round, result fields incl. the reference side).
 
-  `batches`: the NumPy batches both sides cycle through (`trm_step.make_batches`), batch size their first axis.
+  `batches`: the NumPy batches both sides cycle through (`step.make_batches`), batch size their first axis.
   """
   batch = len(batches[0]["inputs"])
   check_reference_dir(reference)
@@ -72,8 +72,8 @@ def compare(config_path, compute_dtype, cfg, ocfg, batches: list[dict], steps: i
                  "batches": batches, "steps": steps}, f)
     workers = []
     try:
-      workers.append(_Worker("jaxpod", [sys.executable, "-m", "jaxpod.bench.trm_step", jspec]))
-      workers.append(_Worker("reference", [sys.executable, "-m", "jaxpod.bench.trm_reference", "--reference",
+      workers.append(_Worker("jaxpod", [sys.executable, "-m", "jaxpod.bench.trm.step", jspec]))
+      workers.append(_Worker("reference", [sys.executable, "-m", "jaxpod.bench.trm.reference", "--reference",
                                            reference, "--spec", rspec, "--threads", str(threads)]))
       ours, theirs = [], []
       for r in range(runs):

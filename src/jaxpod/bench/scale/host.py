@@ -1,5 +1,5 @@
 """One simulated host of `jaxpod bench scale`: load, train step, publish and export of one model, each
-phase measured on this process alone (run by `jaxpod launch`, see `bench/scale.py`).
+phase measured on this process alone (run by `jaxpod launch`, see `bench/scale/command.py`).
 
 Per phase: bytes downloaded and uploaded (a counting TCP proxy of this host's own in front of the GCS
 server: gcsfs reads sockets with `recv`, which `/proc/<pid>/io` does not count), bytes written to local

@@ -1,6 +1,6 @@
 """The two child processes of `jaxpod bench sample`: jaxpod's engines ("jax") and HF generate ("hf").
 
-    python -m jaxpod.bench.sample_engines jax|hf '<SampleBench as JSON>' MODEL_FOLDER
+    python -m jaxpod.bench.sample.engines jax|hf '<SampleBench as JSON>' MODEL_FOLDER
 
 Each loads the model saved by the parent, compiles / warms up every engine it serves, prints
 `READY`, then answers one command per stdin line with one `RESULT <json>` line:
@@ -8,8 +8,8 @@ Each loads the model saved by the parent, compiles / warms up every engine it se
   decode ENGINE         seconds of a full generate and of prefill + first token (decode workload)
   decode_tokens ENGINE  the greedy tokens of the decode workload
   rollout ENGINE        seconds and per-sample token counts of one rollout, plus engine statistics
-  episodes L:ENV:MODE   one batch of multi-turn episodes, KV kept or re-prefilled (`sample_rollout.episodes`)
-  profile ENGINE        a traced rollout: the share of device time per category (`sample_profile`)
+  episodes L:ENV:MODE   one batch of multi-turn episodes, KV kept or re-prefilled (`rollout.episodes`)
+  profile ENGINE        a traced rollout: the share of device time per category (`common.device_shares`)
   memcpy                memcpy bytes per second in this process (the roofline's bandwidth)
 
 The parent interleaves the commands over both processes, so load drifts hit every engine alike
@@ -94,7 +94,7 @@ class Side:
   """The engines one child process serves, by workload."""
 
   def __init__(self, side: str, opts, folder: str):
-    from jaxpod.bench import sample_rollout as rollout
+    from jaxpod.bench.sample import rollout
     self.decode: dict[str, dict] = {}
     self.rollout: dict[str, dict] = {}
     if side == "hf":
@@ -135,7 +135,7 @@ class Side:
       layout, env, mode = name.split(":")
       return self.episodes[layout](env, mode == "kept")
     if cmd == "profile":
-      from jaxpod.bench.sample_profile import device_shares
+      from jaxpod.bench.common import device_shares
       e = self.rollout[name]
       return device_shares(e["run"], e["sampler"].runner.hlo)
     if cmd == "memcpy":
@@ -150,7 +150,7 @@ def require_hf() -> None:
 
 
 def main(argv: list[str]) -> int:
-  from jaxpod.bench.sample import SampleBench
+  from jaxpod.bench.sample.command import SampleBench
   side, fields, folder = argv[0], json.loads(argv[1]), argv[2]
   fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
   served = Side(side, SampleBench(**fields), folder)

@@ -1,6 +1,6 @@
 """TRL's side of `jaxpod bench rl --against trl`: GRPOTrainer on the same checkpoint, prompts and settings.
 
-    python -m jaxpod.bench.rl_trl --model DIR --prompts problems.jsonl --steps 20 --out trl.json [...]
+    python -m jaxpod.bench.rl.trl_side --model DIR --prompts problems.jsonl --steps 20 --out trl.json [...]
 
 Runs in its own process (torch and TRL never share a process with JAX). TRL generates with HF
 `generate` (no vLLM) on the CPU. What is matched to jaxpod's `jaxpod rl --model.hf DIR --task.type

@@ -16,7 +16,7 @@ ratio against behaviour log-probs, DAPO token normalisation) on the same random 
 Rounds alternate the two sides (`repeats`): jaxpod's programs `calls` times each, round-robin call by call
 (so a change in the machine's load hits each alike; chunked / plain is the median of the per-pair
 ratios), then torch's `calls` calls in its own process; each figure is the median of its calls. `profile`: the jaxpod step traced once more, its device time by
-category (attention, matmuls, other; `sample_profile.device_shares`) and its most expensive XLA ops.
+category (attention, matmuls, other; `bench.common.device_shares`) and its most expensive XLA ops.
 """
 from __future__ import annotations
 
@@ -108,14 +108,14 @@ def profile(compiled, run_step) -> tuple[dict, list[tuple]]:
   import glob
   import re
   import jax
-  from jaxpod.bench import sample_profile
+  from jaxpod.bench.common import device_shares, self_times
   hlo = compiled.as_text()
-  shares = sample_profile.device_shares(lambda: [run_step() for _ in range(3)], [hlo])
+  shares = device_shares(lambda: [run_step() for _ in range(3)], [hlo])
   with tempfile.TemporaryDirectory(prefix="jaxpod-rl-step-") as folder:
     with jax.profiler.trace(folder):
       for _ in range(3):
         run_step()
-    times = sample_profile._self_times(glob.glob(f"{folder}/**/*.xplane.pb", recursive=True)[0])
+    times = self_times(glob.glob(f"{folder}/**/*.xplane.pb", recursive=True)[0])
   ops = {}
   for m in re.finditer(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\S+) ([\w\-]+)\((.*)$", hlo, re.M):
     meta = re.search(r'op_name="([^"]*)"', m.group(4))
@@ -156,7 +156,7 @@ def _torch_round(policy: str, shapes: StepShapes, calls: int, folder: str, r: in
   if not all(importlib.util.find_spec(m) for m in ("torch", "transformers")):
     return None
   out = os.path.join(folder, f"torch-{r}.json")
-  run_logged(["jaxpod.bench.rl_step", policy, json.dumps(dataclasses.asdict(shapes)), str(calls), out],
+  run_logged(["jaxpod.bench.rl.step", policy, json.dumps(dataclasses.asdict(shapes)), str(calls), out],
              os.path.join(folder, f"torch-{r}.log"), "bench rl: torch's forward + backward")
   return json.loads(open(out).read())
 
@@ -205,10 +205,10 @@ def run(policy: str, shapes: StepShapes, *, repeats: int = 3, calls: int = 5, wi
               + f"; load {out['load_average']:.1f}",
               ["program", "ms", "/ jaxpod fwd+bwd"], rows)
   if with_profile:
+    from jaxpod.bench.common import EIGEN_DOTS_CAVEAT, eigen_dots
     shares, top = profile(compiled, run_step)
-    from jaxpod.bench import sample_profile
-    untraced = sample_profile.eigen_dots()
-    caveat = f" ({sample_profile.EIGEN_DOTS_CAVEAT})" if untraced else ""
+    untraced = eigen_dots()
+    caveat = f" ({EIGEN_DOTS_CAVEAT})" if untraced else ""
     out["profile"] = {"categories": shares, "top_ops": top, "untraced_dots": untraced}
     print_table(f"jaxpod step by category (device op time){caveat}", ["category", "share"],
                 [(c, f"{s:.0%}") for c, s in shares.items()])
@@ -219,7 +219,7 @@ def run(policy: str, shapes: StepShapes, *, repeats: int = 3, calls: int = 5, wi
 
 
 def main(argv=None) -> int:
-  """`python -m jaxpod.bench.rl_step POLICY SHAPES_JSON CALLS OUT`: torch's side of one round."""
+  """`python -m jaxpod.bench.rl.step POLICY SHAPES_JSON CALLS OUT`: torch's side of one round."""
   policy, shapes, calls, out = argv or sys.argv[1:]
   got = torch_times(policy, StepShapes(**json.loads(shapes)), int(calls))
   with open(out, "w") as f:

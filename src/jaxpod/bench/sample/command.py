@@ -1,6 +1,6 @@
 """`jaxpod bench sample [--json PATH]`: jaxpod's engines (continuous, each KV layout; lock-step) vs HF `generate`.
 
-Two child processes (`sample_engines.py`) load the same random model (saved once in HF
+Two child processes (`engines.py`) load the same random model (saved once in HF
 layout): "jax" serves jaxpod's engines, "hf" serves HF generate (torch CPU; a separate
 process, so its thread pool never runs beside XLA's). After every engine is compiled and
 warmed up, the parent interleaves timed runs over all engines and both processes, so load
@@ -18,11 +18,11 @@ drifts on a shared machine hit every engine alike; medians are reported. Engines
     plus the fraction of greedy tokens equal to HF's; then (a') the same decode for each of `families` (a model
     of that family at the same size: Qwen3's q/k norms, Gemma 3's norms, GELU, 5:1 sliding:full layers ...),
     jaxpod's default layout vs HF generate, each family in its own pair of child processes.
-(b) the RL rollout (see `sample_rollout.py`): mixed prompt lengths, n samples per prompt,
+(b) the RL rollout (see `rollout.py`): mixed prompt lengths, n samples per prompt,
     stop tokens; generated tok/s, prefill work per prompt token, slot occupancy (plot next to
     the JSON), KV memory (paged peak vs a static cache), and a profile of the default layout:
     share of wall time in attention, matmuls, sampling, other device ops and host-side work
-    (`sample_profile.py`).
+    (`bench/common.py`'s profile).
 
 `--hosts N` (N > 1) instead re-launches itself as N simulated hosts and times jaxpod's two
 modes on `num_prompts` prompts: `global` (model sharded over every host's devices, every host
@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxpod.bench.common import machine, print_table, write_json
+from jaxpod.bench.common import CATEGORIES, EIGEN_DOTS_CAVEAT, eigen_dots, machine, print_table, wall_shares, write_json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +97,7 @@ XLA_SINGLE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_thr
 
 
 class Child:
-  """One engine process (`sample_engines.py`): started now, warming up while the other one does too."""
+  """One engine process (`engines.py`): started now, warming up while the other one does too."""
 
   def __init__(self, side: str, opts: SampleBench, folder: str):
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")  # an idle torch pool sleeps instead of spinning
@@ -105,7 +105,7 @@ class Child:
     if opts.threads == 1:
       env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + XLA_SINGLE_THREAD).strip()
     self.side, self.log = side, tempfile.TemporaryFile(mode="w+")
-    cmd = [sys.executable, "-m", "jaxpod.bench.sample_engines", side, json.dumps(dataclasses.asdict(opts)), folder]
+    cmd = [sys.executable, "-m", "jaxpod.bench.sample.engines", side, json.dumps(dataclasses.asdict(opts)), folder]
     self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                                  text=True)
 
@@ -186,7 +186,7 @@ def run(json_path: str | None = None, **overrides) -> dict:
       if "rollout" in opts.workloads:
         payload["rollout"] = _rollout(opts, children, engines, json_path)
       if "episodes" in opts.workloads:
-        from jaxpod.bench.sample_rollout import episodes_report
+        from jaxpod.bench.sample.rollout import episodes_report
         payload["episodes"] = episodes_report(opts, lambda name: children["jax"].ask("episodes", name))
       payload["load_average"]["after"] = os.getloadavg()[0]
     finally:
@@ -297,7 +297,7 @@ def _rollout(opts: SampleBench, children: dict[str, Child], engines: dict[str, s
                         "peak_pages": paged["peak_pages"], "page_size": opts.rollout_page_size,
                         "static_over_paged": paged["static_kv_bytes"] / max(paged["kv_peak_bytes"], 1)}
   if json_path:
-    from jaxpod.bench.sample_rollout import plot_occupancy
+    from jaxpod.bench.sample.rollout import plot_occupancy
     out["occupancy_png"] = str(Path(json_path).parent / "sample_occupancy.png")
     plot_occupancy(runs[default][-1]["stats"]["occupancy"], opts.rollout_slots, out["occupancy_png"], default)
   rows = [(e, r["tok_s"], f"{r['vs_lockstep']:.2f}x", f"{r['vs_hf']:.2f}x", r["tokens"],
@@ -323,8 +323,7 @@ def _rollout(opts: SampleBench, children: dict[str, Child], engines: dict[str, s
 
 def _profile(opts: SampleBench, jax_child: Child, engine: str, row: dict) -> dict:
   """Shares of the default layout's rollout wall time: device categories (a traced rollout) and host."""
-  from jaxpod.bench.sample_profile import CATEGORIES, EIGEN_DOTS_CAVEAT, eigen_dots, table
-  shares = table(jax_child.ask("profile", engine), row["device_s"], row["generate_s"])
+  shares = wall_shares(jax_child.ask("profile", engine), row["device_s"], row["generate_s"])
   untraced = eigen_dots()  # the child runs with this process's XLA_FLAGS
   print_table(f"profile of {engine} on the rollout: share of wall time (device ops from a traced run, "
               "host = outside device calls)" + (f"; {EIGEN_DOTS_CAVEAT}" if untraced else ""), list(CATEGORIES),

@@ -1,4 +1,4 @@
-"""`python -m jaxpod.bench.rl_lora`: how the engine should run LoRA adapters, and what one version costs on the wire.
+"""`python -m jaxpod.bench.rl.lora`: how the engine should run LoRA adapters, and what one version costs on the wire.
 
 On the rl default policy and engine (`RLModelConfig`, `RolloutConfig`), with adapters of rank `--rank` on
 every linear layer (B drawn non-zero, so they change the outputs), two engine modes:
