@@ -219,11 +219,12 @@ def token_logprobs(logits_BxTxV, targets_BxT, sampling: SamplingParams):
 
 def policy_logprobs(graphdef, weights, inputs_BxT, targets_BxT, sampling: SamplingParams,
                     chunk: int = LOGPROB_CHUNK):
-  """`token_logprobs` of the policy's logits on inputs_BxT, float32 [B, T], without its [B, T, V] logits: the decoder
-  runs to the final-normed hidden [B, T, D]; the vocab head and the log-prob (the target's logit minus a
-  logsumexp, no log-softmax) then run `chunk` positions at a time, each chunk rematerialised in the backward pass
-  (`jax.checkpoint`), so at most [B, chunk, V] logits exist in the forward or the backward pass."""
+  """`token_logprobs` of the policy's logits on inputs_BxT, float32 [B, T], without its [B, T, V] logits
+  (`models/llama/loss.token_logps`): by vocabulary slices when the sampler filters nothing, else `chunk` positions at
+  a time, each chunk rematerialised in the backward pass."""
   from jaxpod.models.llama.loss import token_logps
+  if sampling.top_k == 0 and sampling.top_p >= 1:  # no filter: log softmax(logits / T), by vocabulary slices
+    return token_logps(graphdef, weights, inputs_BxT, targets_BxT, temperature=sampling.temperature or 1.0)
   return token_logps(graphdef, weights, inputs_BxT, targets_BxT,
                      lambda logits, targets: token_logprobs(logits, targets, sampling), chunk)
 

@@ -49,7 +49,7 @@ from jaxpod.models.llama import params as table, stack
 from jaxpod.models.llama.attention import context, self_attention, visible
 from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.models.llama.kv import CACHE_AXES, PAGE_AXES, SLOT_AXES, KVCache, PagedKVCache, SlotKVCache  # noqa: F401
-from jaxpod.runtime.sharding import constrain
+from jaxpod.runtime.sharding import DEFAULT as DEFAULT_RULES, constrain
 
 CAPTURE_POINTS = ("resid", "attn_out", "mlp_out")
 _ACT = ("batch", "seq", "act_embed")
@@ -89,14 +89,22 @@ def rms_norm(x, w, eps: float, plus_one: bool = False):
   return w.astype(x.dtype) * y.astype(x.dtype)
 
 
-def embed(cfg: LlamaConfig, table_VxD, tokens_BxT):
-  """Token embeddings [B, T, D] (times sqrt(D) in the compute dtype for Gemma), the table gathered over FSDP first.
+_BY_DATA = DEFAULT_RULES.replace(batch="data")  # rows over `data` only: every fsdp shard looks up every token
 
-  The table stays split over `model` on its vocab dimension (XLA looks up each shard's rows locally and sums
-  them over `model`: no whole-table gather). In the engine's inference layout (`jaxpod.sample.layout`) the
-  table is already whole over fsdp, so the constraint moves nothing per step."""
-  table_VxD = constrain(table_VxD, ("vocab", "act_embed"))
-  x = constrain(jnp.take(table_VxD, tokens_BxT, axis=0).astype(cfg.jnp_dtype), _ACT)
+
+def embed(cfg: LlamaConfig, table_VxD, tokens_BxT):
+  """Token embeddings [B, T, D] (times sqrt(D) in the compute dtype for Gemma); the table is never gathered.
+
+  Each device looks up its rows' tokens in its own slice of the table: the vocab split over `model` (each shard's
+  rows looked up locally and summed over `model`), the hidden dim over `fsdp` (each fsdp shard looks up the
+  tokens of every fsdp shard's rows, [B/data, T, D/fsdp], then an all-to-all puts the rows back over fsdp). The
+  gradient is scattered into the slice the same way. Gathering the table over fsdp instead held the whole
+  [V, D] table and its [V, D] gradient on every device (Llama-3-8B: 1 GiB each in bf16, on v5p's compiler); a
+  lookup whose output kept the rows over fsdp made XLA rematerialise the table whole on fsdp x model meshes. In
+  the engine's inference layout the table is whole over fsdp already, so nothing moves."""
+  tokens_BxT = constrain(tokens_BxT, ("batch", "seq"), _BY_DATA)
+  x = constrain(jnp.take(table_VxD, tokens_BxT, axis=0), ("batch", "seq", "embed"), _BY_DATA)
+  x = constrain(x.astype(cfg.jnp_dtype), _ACT)
   return x * jnp.asarray(math.sqrt(cfg.hidden_size), x.dtype) if cfg.scale_embeddings else x
 
 
