@@ -88,6 +88,7 @@ class WarmupTask(PolicyTask):
   """Next-token loss on answer + EOS of the problem set's own problems."""
 
   name = "warmup"
+  loss_normalizer = "tokens"  # a mean over the loss mask's tokens
   batch_ndims = {"tokens": 2, "loss_mask": 2}
 
   def __init__(self, cfg: TrainConfig, tc: WarmupTaskConfig):
@@ -115,14 +116,12 @@ class WarmupTask(PolicyTask):
 
   def loss_fn(self, graphdef) -> Callable:
     import jax.numpy as jnp
-    import optax
-    from jaxpod.models.llama.model import forward
+    from jaxpod.models.llama.loss import token_logps
 
     def loss(params, buffers, batch, rng, carry):
       tokens = batch["tokens"]
-      logits = forward(graphdef, params, tokens[:, :-1]).logits
       mask = batch["loss_mask"][:, :-1] > 0
-      ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
+      ce = -token_logps(graphdef, params, tokens[:, :-1], tokens[:, 1:])  # no [B, T, V] logits
       total, count = jnp.sum(jnp.where(mask, ce, 0.0)), jnp.sum(mask).astype(jnp.float32)
       return total / jnp.maximum(count, 1.0), (carry, {"loss_sum": total, "tokens": count})
     return loss
@@ -186,6 +185,7 @@ class GRPOTask(PolicyTask):
     # and max_policy_lag (in batches) mean what they did. The ratio's pi_old stays the engine's behaviour log-probs
     # (TRL's num_iterations), so the clip bounds how far the later updates move from the policy that sampled.
     self.updates_per_batch = tc.grpo.updates_per_batch(lora=tc.policy.lora is not None)
+    self.loss_normalizer = "tokens" if tc.grpo.loss_norm == "token" else None  # sequence, constant: over the rows
 
   def _buffers(self, params) -> dict:
     return {"ref": params} if self.grpo.beta > 0 else {}

@@ -137,6 +137,7 @@ class LMTask(LlamaTask):
 
   name = CausalLMConfig.prefix
   headline = "loss"  # the eval metric logged first
+  loss_normalizer = "tokens"  # the loss is a mean over the batch's real tokens
   batch_ndims = {"tokens": 2, "mask": 2}  # mask: real tokens (all ones in training; eval pads its last batch)
 
   def __init__(self, cfg: TrainConfig):

@@ -175,6 +175,7 @@ class PreferenceTask(preference_lora.LoraParts, LlamaTask):
 
   name = PreferenceConfig.prefix
   headline = "loss"
+  loss_normalizer = "pairs"  # the loss is a mean over the batch's valid pairs
 
   def __init__(self, cfg: TrainConfig):
     self.cfg, self.pc = cfg, cfg.task

@@ -172,7 +172,8 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
 
   with jax.set_mesh(mesh):
     step_fn = sp.jit_train_step(sp.train_step_fn(task.loss_fn(graphdef), tx, tcfg.ema, lr_fn,
-                                                 getattr(task, "updates_per_batch", 1)), shardings, batch_sh, mesh)
+                                                 getattr(task, "updates_per_batch", 1), tcfg.microbatches,
+                                                 getattr(task, "loss_normalizer", None)), shardings, batch_sh, mesh)
     evaluator = task.evaluator(graphdef, mesh, shardings.eval_params, shardings.buffers, batch_sh)
     progress = ProgressDisplay(tcfg.steps, start, host.is_leader and tcfg.progress, start_time=t_start,
                                metrics=cfg.task.bar_metrics)
