@@ -34,7 +34,7 @@ def check_engine(o, where: str) -> None:
   prefill_batch = getattr(o, "prefill_batch", None)
   if prefill_batch is not None and prefill_batch < 1:
     raise ValueError(f"{where}.prefill_batch={prefill_batch} must be >= 1 (or unset: batch_size)")
-  cache_len = o.max_prompt_len + o.max_new_tokens
+  cache_len = o.cache_len
   pages = -(-cache_len // o.page_size)
   if o.num_pages is not None and o.num_pages - 1 < pages:
     raise ValueError(f"{where}.num_pages={o.num_pages} is too small for one sequence: max_prompt_len + "
@@ -55,12 +55,13 @@ class SamplingParams:
 
 
 @dataclasses.dataclass(frozen=True)
-class EngineConfig:
-  """Static shapes of the compiled prefill + decode program; the same on every host."""
+class EngineShape:
+  """The engine's knobs a user sets, declared once: `EngineConfig` adds the engine's own sizes, `SamplingOptions`
+  the sampling ones (and `jaxpod rl`'s rollout section is a `SamplingOptions`)."""
 
   batch_size: int = 8  # decode slots (lock-step engine: rows per chunk); global: whole mesh, replicated: per host
-  kv_layout: str = "slots"  # slots: a [slots, capacity] row per slot, read in place | paged: shared page pool
-  max_prompt_len: int = 128  # longest prompt in tokens; longer prompts are an error
+  kv_layout: str = "slots"  # slots: a [slots, capacity] row per slot, read in place (fast) | paged: a shared page pool
+  max_prompt_len: int = 128  # longest prompt in tokens (static shape); longer prompts are an error
   max_new_tokens: int = 64  # tokens generated per completion at most
   stop_token_ids: tuple[int, ...] = ()  # extra stop ids besides the tokenizer's EOS
   memory_fraction: float = 0.9  # share of device memory the memory check allows
@@ -68,16 +69,23 @@ class EngineConfig:
   page_size: int = 16  # paged: tokens per KV page
   num_pages: int | None = None  # paged: pages in the pool (page 0 is scratch); None: every slot at full length
   steps_per_round: int = 8  # decode steps per device call between two scheduling rounds
+
+  @property
+  def cache_len(self) -> int:
+    """Tokens of one sequence at most, prompt and completion: a KV row (and an RL training row)."""
+    return self.max_prompt_len + self.max_new_tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig(EngineShape):
+  """Static shapes of the compiled prefill + decode program; the same on every host."""
+
   prefill_batch: int | None = None  # prompts per prefill call; None: batch_size
   min_prefill_len: int = 16  # smallest prefill bucket (and slot KV capacity); buckets double up to the maximum
   decode_row_classes: int = 3  # slots: decode computes the live slots' class of all, 1/2, 1/4 ... (this many) slots
 
   def __post_init__(self):
     check_engine(self, "sample")
-
-  @property
-  def cache_len(self) -> int:
-    return self.max_prompt_len + self.max_new_tokens
 
   @property
   def pages_per_seq(self) -> int:
@@ -129,27 +137,15 @@ def _doubling(start: int, end: int) -> tuple[int, ...]:
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplingOptions:
-  """Every sampling knob a user sets, declared once: `jaxpod sample`, `SampleHook`, the LM task and `jaxpod rl`'s
-  rollout section (a subclass) use it. Errors name `<section>.<field>`, the option the user typed."""
+class SamplingOptions(SamplingParams, EngineShape):
+  """Every sampling knob a user sets (the engine's `EngineShape` and the draw's `SamplingParams`, each declared
+  once): `jaxpod sample`, `SampleHook`, the LM task and the policy engine (`jaxpod rl`'s rollout section) use it.
+  Errors name `<section>.<field>`, the option the user typed."""
 
   section: ClassVar[str] = "sample"  # the config section these fields sit in (error messages)
 
-  max_new_tokens: int = 64  # tokens generated per prompt at most
-  max_prompt_len: int = 128  # longest prompt in tokens (static shape)
-  batch_size: int = 8  # decode slots
-  kv_layout: str = "slots"  # slots: a row per decode slot, read in place (fast) | paged: a shared page pool (memory)
   n: int = 1  # completions per prompt (they share the prompt's prefill); sample j of a prompt is its own request
-  page_size: int = 16  # paged: tokens per KV page
-  num_pages: int | None = None  # paged: KV pool size in pages; None: every slot at full length
-  steps_per_round: int = 8  # decode steps per device call between two scheduling rounds
-  temperature: float = 0.0  # 0: greedy
-  top_k: int = 0  # keep the k most likely tokens (0: all)
-  top_p: float = 1.0  # keep the smallest set whose probability reaches top_p (1: all)
   seed: int = 0  # request i uses seed + i (jaxpod sample: unless its JSONL line sets "seed")
-  stop_token_ids: tuple[int, ...] = ()  # extra stop ids besides EOS
-  memory_fraction: float = 0.9  # share of device memory the memory check allows
-  device_memory_bytes: int | None = None  # override the per-device memory the check compares with
 
   def __post_init__(self):
     if self.n < 1:
@@ -159,10 +155,8 @@ class SamplingOptions:
 
   def engine(self) -> EngineConfig:
     """The engine's static shapes."""
-    return EngineConfig(batch_size=self.batch_size, kv_layout=self.kv_layout, max_prompt_len=self.max_prompt_len,
-                        max_new_tokens=self.max_new_tokens, stop_token_ids=tuple(self.stop_token_ids),
-                        memory_fraction=self.memory_fraction, device_memory_bytes=self.device_memory_bytes,
-                        page_size=self.page_size, num_pages=self.num_pages, steps_per_round=self.steps_per_round)
+    shape = {f.name: getattr(self, f.name) for f in dataclasses.fields(EngineShape)}
+    return EngineConfig(**{**shape, "stop_token_ids": tuple(self.stop_token_ids)})
 
   def sampling(self) -> SamplingParams:
     """How the next token is chosen."""
