@@ -78,7 +78,7 @@ def test_the_dpo_reference_is_sharded_like_the_policy_over_fsdp(tmp_path):
   task = make_task(load_config(["--task.type", "preference", "--task.loss.kind", "dpo",
                                 "--trainer.runs_dir", str(tmp_path)]))
   abstract = st.abstract_state(st.make_init_fn(task, task.optimizer()[0], 0, 64))
-  sh = st.state_shardings(abstract, AbstractMesh((1, 4, 1), ("data", "fsdp", "model")))
+  sh = st.train_state_shardings(abstract, AbstractMesh((1, 4, 1), ("data", "fsdp", "model")))
   policy = [s.spec for s in jax.tree.leaves(sh.params)]
   reference = [s.spec for s in jax.tree.leaves(sh.buffers["ref"])]
   assert reference == policy

@@ -33,9 +33,9 @@ def test_lora_state_holds_adapters_only_and_the_base_once(tmp_path):
   from jaxpod.runtime import make_mesh
   mesh = make_mesh(devices=jax.devices()[:4], data=1, fsdp=2, model=2)
   want = {jax.tree_util.keystr(p): s.spec for p, s in
-          jax.tree_util.tree_flatten_with_path(st.state_shardings(full, mesh).params)[0]}
+          jax.tree_util.tree_flatten_with_path(st.train_state_shardings(full, mesh).params)[0]}
   got = {jax.tree_util.keystr(p): s.spec for p, s in
-         jax.tree_util.tree_flatten_with_path(st.state_shardings(lora_state, mesh).buffers)[0]}
+         jax.tree_util.tree_flatten_with_path(st.train_state_shardings(lora_state, mesh).buffers)[0]}
   assert got == want and any(any(a is not None for a in spec) for spec in got.values())
 
 
