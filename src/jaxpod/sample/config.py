@@ -167,20 +167,22 @@ class SamplingOptions(SamplingParams, EngineShape):
 class SampleConfig(SamplingOptions):
   """`jaxpod sample`: a checkpoint, a prompt file, an output JSONL (and the `SamplingOptions` fields)."""
 
-  model: str = ""  # HF checkpoint folder or fsspec URL (config.json + safetensors + tokenizer files)
+  old_names: ClassVar[dict[str, str]] = {"model": "hf"}  # accepted, warned once
+
+  hf: str = ""  # HF checkpoint folder or fsspec URL (config.json + safetensors + tokenizer files)
   prompts: str = ""  # .txt (one prompt per line) or .jsonl ({"prompt": ..., optional "seed": ...})
   out: str = ""  # JSONL written once by the leader
   mode: str = "global"  # global: model sharded over all hosts | replicated: a full copy per host
   dtype: str | None = None  # compute dtype override: float32 | bfloat16 (None: the checkpoint's)
   weight_version: str = ""  # recorded with each output; "" means the checkpoint path
-  adapter: str = ""  # PEFT LoRA adapter folder or URL (adapter_config.json + adapter_model.safetensors) on model
+  adapter: str = ""  # PEFT LoRA adapter folder or URL (adapter_config.json + adapter_model.safetensors) on hf
   mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)  # over all devices (global) or a host's
   runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)  # how this process joins the job
 
   def __post_init__(self):
     if self.mode not in MODES:
       raise ValueError(f"sample.mode={self.mode!r}; use one of {MODES}")
-    for name in ("model", "prompts", "out"):
+    for name in ("hf", "prompts", "out"):
       if not getattr(self, name):
         raise ValueError(f"sample.{name} is required (--{name.replace('_', '-')} ...)")
     super().__post_init__()
@@ -191,17 +193,17 @@ class SampleConfig(SamplingOptions):
     import json
     import fsspec
     from jaxpod.models.llama.config import LlamaConfig
-    for field, path in (("model", f"{self.model.rstrip('/')}/config.json"), ("prompts", self.prompts)):
+    for field, path in (("hf", f"{self.hf.rstrip('/')}/config.json"), ("prompts", self.prompts)):
       fs, p = fsspec.core.url_to_fs(path)
       if not fs.exists(p):
         raise FileNotFoundError(f"sample.{field}: {path} does not exist; point --{field} at "
-                                f"{'a HF checkpoint folder' if field == 'model' else 'a .txt or .jsonl file'}")
-    with fsspec.open(f"{self.model.rstrip('/')}/config.json", "r") as f:
+                                f"{'a HF checkpoint folder' if field == 'hf' else 'a .txt or .jsonl file'}")
+    with fsspec.open(f"{self.hf.rstrip('/')}/config.json", "r") as f:
       hf = json.load(f)
     try:
       LlamaConfig.from_hf_config(hf)
     except (ValueError, KeyError) as e:
-      raise ValueError(f"sample.model={self.model}: {e}") from None
+      raise ValueError(f"sample.hf={self.hf}: {e}") from None
     if self.adapter:  # its shapes against the base's, in one line naming what does not fit
       from jaxpod.models.llama import peft_io
       peft_io.check_adapter(self.adapter, LlamaConfig.from_hf_config(hf))
