@@ -212,6 +212,7 @@ def test_precomputed_reference_with_an_adapter_is_the_base_plus_the_adapter(tmp_
   from flax import nnx
   from jaxpod.models.llama import LlamaConfig, forward, hf_io, init, lora, peft_io
   from jaxpod.runtime import make_mesh
+  from jaxpod.tasks.preference_lora import start_weights
   from jaxpod.train.task import make_task
   model = lora.attach(init(LlamaConfig(**TINY)), lora.LoraConfig(rank=2))
   rng = np.random.default_rng(1)
@@ -221,7 +222,7 @@ def test_precomputed_reference_with_an_adapter_is_the_base_plus_the_adapter(tmp_
                 "--task.data.max_prompt_length", "12", "--task.loss.kind", "dpo", "--task.reference", "precomputed",
                 "--task.adapter", str(tmp_path / "adapter"))
   mesh = make_mesh(devices=jax.devices()[:1])
-  graphdef, params = make_task(cfg).start_weights(mesh)
+  graphdef, params = start_weights(make_task(cfg), mesh)
   adapted = nnx.split(peft_io.load_adapter(hf_io.load(tiny_ckpt, mesh), str(tmp_path / "adapter"), mesh=mesh))
   plain = nnx.split(hf_io.load(tiny_ckpt, mesh))
   tokens = jnp.asarray(rng.integers(0, 256, (2, 10)), jnp.int32)

@@ -290,22 +290,12 @@ class PreferenceTask(LlamaTask):
     url = storage.join(self._cache(), f"pref-ref-{_sha([key_url, self.start_url, shape, self.pc.adapter])}.npy")
     if not runtime.broadcast_call(lambda: storage.exists(url), "pref.has_reference"):
       mesh = self._mesh()
-      graphdef, params = self.start_weights(mesh)
+      graphdef, params = preference_lora.start_weights(self, mesh)
       ref = reference_logps(graphdef, params, rows.read_all(), mesh, self.pc.data.global_batch_size)
       buf = io.BytesIO()
       np.save(buf, ref, allow_pickle=False)
       runtime.broadcast_call(lambda: storage.write_bytes(url, buf.getvalue()), "pref.reference_written")
     return np.load(io.BytesIO(storage.read_bytes(url)), allow_pickle=False)
-
-  def start_weights(self, mesh):
-    """(graphdef, params) of the starting policy (task.adapter's adapter merged in): what precomputed runs."""
-    from flax import nnx
-    graphdef, params = self.load_params(self.start_url, mesh)
-    if not self.adapter:
-      return graphdef, params
-    from jaxpod.models.llama import lora, peft_io
-    model = peft_io.load_adapter(nnx.merge(graphdef, params), self.adapter, mesh=mesh)
-    return nnx.split(lora.merged(model))
 
   def train_iter(self):
     return self.loader.train_iter()

@@ -3,6 +3,7 @@ and IPO's reference the same base with the adapters off.
 
     check(pc)                 # before JAX: task.adapter against task.hf, settings LoRA cannot serve
     lora = section(pc)        # the LoRA the run trains (PreferenceTask.lora): task.lora or task.adapter's
+    graphdef, params = start_weights(task, mesh)   # the starting policy, task.adapter merged in (precomputed's)
 
 - State: `params` are the adapters (`nnx.LoRAParam`: the only gradients, Adam mu/nu and EMA), `buffers` the
   frozen base, sharded by its own logical axes. No reference copy: the reference forward merges the SAME base
@@ -68,3 +69,14 @@ def check(pc) -> None:
                      "reference would be the base without the adapter, not the starting policy; use "
                      "task.reference=precomputed (base + adapter, once) or merge the adapter into task.hf")
 
+
+def start_weights(task, mesh):
+  """(graphdef, params) of a PreferenceTask's starting policy (task.adapter's adapter merged in): what the precomputed
+  reference runs once."""
+  from flax import nnx
+  graphdef, params = task.load_params(task.start_url, mesh)
+  if not task.adapter:
+    return graphdef, params
+  from jaxpod.models.llama import lora, peft_io
+  model = peft_io.load_adapter(nnx.merge(graphdef, params), task.adapter, mesh=mesh)
+  return nnx.split(lora.merged(model))
