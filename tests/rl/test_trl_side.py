@@ -18,8 +18,8 @@ def test_hf_greedy_accuracy_of_a_jaxpod_export_equals_jaxpods_own(colocated_run,
   policy = shutil.copytree(f"{folder}/hf", tmp_path / "policy")  # the policy whose accuracy.end jaxpod measured
   save_byte_tokenizer(str(policy))
   model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).eval()
-  problems = cfg.task.eval_set(cfg.trainer.seed)
-  got = held_out_accuracy(model, AutoTokenizer.from_pretrained(policy), cfg.task, problems,
+  problems = cfg.problems.eval_set(cfg.trainer.seed)
+  got = held_out_accuracy(model, AutoTokenizer.from_pretrained(policy), cfg.problems, problems,
                           cfg.rollout.max_new_tokens)
   # greedy decoding in float32 on two stacks: a near-tie may flip one problem, no more
   assert abs(got - summary["accuracy.end"]) <= 1 / len(problems), (got, summary["accuracy.end"])

@@ -71,7 +71,7 @@ def test_the_in_step_reference_is_the_base_with_the_adapters_off(tiny_ckpt, pair
   tokens_Px2xL = jnp.asarray(np.random.default_rng(0).integers(0, 256, (3, 2, 12)), jnp.int32)
   answer_Px2xL = jnp.broadcast_to(jnp.arange(12) >= 6, (3, 2, 12)).astype(jnp.int32)
   batch = {"tokens": tokens_Px2xL, "answer": answer_Px2xL}
-  ref_graphdef, ref_state = task.reference_model(graphdef, adapters, base)
+  ref_graphdef, ref_state = task.reference(graphdef, base)
   assert ref_state is base and ref_graphdef == lora.base_graphdef(task.llama)
   tokens, answer = tokens_Px2xL.reshape(6, 12), answer_Px2xL.reshape(6, 12)
 
@@ -92,22 +92,26 @@ def test_the_in_step_reference_is_the_base_with_the_adapters_off(tiny_ckpt, pair
 
 def test_lora_learning_rate_comes_by_loss_and_the_flags_win():
   """One flag: --task.lora.rank 8 alone scales task.optim.lr by the loss's LR_SCALE (SimPO 2.5, DPO 3.25) and B's
-  lr by its B_LR_RATIO (SimPO 2, DPO 3); task.lora_lr_scale and task.lora_b_lr_ratio win."""
+  lr by its B_LR_RATIO (SimPO 2, DPO 3); task.lora.lr_scale and task.lora.b_lr_ratio win."""
   from jaxpod.tasks.preference_lora import B_LR_RATIO, LR_SCALE
   from jaxpod.train.task import make_task
+
+  def peak(cfg) -> float:  # the schedule's lr at the end of its warm-up
+    return float(make_task(cfg).optimizer()[1](cfg.task.optim.warmup_steps))
   assert (LR_SCALE["simpo"], B_LR_RATIO["simpo"], LR_SCALE["dpo"], B_LR_RATIO["dpo"]) == (2.5, 2.0, 3.25, 3.0)
-  lr = make_task(_config()).optim().lr
+  lr = peak(_config())
+  assert lr == pytest.approx(_config().task.optim.lr)
   for args, ratio in ((("--task.lora.rank", "8"), 2.5), (("--task.lora.rank", "8", "--task.loss.kind", "dpo"), 3.25),
-                      (("--task.lora.rank", "8", "--task.lora_lr_scale", "2"), 2)):
-    assert make_task(_config(*args)).optim().lr == pytest.approx(ratio * lr), args
+                      (("--task.lora.rank", "8", "--task.lora.lr_scale", "2"), 2)):
+    assert peak(_config(*args)) == pytest.approx(ratio * lr), args
 
 
 def test_lora_b_lr_ratio_multiplies_only_the_b_updates():
-  """LoRA+: with task.lora_b_lr_ratio 3 every B's optimizer update is 3x the one at ratio 1 (2x with SimPO's
+  """LoRA+: with task.lora.b_lr_ratio 3 every B's optimizer update is 3x the one at ratio 1 (2x with SimPO's
   default) and every A's equal."""
   updates = {}
   for ratio in ("1", "3", "0"):
-    state, task = _abstract(_config("--task.lora.rank", "2", "--task.lora_b_lr_ratio", ratio))
+    state, task = _abstract(_config("--task.lora.rank", "2", "--task.lora.b_lr_ratio", ratio))
     tx, _ = task.optimizer()
     params = jax.tree.map(lambda x: jnp.ones(x.shape, x.dtype), state.params)
     opt = tx.init(params)
@@ -142,27 +146,28 @@ def test_bad_lora_settings_fail_in_one_line_at_parse(capsys, tmp_path, tiny_ckpt
   assert "['qkv_proj'] unknown" in line and "'gate_proj'" in line and "'down_proj'" in line
   other = LlamaConfig(**(TINY | {"intermediate_size": 48}))
   peft_io.save_adapter(lora.attach(init(other), lora.LoraConfig(rank=2)), str(tmp_path / "other"))
-  line = _one_error_line(capsys, *hf, "--task.adapter_from", str(tmp_path / "other"))
+  line = _one_error_line(capsys, *hf, "--task.adapter", str(tmp_path / "other"))
   assert ("adapter tensor base_model.model.model.layers.0.mlp.gate_proj.lora_B.weight" in line
           and "has shape (48, 2); this model (config.json) needs (64, 2)" in line), line
   peft_io.save_adapter(lora.attach(init(LlamaConfig(**TINY)), lora.LoraConfig(rank=2)), str(tmp_path / "ok"))
   cases = (
-      (["--task.adapter_from", str(tmp_path / "ok")], "task.adapter_from=", "needs task.hf"),
-      ([*hf, "--task.adapter_from", str(tmp_path / "ok"), "--task.loss.kind", "dpo"],
+      (["--task.adapter", str(tmp_path / "ok")], "task.adapter=", "needs task.hf"),
+      ([*hf, "--task.adapter", str(tmp_path / "ok"), "--task.loss.kind", "dpo"],
        "task.reference=in_step", "use task.reference=precomputed"),
-      ([*hf, "--task.adapter_from", str(tmp_path / "ok"), "--task.lora.rank", "4"], "task.lora=", "differs from"),
+      ([*hf, "--task.adapter", str(tmp_path / "ok"), "--task.lora.rank", "4"], "task.lora=", "differs from"),
       (["--task.data.path", pair_file, "--task.lora.rank", "2"], "task.lora with task.data.path",
        "needs task.hf"),
       (["--task.lora.rank", "2", "--task.sort.warmup_steps", "0"], "task.sort.warmup_steps=0", "random frozen base"),
-      (["--task.lora.rank", "2", "--task.lora_lr_scale", "-1"], "task.lora_lr_scale=-1", "expected > 0"),
-      (["--task.lora.rank", "2", "--task.lora_b_lr_ratio", "-1"], "task.lora_b_lr_ratio=-1", "expected > 0"),
+      (["--task.lora.rank", "2", "--task.lora.lr_scale", "-1"], "task.lora.lr_scale=-1", "must be > 0"),
+      (["--task.lora.rank", "2", "--task.lora.b_lr_ratio", "-1"], "task.lora.b_lr_ratio=-1", "must be > 0"),
   )
   for args, field, fix in cases:
     line = _one_error_line(capsys, *args)
     assert field in line and fix in line, (args, line)
-  ok = _config(*hf, "--task.adapter_from", str(tmp_path / "ok"), "--task.loss.kind", "dpo",
+  ok = _config(*hf, "--task.adapter", str(tmp_path / "ok"), "--task.loss.kind", "dpo",
                "--task.reference", "precomputed")
-  assert ok.task.lora == lora.LoraConfig(rank=2)
+  from jaxpod.tasks.preference_lora import section
+  assert ok.task.lora is None and section(ok.task).adapters() == lora.LoraConfig(rank=2)  # the files', never written
 
 
 @pytest.mark.slow
@@ -203,12 +208,13 @@ def test_a_short_lora_dpo_run_trains_the_adapters_and_leaves_the_base(tmp_path, 
   assert len(trained) == 14 and all(np.array_equal(np.asarray(loaded[k][1]), v) for k, v in trained.items())
 
 
-def test_precomputed_reference_with_adapter_from_is_the_base_plus_the_adapter(tmp_path, tiny_ckpt, pair_file):
-  """With task.adapter_from, DPO's reference must be the starting policy: start_weights (what precomputed runs
+def test_precomputed_reference_with_an_adapter_is_the_base_plus_the_adapter(tmp_path, tiny_ckpt, pair_file):
+  """With task.adapter, DPO's reference must be the starting policy: start_weights (what precomputed runs
   once) gives the logits of the base with that adapter applied."""
   from flax import nnx
   from jaxpod.models.llama import LlamaConfig, forward, hf_io, init, lora, peft_io
   from jaxpod.runtime import make_mesh
+  from jaxpod.tasks.preference_lora import start_weights
   from jaxpod.train.task import make_task
   model = lora.attach(init(LlamaConfig(**TINY)), lora.LoraConfig(rank=2))
   rng = np.random.default_rng(1)
@@ -216,9 +222,9 @@ def test_precomputed_reference_with_adapter_from_is_the_base_plus_the_adapter(tm
   peft_io.save_adapter(model, str(tmp_path / "adapter"))
   cfg = _config("--task.hf", tiny_ckpt, "--task.data.path", pair_file, "--task.data.max_length", "20",
                 "--task.data.max_prompt_length", "12", "--task.loss.kind", "dpo", "--task.reference", "precomputed",
-                "--task.adapter_from", str(tmp_path / "adapter"))
+                "--task.adapter", str(tmp_path / "adapter"))
   mesh = make_mesh(devices=jax.devices()[:1])
-  graphdef, params = make_task(cfg).start_weights(mesh)
+  graphdef, params = start_weights(make_task(cfg), mesh)
   adapted = nnx.split(peft_io.load_adapter(hf_io.load(tiny_ckpt, mesh), str(tmp_path / "adapter"), mesh=mesh))
   plain = nnx.split(hf_io.load(tiny_ckpt, mesh))
   tokens = jnp.asarray(rng.integers(0, 256, (2, 10)), jnp.int32)

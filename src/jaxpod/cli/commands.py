@@ -28,7 +28,7 @@ class Group:
 
   help: str  # one line, shown by `jaxpod --help`
   commands: dict[str, Command]  # subcommand name -> command
-  default: Command | None = None  # `jaxpod extract --model ...` runs this; None: print the subcommands
+  default: Command | None = None  # `jaxpod extract --hf ...` runs this; None: print the subcommands
 
 
 BENCHES = {

@@ -171,7 +171,7 @@ class BatchFill:
                   f"judged for step {self.version + 1} had every sample correct and {self.taken} of the {self.need} "
                   f"needed have rewards that differ (grpo.filter_groups; limit grpo.max_sampling_rounds x "
                   f"sample_prompts_per_step = {self.limit} groups), so the run ends at step {self.version}; for more "
-                  "to learn, a harder --task")
+                  "to learn, a harder --problems")
 
   def describe(self) -> str:
     """`3 of 32 groups taken; worker 0: 2 taken, dropped 61 uniform, 4 stale; ...` (the progress line)."""
@@ -192,7 +192,7 @@ class BatchFill:
                    f"{habit} almost every problem) and {self.taken} of the {self.need} needed have rewards that "
                    f"differ (limit grpo.max_sampling_rounds x sample_prompts_per_step = {self.limit} groups); train "
                    "the starting policy longer (warmup.steps, or a stronger model.hf), give partial credit "
-                   "(rewards), change the problem set (--task), set grpo.filter_groups false, or raise "
+                   "(rewards), change the problem set (--problems), set grpo.filter_groups false, or raise "
                    "grpo.max_sampling_rounds")
 
 

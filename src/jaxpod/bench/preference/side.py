@@ -22,7 +22,7 @@ def _peak_rss_mib() -> float:
 def run_jaxpod(o: dict) -> list[float]:
   """Step end times (perf_counter) of the preference task on the one trainer."""
   from jaxpod.runtime.hooks import Listener
-  from jaxpod.models.llama.training import AdamWConfig
+  from jaxpod.policy.llama_task import AdamWConfig
   from jaxpod.tasks.preference import PairData, PreferenceConfig
   from jaxpod.tasks.preference_loss import LossConfig
   from jaxpod.train import train

@@ -135,7 +135,8 @@ def _flag(extra: tuple[str, ...], name: str, default: int) -> int:
 def train_step(opts: RLBench, policy: str | None = None) -> dict:
   """The train-step table (`step.py`) on the arms' shapes: the warm-up's checkpoint, or a random policy."""
   from jaxpod.bench.rl import step as rl_step
-  from jaxpod.rl.config import GRPOConfig, RLModelConfig, RolloutConfig
+  from jaxpod.policy.spec import PolicyModelConfig
+  from jaxpod.rl.config import GRPOConfig, RolloutConfig
   g, r = GRPOConfig(), RolloutConfig()
   completion = _flag(opts.extra, "--rollout.max_new_tokens", r.max_new_tokens)
   shapes = rl_step.StepShapes(rows=_flag(opts.extra, "--grpo.num_prompts_per_step", g.num_prompts_per_step)
@@ -143,7 +144,7 @@ def train_step(opts: RLBench, policy: str | None = None) -> dict:
                               row_len=_flag(opts.extra, "--rollout.max_prompt_len", r.max_prompt_len) + completion,
                               completion=completion)
   if policy is None:
-    policy = rl_step.save_policy(RLModelConfig().llama(), tempfile.mkdtemp(prefix="jaxpod-bench-rl-"))
+    policy = rl_step.save_policy(PolicyModelConfig().llama(), tempfile.mkdtemp(prefix="jaxpod-bench-rl-"))
   return rl_step.run(policy, shapes, repeats=opts.repeats, with_profile=opts.profile, title=" (bench rl's arms)")
 
 

@@ -1,6 +1,6 @@
 """`python -m jaxpod.bench.rl.lora`: how the engine should run LoRA adapters, and what one version costs on the wire.
 
-On the rl default policy and engine (`RLModelConfig`, `RolloutConfig`), with adapters of rank `--rank` on
+On the rl default policy and engine (`PolicyModelConfig`, `RolloutConfig`), with adapters of rank `--rank` on
 every linear layer (B drawn non-zero, so they change the outputs), two engine modes:
 
   unmerged   the engine's programs take base + adapters and compute x W + s (x A) B every decode step; a new
@@ -37,12 +37,13 @@ def measure(rank: int = 1, repeats: int = 5, seed: int = 0) -> dict:
   from flax import nnx
   from jaxpod.models.llama import init, lora
   from jaxpod.models.llama.lora import base_graphdef
+  from jaxpod.policy.engine import make_sampler
+  from jaxpod.policy.spec import PolicyModelConfig
   from jaxpod.rl.adapters import weights
-  from jaxpod.rl.config import RLModelConfig, RolloutConfig
-  from jaxpod.rl.rollout.roller import make_sampler
+  from jaxpod.rl.config import RolloutConfig
   from jaxpod.runtime import make_mesh
   from jaxpod.sample.layout import param_bytes
-  llama, rollout = RLModelConfig().llama(), RolloutConfig()
+  llama, rollout = PolicyModelConfig().llama(), RolloutConfig()
   mesh = make_mesh(devices=jax.devices()[:1])
   lcfg = lora.LoraConfig(rank=rank, alpha=16.0)
   model = lora.attach(init(llama, seed=seed), lcfg, seed=seed, mesh=mesh)
@@ -114,12 +115,13 @@ def train_state_bytes(rl_args: list[str]) -> dict:
   import draccus
   import jax
   from jaxpod.rl.config import RLConfig
-  from jaxpod.rl.run import grpo_config, run_dir, start_url
+  from jaxpod.rl.grpo_task import GRPOTask
+  from jaxpod.rl.run import grpo_config, policy_spec, run_dir
   from jaxpod.train import state as st
   cfg = draccus.parse(RLConfig, args=list(rl_args))
   folder = run_dir(cfg)
-  tc = grpo_config(cfg, folder, start_url(cfg, folder), source=object())
-  task = tc.task.build(tc)
+  tc = grpo_config(cfg, folder, policy_spec(cfg, folder))
+  task = GRPOTask(tc, source=None)  # shapes only: no batch is drawn
   tx, _ = task.optimizer()
   state = st.abstract_state(st.make_init_fn(task, tx, 0, cfg.grpo.rows, ema=tc.trainer.ema > 0))
   size = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))  # noqa: E731

@@ -201,7 +201,7 @@ def episodes(model, mesh, opts, layout: str):
   from jaxpod.models.llama import ByteTokenizer
   from jaxpod.problems.base import Problem
   from jaxpod.problems.calculator import calculator_problem
-  from jaxpod.rl.rollout.episodes import run_episodes
+  from jaxpod.policy.rollout.episodes import run_episodes
   from jaxpod.sample import EngineConfig, Sampler, SamplingParams
   rng, tok = np.random.default_rng(2), ByteTokenizer()
   problems = {"calculator": [Problem(*calculator_problem(rng, 4), 0, i) for i in range(EPISODE_PROBLEMS)],

@@ -1,4 +1,4 @@
-"""From problems to scored groups through the continuous engine (`jaxpod.sample.Sampler`).
+"""From problems to scored groups through the continuous engine (a `jaxpod.sample.Sampler`: `engine.make_sampler`).
 
     roller = Roller(sampler, tokenizer, scorer, n=8, seed=0, samples=samples_for(problems, max_context))
     groups = roller.run(problems)                      # colocated: every host, the same calls
@@ -16,21 +16,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from jaxpod.policy.rollout.episodes import OneTurn, group, request_seed
+from jaxpod.policy.rollout.groups import Group
 from jaxpod.problems.base import Problem
 from jaxpod.problems.rewards import Scorer
-from jaxpod.rl.config import RolloutConfig
-from jaxpod.rl.rollout.episodes import OneTurn, group, request_seed
-from jaxpod.rl.rollout.groups import Group
-
-
-def make_sampler(graphdef, params, mesh, rollout: RolloutConfig, stop_ids, greedy: bool = False, version: int = 0):
-  """A global-mode Sampler over `mesh` on `params` (in place where they are already in its inference layout, else
-  resharded once per version; `update_params` swaps them)."""
-  from flax import nnx
-  from jaxpod.sample import Sampler
-  stop_ids = tuple(stop_ids) + tuple(rollout.stop_token_ids)  # the policy's EOS ids and the user's extra ones
-  return Sampler(nnx.merge(graphdef, params), mesh, rollout.engine(greedy), rollout.sampling(greedy), stop_ids,
-                 mode="global", version=version)
 
 
 class Roller:

@@ -5,7 +5,7 @@ function of (run seed, problem, sample, turn) (the first turn: one request per p
 the prompt's prefill, sample j folded in); the episode's tokens after the prompt are the policy's turns and the
 environment's observations (`jaxpod.problems.environments.Episode`), and `episode_group` makes a problem's n
 episodes one `Group` with `from_policy` flags, so admission (`grpo.take`) and the trainer's rows
-(`groups.to_batch`) are the single-turn ones: the loss mask covers the policy's tokens only. An episode ends when
+(`rl.batch.to_batch`) are the single-turn ones: the loss mask covers the policy's tokens only. An episode ends when
 the environment says done, after `max_turns` turns, or when its next context would not fit the engine's
 `max_prompt_len` (its last token is always the policy's). With `keep_kv` (the default) the engine keeps each
 episode's KV between turns (`keep`): a turn prefills only the last sampled token and the observation, on the
@@ -46,7 +46,7 @@ from jaxpod import runtime
 from jaxpod.problems.base import Problem
 from jaxpod.problems.environments import Environment, Episode, answer_ids
 from jaxpod.problems.rewards import Scorer, VerifiedProblems
-from jaxpod.rl.rollout.groups import Group, make_group
+from jaxpod.policy.rollout.groups import Group, make_group
 
 
 def request_seed(seed: int, problem: Problem) -> int:

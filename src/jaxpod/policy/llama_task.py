@@ -1,4 +1,5 @@
-"""What every trainer task of a Llama shares: build, load, export (causal_lm, preference and RL's tasks).
+"""What every trainer task of a Llama policy shares: build, load, export (causal_lm, preference and the policy's
+own tasks: the warm-up, GRPO).
 
     class MyTask(LlamaTask):                     # a `jaxpod.train.task.Task` of a Llama policy
       def __init__(self, cfg):
@@ -7,15 +8,19 @@
                                                       # (LoRA: merged, and the adapters as PEFT's files)
 
 `LlamaTask` gives the trainer the model (`abstract_model`, `init_model`), the starting checkpoint placed like
-the trainer's params (`initial_params`), and `_buffers(params)`: what a task keeps beside the params (a
-frozen reference copy; none by default). `AdamWConfig` is the optimizer section of the Llama tasks of
-`jaxpod train`; `byte_llama` their byte-level default architecture.
+the trainer's params (`initial_params`), `_buffers(params)`: what a task keeps beside the params (a frozen
+reference copy; none by default), the frozen reference (`reference`: that copy, or with LoRA the base with the
+adapters off) and the optimizer at LoRA's learning-rate rule (`optimizer_for`, `policy.lora`). `AdamWConfig` is
+the optimizer section of the Llama tasks of `jaxpod train`; `byte_llama` their byte-level default architecture.
 """
 from __future__ import annotations
 
 import dataclasses
 
+from typing import Callable
+
 from jaxpod.models.llama.config import LlamaConfig
+from jaxpod.policy.lora import LoraSection, adapted_optimizer
 from jaxpod.runtime.hooks import Hook, StepInfo
 
 
@@ -42,12 +47,12 @@ class AdamWConfig:
     if not 0.0 <= self.lr_min_ratio <= 1.0:
       raise ValueError(f"task.optim.lr_min_ratio={self.lr_min_ratio}: expected a value in [0, 1]")
 
-  def build(self, steps: int):
-    """(optax transformation, lr schedule) for a run of `steps` optimizer steps."""
+  def build(self, steps: int, lr: float | None = None):
+    """(optax transformation, lr schedule) for a run of `steps` optimizer steps, peaking at `lr` (None: self.lr)."""
     import optax
     from jaxpod.models.llama.model import weight_decay_mask
-    sched = optax.warmup_cosine_decay_schedule(0.0, self.lr, self.warmup_steps, steps,
-                                               end_value=self.lr * self.lr_min_ratio)
+    lr = self.lr if lr is None else lr
+    sched = optax.warmup_cosine_decay_schedule(0.0, lr, self.warmup_steps, steps, end_value=lr * self.lr_min_ratio)
     adamw = optax.adamw(sched, b1=0.9, b2=0.95, weight_decay=self.weight_decay, mask=weight_decay_mask)
     return (optax.chain(optax.clip_by_global_norm(self.grad_clip), adamw) if self.grad_clip else adamw), sched
 
@@ -93,26 +98,42 @@ class AdapterExportHook(Hook):
 
 class LlamaTask:
   """The Llama side of a trainer task: `llama` (the architecture) and `start_url` (a HF checkpoint; None: random
-  init) are set by the subclass, and with `lora` (a `LoraConfig`) the state's params are the adapters and its
-  buffers the frozen base, stored once (`adapter_from`: a PEFT folder whose adapters start the run). Hooks a task
+  init) are set by the subclass, and with `lora` (a `LoraSection`) the state's params are the adapters and its
+  buffers the frozen base, stored once (`adapter`: a PEFT folder whose adapters start the run). Hooks a task
   may override: `_buffers` (what the state keeps beside the params), `_model` (a random model), `_split` (trained
   params vs frozen buffers), `_loaded` (what a task adds to the loaded checkpoint) and `_place` (params and
   buffers placed like the state's). Needs `self.cfg` (the TrainConfig) with LoRA."""
 
   llama: LlamaConfig
   start_url: str | None = None
-  lora = None  # LoraConfig: train adapters only, the base frozen in the buffers; None: every weight is trained
-  adapter_from: str = ""  # PEFT folder whose adapters start the run (with lora; "" : fresh adapters)
+  lora: LoraSection | None = None  # train adapters only, the base frozen in the buffers; None: every weight is trained
+  adapter: str = ""  # PEFT folder whose adapters start the run (with lora; "": fresh adapters)
+  _plain = None  # LoRA: the adapter-free graphdef (a reference runs the base through it)
 
   def _buffers(self, params) -> dict:
     return {}
+
+  def optimizer_for(self, lr: float, build: Callable[[float], tuple]) -> tuple:
+    """(optax transformation, lr schedule) of `build(peak lr)` at `lr`, or with LoRA at its rule (`policy.lora`)."""
+    return adapted_optimizer(self.lora, lr, build)
+
+  def reference(self, graphdef, buffers) -> tuple:
+    """(graphdef, weights) of the frozen reference (GRPO's KL, DPO's in-step): the starting weights' copy in
+    `buffers["ref"]`, or with LoRA the base through the adapter-free graph (the same arrays as the policy's base,
+    the adapters off)."""
+    if self.lora is None:
+      return graphdef, buffers["ref"]
+    if self._plain is None:
+      from jaxpod.models.llama.lora import base_graphdef
+      self._plain = base_graphdef(self.llama)
+    return self._plain, buffers
 
   def _model(self, seed: int):
     """A random model (traced: inside the state's jitted init, or under eval_shape), adapters attached."""
     from flax import nnx
     from jaxpod.models.llama import Llama, lora
     model = Llama(self.llama, rngs=nnx.Rngs(params=seed))
-    return model if self.lora is None else lora.attach(model, self.lora, seed, traced=True)
+    return model if self.lora is None else lora.attach(model, self.lora.adapters(), seed, traced=True)
 
   def _split(self, model):
     """(graphdef, params, buffers): every weight trained and `_buffers(params)`, or with LoRA the adapters and the
@@ -143,12 +164,12 @@ class LlamaTask:
     return nnx.split(hf_io.load(url, mesh, cfg=self.llama))
 
   def _loaded(self, model, mesh):
-    """The starting checkpoint's model as the task trains it: adapter_from's adapters or fresh ones attached."""
+    """The starting checkpoint's model as the task trains it: `adapter`'s adapters or fresh ones attached."""
     from jaxpod.models.llama import lora, peft_io
-    if self.adapter_from:
-      peft_io.load_adapter(model, self.adapter_from, mesh=mesh)
+    if self.adapter:
+      peft_io.load_adapter(model, self.adapter, mesh=mesh)
     elif self.lora is not None:
-      lora.attach(model, self.lora, self.cfg.trainer.seed, mesh=mesh)
+      lora.attach(model, self.lora.adapters(), self.cfg.trainer.seed, mesh=mesh)
     return model
 
   def _place(self, params, buffers, shardings):
