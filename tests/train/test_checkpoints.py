@@ -198,3 +198,19 @@ def test_a_checkpoint_of_per_layer_leaves_restores_into_the_stacked_layers(tmp_p
   with pytest.raises(CheckpointMismatch, match="params/layers/w"):
     ckpt.restore(target)
   ckpt.close()
+
+
+def test_a_bf16_checkpoint_resumes_into_float32_master_weights(tmp_path, mesh):
+  """Turning on float32 master weights (`model.param_dtype: float32`) for a run saved in bf16 resumes it: each leaf
+  comes back in the target's dtype with the saved values (bf16 -> float32 is exact)."""
+  rows = NamedSharding(mesh, PartitionSpec("data"))
+  saved = jnp.asarray(np.linspace(-3, 3, 32).reshape(8, 4), jnp.bfloat16)
+  ckpt = Checkpointer(CheckpointConfig(dir=str(tmp_path / "ck")))
+  ckpt.save(3, {"params": {"w": jax.device_put(saved, rows)}}, {"next_index": 3})
+  ckpt.close()
+  ckpt = Checkpointer(CheckpointConfig(dir=str(tmp_path / "ck")))
+  step, state, _ = ckpt.restore({"params": {"w": jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=rows)}})
+  ckpt.close()
+  w = state["params"]["w"]
+  assert step == 3 and w.dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(w), np.asarray(saved.astype(jnp.float32)))

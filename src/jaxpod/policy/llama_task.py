@@ -40,12 +40,15 @@ class AdamWConfig:
   lr_min_ratio: float = 0.1  # cosine decay to lr * lr_min_ratio at trainer.steps
   weight_decay: float = 0.01  # decoupled weight decay (not on norm weights)
   grad_clip: float = 1.0  # global-norm clip (0: none)
+  moment_dtype: str = ""  # Adam moments and update math: "" the params' dtype | float32 (bf16 weights, f32 moments)
 
   def __post_init__(self):
     if self.lr <= 0 or self.warmup_steps < 0 or self.weight_decay < 0 or self.grad_clip < 0:
       raise ValueError("task.optim.lr must be > 0 and task.optim.warmup_steps, weight_decay, grad_clip >= 0")
     if not 0.0 <= self.lr_min_ratio <= 1.0:
       raise ValueError(f"task.optim.lr_min_ratio={self.lr_min_ratio}: expected a value in [0, 1]")
+    if self.moment_dtype not in ("", "float32"):
+      raise ValueError(f"task.optim.moment_dtype={self.moment_dtype!r}: use float32 (or leave it unset: the params')")
 
   def build(self, steps: int, lr: float | None = None):
     """(optax transformation, lr schedule) for a run of `steps` optimizer steps, peaking at `lr` (None: self.lr)."""
@@ -54,6 +57,9 @@ class AdamWConfig:
     lr = self.lr if lr is None else lr
     sched = optax.warmup_cosine_decay_schedule(0.0, lr, self.warmup_steps, steps, end_value=lr * self.lr_min_ratio)
     adamw = optax.adamw(sched, b1=0.9, b2=0.95, weight_decay=self.weight_decay, mask=weight_decay_mask)
+    if self.moment_dtype == "float32":
+      from jaxpod.train.optim import float32_moments
+      adamw = float32_moments(adamw)
     return (optax.chain(optax.clip_by_global_norm(self.grad_clip), adamw) if self.grad_clip else adamw), sched
 
 
