@@ -108,7 +108,7 @@ def _min_fsdp(sharded: int, fixed: int, limit: int, lay: Layout, pod: PodShape) 
   return None
 
 
-def make_plan(cfg: LlamaConfig, pod: PodShape, wl: Workload) -> Plan:
+def make_plan(cfg: LlamaConfig, pod: PodShape, wl: Workload, microbatches: int = 1) -> Plan:
   """Per-phase bytes of `wl` with model `cfg` on `pod` (no JAX, no files)."""
   lay = _layout(pod, wl)
   ts = pm.tensors(cfg)
