@@ -118,3 +118,16 @@ def test_no_libtpu_is_one_line(monkeypatch):
   monkeypatch.setattr(pc.importlib.util, "find_spec", lambda name: None)
   with pytest.raises(pc.CompileError, match=r"pip install 'jaxpod\[tpu\]'"):
     pc.topology_devices(PodShape.named("v5p-8"))
+
+
+# The TPU compiler's total per device (GiB) for Llama-3-8B causal LM on v5p-64, FSDP over the 32 chips, 4096-token
+# rows, remat full, float32 master weights and moments, no EMA (docs/scale.md: the commands, libtpu 0.0.42).
+COMPILED_8B_GIB = {1: 9.23, 4: None}
+
+
+@pytest.mark.parametrize("rows", [r for r, v in COMPILED_8B_GIB.items() if v])
+def test_the_analytic_train_phase_is_within_20_percent_of_the_compiler(rows):
+  cfg = dataclasses.replace(resolve("llama-3-8b"), remat="full", param_dtype="float32")
+  wl = Workload(kind="train", mesh=FSDP, batch=32 * rows, seq_len=4096, ema=0.0)
+  est = make_plan(cfg, PodShape.named("v5p-64"), wl).phase("train").hbm_per_device / 2 ** 30
+  assert est == pytest.approx(COMPILED_8B_GIB[rows], rel=0.2), (rows, est)
