@@ -15,6 +15,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxpod.models.llama import kernels
+
 MIN_BLOCK = 64  # query rows per block at least (a call of fewer than 2 blocks is done in one)
 MAX_BLOCKS = 8  # at most this many blocks (each is its own matmuls: the program grows with their number)
 
@@ -34,7 +36,6 @@ def self_attention(cfg, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, kv_mask_BxT, positions_
   """Context [B, T, H, E] of a call's T tokens over their own keys: causal, keys where kv_mask_BxT is False hidden,
   and with a window only keys at positions within it (on positions). The kernel is `cfg.attention`'s
   (`kernels.choose`: splash on TPU, cuDNN on GPU, else the XLA form below)."""
-  from jaxpod.models.llama import kernels
   impl = kernels.choose(cfg, q_BxTxHxE.shape, q_BxTxHxE.dtype)
   if impl != "xla":
     return kernels.attend(impl, cfg, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, kv_mask_BxT, window)

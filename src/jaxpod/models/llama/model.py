@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxpod.models.llama import params as table, stack
+from jaxpod.models.llama import kernels, params as table, stack
 from jaxpod.models.llama.attention import context, self_attention, soft_capped, visible
 from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.models.llama.kv import CACHE_AXES, PAGE_AXES, SLOT_AXES, KVCache, PagedKVCache, SlotKVCache  # noqa: F401
@@ -214,8 +214,12 @@ class Attention(nnx.Module):
 def _attend_cached(cfg: LlamaConfig, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, cache, layer: int, positions_BxT, kv_len,
                    window):
   """Context [B, T, H, E] of T new tokens over the cached slots below each row's first position (read in place
-  from a slot cache, gathered from pages; none if kv_len == 0) and causally over the new tokens themselves."""
+  from a slot cache, gathered from pages; none if kv_len == 0) and causally over the new tokens themselves. A prefill
+  (kv_len == 0) runs on `cfg.attention`'s kernel (`kernels.py`: splash on TPU, cuDNN on GPU)."""
   b, t, h, e = q_BxTxHxE.shape
+  if kv_len == 0 and (impl := kernels.choose(cfg, q_BxTxHxE.shape, q_BxTxHxE.dtype)) != "xla":  # a prefill
+    ctx = kernels.attend(impl, cfg, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, jnp.ones((b, t), bool), window)
+    return constrain(ctx, ("batch", "seq", "heads", "head_dim"))
   kvh = cfg.num_key_value_heads
   q_BxTxKxGxE = q_BxTxHxE.reshape(b, t, kvh, h // kvh, e)
   scale, lowest = cfg.attn_scale, jnp.finfo(jnp.float32).min
