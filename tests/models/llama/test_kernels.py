@@ -59,7 +59,7 @@ def test_splash_in_a_sharded_model_matches_xla_with_sliding_and_full_layers():
   from jaxpod.models.llama.loss import next_token_loss
   from jaxpod.runtime import make_mesh
   cfg = tiny(vocab_size=256, layer_types=("sliding_attention", "full_attention"), sliding_window=48)
-  tokens = jnp.asarray(np.random.default_rng(1).integers(0, 256, (4, 129)), jnp.int32)
+  tokens = jnp.asarray(np.random.default_rng(1).integers(0, 256, (2, 129)), jnp.int32)
   mesh = make_mesh(devices=jax.devices()[:4], data=2, fsdp=1, model=2)
   out = {}
   for impl in ("xla", "splash"):
@@ -78,9 +78,11 @@ def test_cudnn_wrapper_spells_the_same_mask_as_xla():
   q, k, v = _qkv(2, 40, 4, 2, 16)
   kv_mask = jnp.asarray(np.arange(40)[None] < np.array([[40], [31]]))
   pos = jnp.broadcast_to(jnp.arange(40), (2, 40))
+  xla = jax.jit(attention.self_attention, static_argnums=(0, 6))
+  cudnn = jax.jit(kernels.cudnn, static_argnums=(0, 5), static_argnames="implementation")
   for window in (None, 9):
-    want = attention.self_attention(dataclasses.replace(cfg, attention="xla"), q, k, v, kv_mask, pos, window)
-    got = kernels.cudnn(cfg, q, k, v, kv_mask, window, implementation="xla")
+    want = xla(dataclasses.replace(cfg, attention="xla"), q, k, v, kv_mask, pos, window)
+    got = cudnn(cfg, q, k, v, kv_mask, window, implementation="xla")
     rows = np.asarray(kv_mask)
     np.testing.assert_allclose(np.asarray(got)[rows], np.asarray(want)[rows], atol=2e-5)
 
@@ -116,47 +118,79 @@ def test_config_names_the_kernels():
     tiny(attention="flash")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
-                    reason="libtpu is not installed (the `test` extra installs it): no TPU compiler to compile with")
+needs_libtpu = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None,
+    reason="libtpu is not installed (the `test` extra installs it): no TPU compiler to compile with")
+
+
+def _v5p_mesh():
+  """The 4 chips of a v5p:2x2x1 topology (no TPU attached), as data 2 x model 2."""
+  from jax.experimental import topologies
+  devices = topologies.get_topology_desc(platform="tpu", topology_name="v5p:2x2x1").devices
+  return jax.sharding.Mesh(np.array(devices).reshape(2, 1, 2), ("data", "fsdp", "model"))
+
+
+@needs_libtpu
 def test_a_train_step_compiled_for_tpu_runs_splash():
   """A 2-layer bf16 Llama's train step (loss, gradients, AdamW; remat full) compiled for v5p:2x2x1 from this CPU
   machine: `auto` picks splash from the mesh's devices, and the TPU HLO holds its Mosaic kernels (forward, dq,
-  dkv) as tpu_custom_calls; `xla` holds none."""
+  dkv) as tpu_custom_calls."""
   from flax import nnx
-  from jax.experimental import topologies
   from jax.sharding import NamedSharding, PartitionSpec as P
   from jaxpod.models.llama import model as M
   from jaxpod.models.llama.loss import next_token_loss
   from jaxpod.models.llama.training import AdamWConfig
   from jaxpod.train import state as st, step as sp
-  devices = topologies.get_topology_desc(platform="tpu", topology_name="v5p:2x2x1").devices
-  mesh = jax.sharding.Mesh(np.array(devices).reshape(2, 1, 2), ("data", "fsdp", "model"))
-  calls = {}
-  for impl in ("auto", "xla"):
-    cfg = tiny(vocab_size=512, dtype="bfloat16", remat="full", attention=impl)
+  mesh = _v5p_mesh()
+  cfg = tiny(vocab_size=512, dtype="bfloat16", remat="full")
 
-    class Task:
-      def abstract_model(self, seed):
-        return (*nnx.split(M.abstract(cfg)), {})
+  class Task:
+    def abstract_model(self, seed):
+      return (*nnx.split(M.abstract(cfg)), {})
 
-      def init_model(self, seed):
-        return nnx.split(M.Llama(cfg, rngs=nnx.Rngs(params=seed)))[1], {}
+    def init_model(self, seed):
+      return nnx.split(M.Llama(cfg, rngs=nnx.Rngs(params=seed)))[1], {}
 
-      def init_carry(self, b):
-        return ()
-    tx, lr = AdamWConfig().build(1000)
-    graphdef = nnx.split(M.abstract(cfg))[0]
-    abstract = st.abstract_state(st.make_init_fn(Task(), tx, 0, 4, ema=False))
-    shardings = st.state_shardings(abstract, mesh)
-    batch_sh = sp.batch_shardings(mesh, {"tokens": 2})
+    def init_carry(self, b):
+      return ()
+  tx, lr = AdamWConfig().build(1000)
+  graphdef = nnx.split(M.abstract(cfg))[0]
+  abstract = st.abstract_state(st.make_init_fn(Task(), tx, 0, 4, ema=False))
+  shardings = st.state_shardings(abstract, mesh)
+  batch_sh = sp.batch_shardings(mesh, {"tokens": 2})
 
-    def loss_fn(params, buffers, batch, rng, carry):
-      loss, sums = next_token_loss(graphdef, params, batch["tokens"])
-      return loss, (carry, sums)
-    step = sp.train_step_fn(loss_fn, tx, 0.0, lr)
-    batch = {"tokens": jax.ShapeDtypeStruct((4, 129), jnp.int32, sharding=batch_sh["tokens"])}
-    with jax.set_mesh(mesh):
-      compiled = jax.jit(step, in_shardings=(shardings, batch_sh), out_shardings=(shardings, NamedSharding(mesh, P())),
-                         donate_argnums=(0,)).lower(st.with_shardings(abstract, shardings), batch).compile()
-    calls[impl] = compiled.as_text().count("tpu_custom_call")
-  assert calls["auto"] >= 3 and calls["xla"] == 0, calls
+  def loss_fn(params, buffers, batch, rng, carry):
+    loss, sums = next_token_loss(graphdef, params, batch["tokens"])
+    return loss, (carry, sums)
+  step = sp.train_step_fn(loss_fn, tx, 0.0, lr)
+  batch = {"tokens": jax.ShapeDtypeStruct((4, 129), jnp.int32, sharding=batch_sh["tokens"])}
+  with jax.set_mesh(mesh):
+    compiled = jax.jit(step, in_shardings=(shardings, batch_sh), out_shardings=(shardings, NamedSharding(mesh, P())),
+                       donate_argnums=(0,)).lower(st.with_shardings(abstract, shardings), batch).compile()
+  hlo = compiled.as_text()
+  assert "tpu_custom_call" in hlo and all(f"splash_mha_{k}" in hlo for k in ("fwd", "dq", "dkv"))
+
+
+@needs_libtpu
+def test_a_prefill_compiled_for_tpu_runs_splash_per_layer_kind():
+  """The engine's prefill (a block per layer, kv_len=0, keys staged) of a sliding + full bf16 model compiled for
+  v5p:2x2x1 with the inference shardings: one splash kernel per layer (a LocalMask one and a causal one)."""
+  from flax import nnx
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from jaxpod.models.llama import model as M, stack
+  from jaxpod.models.llama.kv import SlotKVCache
+  from jaxpod.runtime import sharding
+  mesh = _v5p_mesh()
+  cfg = tiny(vocab_size=512, dtype="bfloat16", layer_types=("sliding_attention", "full_attention"), sliding_window=32)
+  graphdef, params = nnx.split(stack.unstacked(M.init(cfg)))
+
+  def prefill(params, tokens_BxT):
+    out = nnx.merge(graphdef, params)(tokens_BxT, cache=SlotKVCache((), ()), logits_at_B=jnp.full((4,), 127),
+                                      kv_len=0)
+    return out.logits, out.cache.staged_k
+  tokens = jax.ShapeDtypeStruct((4, 128), jnp.int32, sharding=NamedSharding(mesh, P(("data", "fsdp"))))
+  with jax.set_mesh(mesh):
+    compiled = jax.jit(prefill, in_shardings=(sharding.state_shardings(params, mesh, sharding.INFERENCE),
+                                              tokens.sharding)).lower(
+        jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params), tokens).compile()
+  assert compiled.as_text().count("tpu_custom_call") == cfg.num_hidden_layers
