@@ -76,6 +76,13 @@ def test_fsdp_gathers_every_layer_weight_per_layer(compiled):
   assert reduced > 0
 
 
+def test_the_compiled_step_names_its_attention_kernels(compiled):
+  """On a TPU topology `model.attention: auto` is splash: the compiled step holds its forward and both backward
+  kernels, named as the HLO names them."""
+  names = compiled("train").kernels
+  assert all(any(n.startswith(f"splash_mha_{k}") for n in names) for k in ("fwd", "dq", "dkv")), names
+
+
 def test_a_reference_adds_its_forward(compiled):
   assert compiled("preference", True).model_flops > compiled("preference", False).model_flops
   assert compiled("preference", True).arguments_bytes > compiled("preference", False).arguments_bytes
@@ -89,7 +96,7 @@ def test_json_names_every_program_figure(tmp_path):
   assert rc == 0
   train = json.loads(out.read_text())["compiled"]["train"]
   assert {"arguments_bytes", "temp_bytes", "total_bytes", "hbm_bytes", "compile_s", "collectives"} <= set(train)
-  assert set(train["collectives"]) == set(KINDS)
+  assert set(train["collectives"]) == set(KINDS) and train["kernels"]
   assert train["total_bytes"] > 0 and train["fits"]
 
 

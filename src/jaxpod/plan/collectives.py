@@ -120,3 +120,16 @@ def collectives(text: str) -> tuple[dict[str, Collective], bool]:
         c, n = found[kind], runs.get(name, 0)
         c.ops, c.executed, c.bytes = c.ops + 1, c.executed + n, c.bytes + n * _largest_array(typ)
   return found, exact
+
+
+_KERNEL = re.compile(r"^\s*(?:ROOT )?%?([A-Za-z_][\w\-]*?)(?:\.\d+)? = .*custom_call_target=\"tpu_custom_call\"")
+
+
+def kernels(hlo: str) -> dict[str, int]:
+  """Mosaic (Pallas TPU) kernels in the program text by name (`splash_mha_fwd_...`: 2), ops as written."""
+  found: dict[str, int] = {}
+  for line in hlo.splitlines():
+    m = _KERNEL.match(line)
+    if m:
+      found[m.group(1)] = found.get(m.group(1), 0) + 1
+  return dict(sorted(found.items()))

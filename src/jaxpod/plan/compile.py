@@ -28,7 +28,7 @@ import re
 import time
 
 from jaxpod.models.llama.config import LlamaConfig
-from jaxpod.plan.collectives import Collective, collectives
+from jaxpod.plan.collectives import Collective, collectives, kernels
 from jaxpod.plan.pods import PodShape
 from jaxpod.plan.workload import Workload
 
@@ -57,6 +57,7 @@ class Compiled:
   model_flops: float = 0.0  # per device per step, counted analytically
   collectives: dict[str, Collective] = dataclasses.field(default_factory=dict)
   collectives_exact: bool = True
+  kernels: dict[str, int] = dataclasses.field(default_factory=dict)  # Mosaic kernels in the HLO by name (splash...)
   error: str = ""  # the compiler's RESOURCE_EXHAUSTED line when it does not fit
 
   @property
@@ -72,7 +73,7 @@ class Compiled:
             "alias_bytes": self.alias_bytes, "total_bytes": self.total_bytes, "hbm_bytes": self.hbm_bytes,
             "compile_s": round(self.compile_s, 2), "model_flops": self.model_flops, "fits": self.fits,
             "error": self.error, "collectives_exact": self.collectives_exact,
-            "collectives": {k: dataclasses.asdict(v) for k, v in self.collectives.items()}}
+            "collectives": {k: dataclasses.asdict(v) for k, v in self.collectives.items()}, "kernels": self.kernels}
 
 
 def _family(pod: PodShape) -> str:
@@ -195,7 +196,9 @@ def compile_program(name: str, jitted, args, mesh, hbm: int) -> Compiled:
   mem = compiled.memory_analysis()
   out.arguments_bytes, out.temp_bytes = mem.argument_size_in_bytes, mem.temp_size_in_bytes
   out.output_bytes, out.alias_bytes = mem.output_size_in_bytes, mem.alias_size_in_bytes
-  out.collectives, out.collectives_exact = collectives(compiled.as_text())
+  hlo = compiled.as_text()
+  out.collectives, out.collectives_exact = collectives(hlo)
+  out.kernels = kernels(hlo)
   return out
 
 

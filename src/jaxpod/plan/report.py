@@ -148,6 +148,9 @@ def print_compiled(p: Plan, results: list, options: PlanOptions, stream=None) ->
       console.print(f"  collectives per step per device: {found or 'none'}"
                     + ("" if c.collectives_exact else " (a loop bound unread: counted once)"), highlight=False,
                     soft_wrap=True)
+    if not c.error:
+      found = ", ".join(f"{k} x{n}" for k, n in c.kernels.items())
+      console.print(f"  kernels: {found or 'none (XLA attention)'}", highlight=False, soft_wrap=True)
     if not c.fits:
       need = c.error or f"{c.total_bytes / pc.GIB:.2f} GiB > {c.hbm_bytes / pc.GIB:.2f} GiB HBM"
       console.print(f"does not fit: compiled {c.program}: {need}; turn {pc.knob(c, cfg, wl, rows, options.microbatches)}",

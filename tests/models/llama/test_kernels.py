@@ -139,7 +139,7 @@ def test_a_train_step_compiled_for_tpu_runs_splash():
   from jax.sharding import NamedSharding, PartitionSpec as P
   from jaxpod.models.llama import model as M
   from jaxpod.models.llama.loss import next_token_loss
-  from jaxpod.models.llama.training import AdamWConfig
+  from jaxpod.policy.llama_task import AdamWConfig
   from jaxpod.train import state as st, step as sp
   mesh = _v5p_mesh()
   cfg = tiny(vocab_size=512, dtype="bfloat16", remat="full")
@@ -156,7 +156,7 @@ def test_a_train_step_compiled_for_tpu_runs_splash():
   tx, lr = AdamWConfig().build(1000)
   graphdef = nnx.split(M.abstract(cfg))[0]
   abstract = st.abstract_state(st.make_init_fn(Task(), tx, 0, 4, ema=False))
-  shardings = st.state_shardings(abstract, mesh)
+  shardings = st.train_state_shardings(abstract, mesh)
   batch_sh = sp.batch_shardings(mesh, {"tokens": 2})
 
   def loss_fn(params, buffers, batch, rng, carry):
