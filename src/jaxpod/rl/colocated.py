@@ -33,6 +33,7 @@ from jaxpod.rl import grpo
 from jaxpod.rl.config import GRPOConfig, RolloutConfig
 from jaxpod.rl.policy import PolicySpec
 from jaxpod.rl.rollout.groups import Batcher, BatchSource
+from jaxpod.runtime import progress
 from jaxpod.runtime.hooks import Hook, StepInfo
 
 RL_STREAM = 2  # training stream of RL problems (the warm-up uses stream 1)
@@ -152,6 +153,7 @@ class ColocatedRollouts(Hook):
 
     def rounds():
       while True:
+        progress.mark(f"rl rollout for step {version + 1}")  # the watchdog's phase: what a stuck host was doing
         batch = problems.train_problems(RL_STREAM, buffer.cursor, buffer.sampled_prompts)
         buffer.cursor += buffer.sampled_prompts
         sampled.extend(self.roller.run(batch))

@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 from jaxpod import runtime
 from jaxpod.runtime import storage
 from jaxpod.runtime.log import get_logger
+from jaxpod.runtime.progress import mark as mark_progress  # the watchdog's marks (train.progress: the bar)
 from jaxpod.train.config import TrainConfig, run_id, validate_for_hosts, validate_storage
 from jaxpod.train.hooks import (CheckpointHook, EvalHook, Hook, ProgressHook, StepInfo, TrackerHook, find_hook,
                                 run_hooks)
@@ -115,6 +116,7 @@ def train(cfg: TrainConfig, extra_hooks: Sequence[Hook] = ()) -> RunSummary:
   with runtime.guard():
     task = make_task(cfg)
     run_dir = runtime.broadcast_call(lambda: run_url(cfg, task.name), "train.run_dir")
+    mark_progress("train: preparing the data")
     prepared = runtime.broadcast_call(task.prepare, "train.dataset", timeout_s=3600)
     return _run(cfg, task, run_dir, prepared, extra_hooks, t_start)
 
@@ -130,6 +132,7 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
 
   host = runtime.host_info()
   tcfg, dcfg = cfg.trainer, cfg.task.data
+  mark_progress("train: setting up the task, the mesh and the state")
   task.setup(prepared, host.process_index, host.process_count)
   mesh = runtime.mesh_from_config(cfg.mesh)
   log.info("run %s: task %s, mesh %s", run_dir, task.name, runtime.describe_mesh(mesh))
@@ -149,6 +152,7 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
   ckpt = Checkpointer(CheckpointConfig(dir=storage.join(run_dir, "checkpoints"), keep_last=tcfg.keep_last,
                                        async_save=tcfg.async_checkpoints))
   iterator = task.train_iter()
+  mark_progress("train: restoring the newest checkpoint")
   restored = _restore(tcfg, ckpt, st.to_nested(st.with_shardings(abstract, shardings)))
   if restored is not None:
     start, tree, data_state = restored
@@ -287,6 +291,7 @@ def _loop(loop: Loop, state, start: int) -> tuple[dict, int, str]:
 
   step, ended = start, ""
   for step in range(start + 1, loop.steps + 1):
+    mark_progress(f"train step {step}", step=True)  # the watchdog's step time: step to step, hooks included
     try:
       host_batch = next(loop.iterator)
     except EndOfData as e:
@@ -335,6 +340,7 @@ def _start_hooks(loop: Loop, state, start: int) -> dict:
                   extras={"data_state": loop.iterator.get_state})
   out: dict = {}
   for hook in loop.hooks:
+    mark_progress(f"{type(hook).__name__} before step {start + 1}")
     out.update(hook.on_start(info) or {})
   if out:
     for hook in loop.hooks:
