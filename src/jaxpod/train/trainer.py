@@ -28,7 +28,7 @@ from jaxpod import runtime
 from jaxpod.runtime import storage
 from jaxpod.runtime.log import get_logger
 from jaxpod.runtime.progress import mark as mark_progress  # the watchdog's marks (train.progress: the bar)
-from jaxpod.train.config import TrainConfig, run_id, validate_for_hosts, validate_storage
+from jaxpod.train.config import TrainConfig, legacy_run_id, run_id, validate_for_hosts, validate_storage
 from jaxpod.train.hooks import (CheckpointHook, EvalHook, Hook, ProgressHook, StepInfo, TrackerHook, find_hook,
                                 run_hooks)
 from jaxpod.train.preemption import Preempted, PreemptionWatch
@@ -60,8 +60,14 @@ class RunSummary:
 
 
 def run_url(cfg: TrainConfig, prefix: str) -> str:
-  """The run folder: `<runs_dir>/<run_name>`, or `<runs_dir>/<prefix>-<config hash>` (a rerun finds it again)."""
-  url = storage.join(storage.absolute(cfg.trainer.runs_dir), cfg.trainer.run_name or run_id(cfg, prefix))
+  """The run folder: `<runs_dir>/<run_name>`, or `<runs_dir>/<prefix>-<config hash>` (a rerun finds it again, also
+  one named by the hash rule before upgrades kept ids)."""
+  from jaxpod.train.run_ids import find_run
+  runs = storage.absolute(cfg.trainer.runs_dir)
+  if cfg.trainer.run_name:
+    url = storage.join(runs, cfg.trainer.run_name)
+  else:
+    url = find_run(runs, run_id(cfg, prefix), legacy_run_id(cfg, prefix))
   storage.makedirs(url)
   return url
 
