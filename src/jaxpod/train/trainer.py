@@ -32,6 +32,7 @@ from jaxpod.train.config import TrainConfig, legacy_run_id, run_id, validate_for
 from jaxpod.train.hooks import (CheckpointHook, EvalHook, Hook, ProgressHook, StepInfo, TrackerHook, find_hook,
                                 run_hooks)
 from jaxpod.train.preemption import Preempted, PreemptionWatch
+from jaxpod.train.rebuilt import RebuiltBuffers
 from jaxpod.train.task import EndOfData
 
 log = get_logger("train")
@@ -159,10 +160,12 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
                                        async_save=tcfg.async_checkpoints))
   iterator = task.train_iter()
   mark_progress("train: restoring the newest checkpoint")
-  restored = _restore(tcfg, ckpt, st.to_nested(st.with_shardings(abstract, shardings)))
+  rebuilt = RebuiltBuffers(task, init_fn, mesh, shardings)  # e.g. DPO's reference: not in the checkpoints
+  restored = _restore(tcfg, ckpt, rebuilt.target(st.to_nested(st.with_shardings(abstract, shardings))),
+                      rebuilt.optional())
   if restored is not None:
     start, tree, data_state = restored
-    state = st.from_nested(tree, abstract)
+    state = st.from_nested(rebuilt.complete(tree), abstract)
     if data_state is not None:
       iterator.set_state(data_state)
     tracker.truncate_after(start)
@@ -171,6 +174,7 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
     start = 0
     initial = getattr(task, "initial_params", None)
     state = st.init_state(init_fn, shardings, initial(mesh, shardings) if initial is not None else None)
+  rebuilt.remember(state)
   if start >= tcfg.steps:
     log.warning("run %s is already complete at step %d: nothing to train (raise --trainer.steps to train further, "
                 "or pass --trainer.run_name NEW for a new run)", run_dir, start)
@@ -189,7 +193,8 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
     hooks: list[Hook] = [EvalHook(evaluator, tcfg.eval_every, getattr(task, "headline", None),
                                   at_start=tcfg.eval_at_start),
                          *task.hooks(graphdef, mesh, tcfg), *extra_hooks,
-                         CheckpointHook(ckpt, tcfg.checkpoint_every, st.to_nested, before_save=tracker.sync),
+                         CheckpointHook(ckpt, tcfg.checkpoint_every, rebuilt.checkpoint_tree,
+                                        before_save=tracker.sync),
                          ProgressHook(progress), TrackerHook(tracker, tcfg.log_every, tcfg.steps)]
     loop = Loop(task, step_fn, iterator, batch_sh, hooks, run_dir, mesh,
                 PreemptionWatch(host.multi_process, tcfg.preemption_check_every), tcfg.steps, dcfg.global_batch_size)
@@ -255,9 +260,10 @@ def _on_failure(e: BaseException, host, ckpt) -> None:
     ckpt.wait()  # with several hosts the peers may be gone: nothing collective on the way down
 
 
-def _restore(tcfg, ckpt, target):
+def _restore(tcfg, ckpt, target, optional: tuple[str, ...] = ()):
   """`trainer.resume`: this run's newest good checkpoint (auto), none (never: refuse if there is one), or,
-  when this run has none yet, the newest good one under a given URL (a run folder or its checkpoints/)."""
+  when this run has none yet, the newest good one under a given URL (a run folder or its checkpoints/);
+  `optional`: checkpoint paths a step may lack (`Checkpointer.restore`)."""
   from jaxpod.io import CheckpointConfig, Checkpointer
   if tcfg.resume == "never":
     found = ckpt.steps()
@@ -265,14 +271,14 @@ def _restore(tcfg, ckpt, target):
       raise ValueError(f"trainer.resume=never but {ckpt.dir} already holds checkpoints (steps {found}); pass "
                        "--trainer.run_name NEW for a new run, or --trainer.resume auto to continue")
     return None
-  restored = ckpt.restore(target)
+  restored = ckpt.restore(target, optional)
   if restored is not None or tcfg.resume == "auto":
     return restored
   source = tcfg.resume
   if storage.exists(storage.join(source, "checkpoints")):
     source = storage.join(source, "checkpoints")
   other = Checkpointer(CheckpointConfig(dir=source))
-  restored = other.restore(target)
+  restored = other.restore(target, optional)
   other.close()
   if restored is None:
     raise ValueError(f"trainer.resume={tcfg.resume}: no checkpoint there restores on every host")
