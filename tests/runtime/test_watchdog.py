@@ -181,8 +181,8 @@ def test_a_reward_plugin_stuck_on_host_1_ends_every_host_and_names_host_1(tmp_pa
   assert ended - stuck < STALL_S + 30  # the issue's bound: a hang guard, not a speed
 
 
-def _export(tmp_path, mode: str):
-  cmd = [sys.executable, str(WORKERS / "stuck_export_worker.py"), str(tmp_path / "hf"), mode, str(STALL_S)]
+def _export(tmp_path, mode: str, host: int = 1):
+  cmd = [sys.executable, str(WORKERS / "stuck_export_worker.py"), str(tmp_path / "hf"), mode, str(STALL_S), str(host)]
   return _launch(cmd, tmp_path, devices_per_host=2, timeout_s=240)
 
 
@@ -191,17 +191,31 @@ def _export(tmp_path, mode: str):
 def test_a_host_stuck_inside_the_hf_export_is_named_and_the_host_in_the_all_to_all_exits(tmp_path):
   """Host 1 blocks after receiving its first tensor; host 0 goes on to the next wave's all-to-all and waits in
   the device collective. Both pass their limits in the same poll; host 1, whose last progress is older, is named
-  (wave 1, the worker's line), and host 0 exits on its notice."""
+  (wave 1, the worker's line), and host 0 exits 1 on its notice: by its watchdog, or, when host 1's exit breaks
+  the gloo collective first (CPU only; a TPU's waits on), leaving without the shutdown barrier."""
   result, text, ended = _export(tmp_path, "stall")
   assert result.exit_codes == [1, 1], text[-4000:]
   named = _summary(text)
   assert named.startswith("jaxpod launch: host 1 made no progress for "), text[-4000:]
   assert " s in HF export, gathering arrays to their writers, wave 1, at " in named, named
   assert "tests/runtime/workers/stuck_export_worker.py:" in named and named.endswith("(goes_wrong)"), named
-  [line] = [l for l in result.output[0] if l.startswith(watchdog.NOTICE)]
-  assert line.startswith(f"{watchdog.NOTICE}host 0 exits: host 1 failed: Stalled: host 1 made no progress"), line
-  assert "it was in HF export, gathering arrays to their writers, wave 2" in line, line
+  by_watchdog = [l for l in result.output[0] if l.startswith(f"{watchdog.NOTICE}host 0 exits: host 1 failed: "
+                                                                "Stalled: host 1 made no progress")]
+  at_exit = [l for l in result.output[0] if "leaving the job without its shutdown barrier (host 1, stuck" in l]
+  assert by_watchdog or at_exit, text[-4000:]
+  assert all("it was in HF export, gathering arrays to their writers, wave 2" in l for l in by_watchdog)
   print(f"stall -> every host exited: {ended - _stuck_at(result, 1, 'WRONG'):.1f} s")
+
+
+@pytest.mark.slow
+@pytest.mark.multihost
+def test_a_stuck_leader_outlives_the_others_so_they_read_its_notice(tmp_path):
+  """Host 0 runs the coordination service: exiting at once would end the others by JAX's abort before their
+  watchdogs read its notice. It waits for them: host 1 exits 1 with host 0's notice, then host 0 exits 1."""
+  result, text, _ = _export(tmp_path, "stall", host=0)
+  assert result.exit_codes == [1, 1], text[-4000:]
+  assert _summary(text).startswith("jaxpod launch: host 0 made no progress for "), text[-4000:]
+  assert any("host 0 failed" in l and "host 0 made no progress" in l for l in result.output[1]), text[-4000:]
 
 
 @pytest.mark.slow

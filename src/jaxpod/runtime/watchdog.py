@@ -13,7 +13,8 @@ never reaches a control-plane call. So every host runs this thread (armed by `ru
   pass their limits together (a host that waits in a collective for the stuck one marked its last progress a
   moment later), so a host past its limit first says so (`jaxpod/stalled/<i>`, with the time of its last
   progress), waits VERDICT_WAIT_S for the others past theirs, and the one whose progress is oldest is named: it
-  reports as above, the others publish its notice and exit as below;
+  reports as above (host 0, which runs the coordination service, a few seconds after the others), the others
+  publish its notice and exit as below;
 - ends its host when another host published a failure notice (a stall, or an exception: a failure inside an
   export or a reshard leaves the others in a collective too) and the main thread, which would raise
   `PeerFailed` at its next control-plane call, has not ended the process within PEER_GRACE_S: it prints the
@@ -176,6 +177,8 @@ class Watchdog:
       return
     message = f"host {self.host} made no progress for {stalled:.0f} s in {p.phase}, at {where(frames)}"
     stuck = self._verdict(message, time.time() - stalled)
+    if self._stop.is_set():  # the process is leaving the job after all
+      return
     if stuck["host"] != self.host:  # a host it waited for made no progress for longer: that one is named
       control.publish_failure(stuck["host"], Stalled.__name__, stuck["message"])
       self._stop.wait(PEER_GRACE_S)  # the stuck host goes down first
@@ -183,22 +186,30 @@ class Watchdog:
                  f"it was in {p.phase}, at {where(frames)}")
     sys.stderr.write(f"{NOTICE}stacks of every thread of host {self.host}:\n{thread_stacks()}\n")
     control.abort(Stalled(message))
+    self._say(message)
     if self.host == 0:  # the coordination service runs here: the others read the notice and go first
       self._stop.wait(POLL_S + PEER_GRACE_S + 0.5)
-    self._exit(message)
+    os._exit(1)
 
   def _verdict(self, message: str, last_progress: float) -> dict:
     """The host to name among those past their limit now: the one whose last progress is oldest (hosts in step
     reach their limits together, a host waiting in a collective for the stuck one a moment later)."""
-    kv.set(f"{_SUSPECTS}/{self.host}", json.dumps({"host": self.host, "last": last_progress, "message": message}),
-           overwrite=True)
-    self._stop.wait(VERDICT_WAIT_S)  # the others past their limit in this poll publish theirs
-    suspects = [json.loads(v) for _, v in kv.dir_get(_SUSPECTS)]
+    mine = {"host": self.host, "last": last_progress, "message": message}
+    try:
+      kv.set(f"{_SUSPECTS}/{self.host}", json.dumps(mine), overwrite=True)
+      self._stop.wait(VERDICT_WAIT_S)  # the others past their limit in this poll publish theirs
+      suspects = [json.loads(v) for _, v in kv.dir_get(_SUSPECTS)]
+    except Exception as e:  # noqa: BLE001 - the service is gone: this host can only speak for itself
+      log.debug("could not compare with the other hosts: %s", e)
+      return mine
     return min(suspects, key=lambda r: (r["last"], r["host"]))
 
-  def _exit(self, line: str) -> None:
+  def _say(self, line: str) -> None:
     sys.stderr.write(NOTICE + line + "\n")
     _flush()
+
+  def _exit(self, line: str) -> None:
+    self._say(line)
     os._exit(1)
 
 

@@ -1,9 +1,10 @@
 """One simulated host exporting a sharded tiny Llama as a HF checkpoint, where host 1 goes wrong inside the export:
 
-    python stuck_export_worker.py OUT_URL stall|raise STALL_TIMEOUT_S
+    python stuck_export_worker.py OUT_URL stall|raise STALL_TIMEOUT_S [HOST]
 
-`stall`: host 1 blocks forever once it received its first tensor (the others go on to the next wave's all-to-all and
-wait there, inside a device collective); `raise`: host 1 raises there instead. Prints `EXPORTED` if the export ends.
+`stall`: host HOST (default 1) blocks forever once it received its first tensor (the others go on to the next wave's
+all-to-all and wait there, inside a device collective); `raise`: it raises there instead. Prints `EXPORTED` if the
+export ends.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import time
 def main(argv):
   from jaxpod import runtime
   out, mode, stall_s = argv[0], argv[1], float(argv[2])
+  wrong_host = int(argv[3]) if len(argv) > 3 else 1
   runtime.init(runtime.RuntimeConfig(stall_timeout_s=stall_s))
   from flax import nnx
 
@@ -27,8 +29,8 @@ def main(argv):
   model = init(cfg, seed=0, shardings=state_shardings(nnx.split(abstract(cfg))[1], mesh))
   count = safetensors_io.count
 
-  def goes_wrong(kind: str, n: int) -> None:  # host 1, its first tensor received
-    if kind == "gathered" and runtime.host_info().process_index == 1:
+  def goes_wrong(kind: str, n: int) -> None:  # that host, its first tensor received
+    if kind == "gathered" and runtime.host_info().process_index == wrong_host:
       print("WRONG", time.time(), mode, flush=True)
       if mode == "raise":
         raise OSError("injected: the bucket refused the upload")
