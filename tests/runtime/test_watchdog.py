@@ -230,3 +230,17 @@ def test_a_host_failing_inside_the_hf_export_ends_the_host_left_in_the_all_to_al
   assert line.startswith(f"{watchdog.NOTICE}host 0 exits: host 1 failed: OSError: injected: the bucket refused"), line
   assert "it was in HF export, gathering arrays to their writers, wave 2, at " in line, line
   assert _summary(text).startswith("jaxpod launch: host 1 failed: OSError: injected"), text[-2000:]
+
+
+@pytest.mark.multihost
+def test_a_long_compile_on_one_host_is_no_false_alarm_on_the_host_waiting_for_it(tmp_path):
+  """Host 0 compiles (traces) for 3x the stall limit; host 1 is past its own limit in the program's collective,
+  waiting for it. Host 0's stack is in JAX's trace (compile_timeout_s applies) and it says so on the control plane
+  (`jaxpod/busy/0`), so host 1 waits for it instead of calling itself stuck: both end the sum and exit 0."""
+  stall_s = 2
+  cmd = [sys.executable, str(WORKERS / "slow_compile_worker.py"), str(stall_s), str(3 * stall_s)]
+  result, text, _ = _launch(cmd, tmp_path, timeout_s=120)
+  assert result.exit_codes == [0, 0], text[-4000:]
+  assert all(f"SUM {2.0}" in result.output[h] for h in (0, 1)), text[-4000:]
+  assert not any(watchdog.NOTICE in l for out in result.output for l in out), text[-4000:]
+  assert any("host 0 is compiling" in l for l in result.output[1]), text[-4000:]  # host 1 was past its limit

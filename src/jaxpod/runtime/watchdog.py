@@ -27,7 +27,11 @@ held a compile do not count). It is raised inside blocks that may legitimately t
 control-plane call waits up to its own deadline (a dataset the leader prepares for an hour is waited for by the
 others with that deadline), and a compile, told apart by the main thread's stack (a frame of JAX's trace,
 lowering or compile modules, `COMPILE_FILES`), may take `runtime.compile_timeout_s` (3600 s); the end of a
-trace or compile (JAX's compile events) counts as progress. A host whose main thread is waiting inside JAX
+trace or compile (JAX's compile events) counts as progress. A host compiling for longer than half its stall
+limit says so on the control plane (`jaxpod/busy/<i>`, once per such compile): a host past its own limit
+meanwhile (in the collective of that program, on a host that found it in the compile cache or compiled faster)
+waits for it instead of calling itself stuck, so one host's long compile is no false alarm on another. A host
+whose main thread is waiting inside JAX
 (a device result, a collective) gets WAIT_SLACK times the limit: the host it waits for, whose last mark is
 older, is then the one that reports, whatever each host measured its steps as. One process has no peers to
 hang: the watchdog runs only in multi-process jobs.
@@ -56,6 +60,7 @@ PEER_GRACE_S = 2.0  # time a main thread gets to end the process itself once ano
 VERDICT_WAIT_S = POLL_S + 0.5  # a host past its limit waits this long for the others past theirs, then names one
 COMPILE_FILES = ("jax/_src/compiler.py", "jax/_src/interpreters/mlir.py", "jax/_src/interpreters/partial_eval.py")
 _SUSPECTS = f"{control.PREFIX}/stalled"  # the hosts past their limit, with the time of their last progress
+_BUSY = f"{control.PREFIX}/busy"  # hosts in a compile longer than half their stall limit, until when it may last
 _STDLIB = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
 
 
@@ -127,7 +132,9 @@ class Watchdog:
     self.cfg, self.host = cfg, host_index
     self._stop = threading.Event()
     self._peer_seen: float | None = None
-    self.longest: tuple[float, str, float] = (0.0, "", 0.0)  # longest time without progress seen, its phase, limit
+    self._busy: float | None = None  # the last progress (monotonic) of the silence this host published as busy
+    self._deferred: set[int] = set()  # busy hosts this host's wait was last put down to (said once each)
+    self.longest: tuple = (0.0, "", 0.0, "")  # longest time without progress seen: its phase, limit, why that limit
     self._thread = threading.Thread(target=self._run, name="jaxpod-watchdog", daemon=True)
 
   def start(self) -> None:
@@ -137,8 +144,9 @@ class Watchdog:
     self._stop.set()
     if self._thread.is_alive() and self._thread is not threading.current_thread():
       self._thread.join()
-    gap, phase, limit = self.longest
-    log.debug("longest time without progress: %.0f s in %s (the limit then: %.0f s)", gap, phase, limit)
+    gap, phase, limit, why = self.longest
+    log.info("watchdog: the longest time without progress was %.0f s, in %s (%s; the limit then: %.0f s)", gap,
+             phase, why or "no compile, no wait", limit)
 
   def _run(self) -> None:
     while not self._stop.wait(POLL_S):
@@ -162,22 +170,33 @@ class Watchdog:
 
   def _check_stall(self) -> None:
     p = progress.STATE
-    stalled = time.monotonic() - p.last
+    last = p.last
+    stalled = time.monotonic() - last
+    if self._busy is not None and self._busy != last:  # progress since it said it was busy
+      self._unbusy()
+    base = limit_s(self.cfg, progress.Progress(longest_step_s=p.longest_step_s))  # without allowed blocks
     limit = limit_s(self.cfg, p)
-    if stalled > self.longest[0]:
-      self.longest = (stalled, p.phase, limit)
-    if stalled <= limit:
+    if stalled < 2 * POLL_S:
       return
     frames = self._main_frames()
+    why = "allowed block" if limit > base else ""
     if compiling(frames):
-      limit = max(limit, self.cfg.compile_timeout_s)
+      limit, why = max(limit, self.cfg.compile_timeout_s), "compiling"
     elif waiting(frames):
-      limit *= WAIT_SLACK
+      limit, why = limit * WAIT_SLACK, "waiting inside JAX"
+    if stalled > self.longest[0]:
+      self.longest = (stalled, p.phase, limit, why)
+    if stalled <= base / 2:
+      return
+    if why == "compiling" and self._busy is None:
+      self._publish_busy(last, time.time() - stalled + limit, p.phase)
     if stalled <= limit or self._stop.is_set():
       return
     message = f"host {self.host} made no progress for {stalled:.0f} s in {p.phase}, at {where(frames)}"
     stuck = self._verdict(message, time.time() - stalled)
     if self._stop.is_set():  # the process is leaving the job after all
+      return
+    if stuck is None:  # a host this one waits for is compiling (or in an allowed block): not a stall yet
       return
     if stuck["host"] != self.host:  # a host it waited for made no progress for longer: that one is named
       control.publish_failure(stuck["host"], Stalled.__name__, stuck["message"])
@@ -191,18 +210,60 @@ class Watchdog:
       self._stop.wait(POLL_S + PEER_GRACE_S + 0.5)
     os._exit(1)
 
-  def _verdict(self, message: str, last_progress: float) -> dict:
+  def _verdict(self, message: str, last_progress: float) -> dict | None:
     """The host to name among those past their limit now: the one whose last progress is oldest (hosts in step
-    reach their limits together, a host waiting in a collective for the stuck one a moment later)."""
+    reach their limits together, a host waiting in a collective for the stuck one a moment later). None when
+    another host is compiling past the time it would be stuck otherwise (`_BUSY`) and not past its compile limit:
+    this host waits for it (in the collective of the program that host compiles, or the one after), and that
+    host reports itself if it stays silent past its limit."""
     mine = {"host": self.host, "last": last_progress, "message": message}
     try:
+      busy = self._busy_peers()
+      if busy:
+        self._defer(busy)
+        return None
       kv.set(f"{_SUSPECTS}/{self.host}", json.dumps(mine), overwrite=True)
       self._stop.wait(VERDICT_WAIT_S)  # the others past their limit in this poll publish theirs
+      busy = self._busy_peers()
+      if busy:
+        kv.delete(f"{_SUSPECTS}/{self.host}")
+        self._defer(busy)
+        return None
       suspects = [json.loads(v) for _, v in kv.dir_get(_SUSPECTS)]
     except Exception as e:  # noqa: BLE001 - the service is gone: this host can only speak for itself
       log.debug("could not compare with the other hosts: %s", e)
       return mine
     return min(suspects, key=lambda r: (r["last"], r["host"]))
+
+  def _publish_busy(self, last: float, until: float, phase: str) -> None:
+    """Tell the others this host is compiling, so silent but not stuck, until `until` (wall time): a host waiting
+    for it in a device collective must not call itself stuck meanwhile. Written once per long compile: rare."""
+    try:
+      kv.set(f"{_BUSY}/{self.host}", json.dumps({"host": self.host, "until": until, "phase": f"{phase}, compiling"}),
+             overwrite=True)
+      self._busy = last
+    except Exception as e:  # noqa: BLE001 - the service may be gone; JAX's heartbeat handles that
+      log.debug("could not say this host is busy: %s", e)
+
+  def _unbusy(self) -> None:
+    try:
+      kv.delete(f"{_BUSY}/{self.host}")
+    except Exception as e:  # noqa: BLE001
+      log.debug("could not clear this host's busy notice: %s", e)
+    self._busy = None
+
+  def _busy_peers(self) -> list[dict]:
+    now = time.time()
+    notes = [json.loads(v) for _, v in kv.dir_get(_BUSY)]
+    return [n for n in notes if n["host"] != self.host and n["until"] > now]
+
+  def _defer(self, busy: list[dict]) -> None:
+    hosts = {n["host"] for n in busy}
+    if not hosts <= self._deferred:
+      log.info("no progress for the stall limit, but host %s is compiling (%s) for up to %.0f s more: waiting "
+               "for it", ", ".join(map(str, sorted(hosts))), "; ".join(n["phase"] for n in busy),
+               max(n["until"] for n in busy) - time.time())
+    self._deferred = hosts
 
   def _say(self, line: str) -> None:
     sys.stderr.write(NOTICE + line + "\n")
