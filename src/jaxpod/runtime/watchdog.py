@@ -135,6 +135,7 @@ class Watchdog:
     self._busy: float | None = None  # the last progress (monotonic) of the silence this host published as busy
     self._deferred: set[int] = set()  # busy hosts this host's wait was last put down to (said once each)
     self.longest: tuple = (0.0, "", 0.0, "")  # longest time without progress seen: its phase, limit, why that limit
+    self.longest_outside_compile: tuple = (0.0, "", 0.0, "")  # the same, the main thread not compiling
     self._thread = threading.Thread(target=self._run, name="jaxpod-watchdog", daemon=True)
 
   def start(self) -> None:
@@ -144,9 +145,9 @@ class Watchdog:
     self._stop.set()
     if self._thread.is_alive() and self._thread is not threading.current_thread():
       self._thread.join()
-    gap, phase, limit, why = self.longest
-    log.info("watchdog: the longest time without progress was %.0f s, in %s (%s; the limit then: %.0f s)", gap,
-             phase, why or "no compile, no wait", limit)
+    for what, (gap, phase, limit, why) in (("", self.longest), (" outside a compile", self.longest_outside_compile)):
+      log.info("watchdog: the longest time without progress%s was %.0f s, in %s (%s; the limit then: %.0f s)",
+               what, gap, phase or "-", why or "no compile, no wait", limit)
 
   def _run(self) -> None:
     while not self._stop.wait(POLL_S):
@@ -186,6 +187,8 @@ class Watchdog:
       limit, why = limit * WAIT_SLACK, "waiting inside JAX"
     if stalled > self.longest[0]:
       self.longest = (stalled, p.phase, limit, why)
+    if why != "compiling" and stalled > self.longest_outside_compile[0]:
+      self.longest_outside_compile = (stalled, p.phase, limit, why)
     if stalled <= base / 2:
       return
     if why == "compiling" and self._busy is None:
