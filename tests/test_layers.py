@@ -2,10 +2,10 @@
 
     cli                                  top: the command table, parse, call one workload
     bench                                benchmarks over the workloads
-    tasks                                what `jaxpod train` runs (TRM Sudoku, causal LM, preference); the preference
-                                         default reuses RL's warm-up task, policy evaluator and engine set-up, so
-                                         tasks sit above rl
-    rl                                   RL post-training (train + sample + transfer); never imports tasks
+    tasks  rl                            what `jaxpod train` runs (TRM Sudoku, causal LM, preference) and RL
+                                         post-training (train + sample + transfer): siblings, never importing each other
+    policy                               what a trained Llama policy needs whoever trains it: its spec, LoRA rule,
+                                         engine options, rollouts and episodes, held-out evaluator, warm-up, task base
     train  sample  extract  transfer     the workloads: never import each other
     plan                                 `jaxpod plan` (beside the workloads; imports models and runtime)
     problems                             what is solved: problem sets, environments, rewards, verifiers, pass@k
@@ -24,8 +24,8 @@ from pathlib import Path
 
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-RANK = {"cli": 8, "bench": 7, "tasks": 6, "rl": 5, "train": 4, "sample": 4, "extract": 4, "transfer": 4, "problems": 3,
-        "plan": 4, "models": 2, "data": 2, "io": 2, "configs": 2, "runtime": 1}
+RANK = {"cli": 8, "bench": 7, "tasks": 6, "rl": 6, "policy": 5, "train": 4, "sample": 4, "extract": 4, "transfer": 4,
+        "problems": 3, "plan": 4, "models": 2, "data": 2, "io": 2, "configs": 2, "runtime": 1}
 WORKLOADS = {"train", "sample", "extract", "transfer"}
 
 
@@ -88,8 +88,8 @@ def test_no_module_imports_upward():
         continue
       if RANK[dst] > RANK[src]:
         bad.append(f"{module} ({src}) imports {target} ({dst})")
-  assert not bad, ("imports must flow downward (cli > bench > tasks > rl > workloads > problems > models/data/io > "
-                   "runtime):\n") + \
+  assert not bad, ("imports must flow downward (cli > bench > tasks, rl > policy > workloads > problems > "
+                   "models/data/io > runtime):\n") + \
       "\n".join(bad)
 
 
@@ -104,11 +104,31 @@ def test_workloads_do_not_import_each_other():
   assert not bad, "\n".join(f"{m} imports {t}" for m, t in sorted(bad))
 
 
-def test_rl_never_imports_tasks():
-  """tasks/ sit above rl/: the preference default reuses RL's warm-up task, held-out evaluator and engine set-up, never
-  the reverse."""
-  bad = {(m, t) for m, imported in GRAPH.items() for t in imported if _room(m) == "rl" and _room(t) == "tasks"}
+def test_tasks_and_rl_never_import_each_other():
+  """tasks/ and rl/ are siblings on the policy floor: what the preference default shares with RL (the warm-up, the
+  held-out evaluator, the engine set-up) lives in policy/, so neither imports the other, in either direction."""
+  bad = {(m, t) for m, imported in GRAPH.items() for t in imported
+         if {_room(m), _room(t)} == {"tasks", "rl"}}
   assert not bad, "\n".join(f"{m} imports {t}" for m, t in sorted(bad))
+
+
+TASK_METHODS = {"abstract_model", "init_model", "initial_params", "loss_fn", "optimizer", "export_hooks"}
+
+
+def test_the_llama_package_holds_no_task_base_or_optimizer_section():
+  """models/llama/ is a model package: a trainer-task base (a class with the Task protocol's methods), a trainer hook
+  or an optimizer section (a field `lr`) belongs to the policy floor (`jaxpod.policy.llama_task`)."""
+  bad = []
+  for path in sorted((SRC / "jaxpod" / "models" / "llama").rglob("*.py")):
+    tree = ast.parse(path.read_text(), str(path))
+    bad += [f"{path.name} imports {m}" for m in _imports(path) if m == "jaxpod.runtime.hooks"]
+    for node in ast.walk(tree):
+      if isinstance(node, ast.ClassDef):
+        members = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+        fields = {n.target.id for n in node.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+        bad += [f"{path.name}: {node.name}.{m}" for m in sorted(members & TASK_METHODS)]
+        bad += [f"{path.name}: {node.name}.lr (an optimizer section)" for f in fields if f == "lr"]
+  assert not bad, bad
 
 
 def test_runtime_state_does_not_import_the_start_up_module():

@@ -82,12 +82,12 @@ def _file_cases(tmp):
   (run / "metrics.jsonl").write_text("not json\n")
   return [
       (["train", "--config_path", str(tmp / "none.yaml")], "none.yaml does not exist"),
-      (["sample", "--model", str(tmp / "none"), "--prompts", str(tmp / "p.txt"), "--out", str(tmp / "o.jsonl")],
-       "sample.model"),
+      (["sample", "--hf", str(tmp / "none"), "--prompts", str(tmp / "p.txt"), "--out", str(tmp / "o.jsonl")],
+       "sample.hf"),
       (["plot", str(tmp / "none")], "metrics.jsonl not found"),
       (["plot", str(run)], "holds no metrics records"),
-      (["extract", "--model", str(tmp / "none"), "--prompts", str(tmp / "p.txt"), "--layers", "1", "--out",
-        str(tmp / "acts")], "extract.model="),
+      (["extract", "--hf", str(tmp / "none"), "--prompts", str(tmp / "p.txt"), "--layers", "1", "--out",
+        str(tmp / "acts")], "extract.hf="),
       (["extract", "info", str(tmp / "none")], "no activation dataset"),
       (["data", "sudoku-csv", "--csv", str(tmp / "none.csv"), "--out", str(tmp / "ds")], "none.csv"),
       (["data", "sudoku-csv", "--csv", str(tmp / "binary.csv"), "--out", str(tmp / "ds")], "not a UTF-8 text CSV"),
@@ -122,7 +122,7 @@ def test_unknown_subcommand_lists_the_group(capsys):
 
 
 def test_comma_lists_follow_the_field_types():
-  from jaxpod.bench.sample import SampleBench
+  from jaxpod.bench.sample.command import SampleBench
   from jaxpod.cli.args import comma_lists, parse
   assert comma_lists(SampleBench, ["--layouts", "slots,paged", "--hidden_size", "8"]) == [
       "--layouts", "[slots,paged]", "--hidden_size", "8"]

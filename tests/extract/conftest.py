@@ -66,7 +66,7 @@ def baseline(tiny_ckpt):
   """The reference dataset: the exact forward, one process, 8 devices (data=8), batch 8, written to memory://."""
   from jaxpod import extract
   model, _, prompts = tiny_ckpt
-  cfg = extract.ExtractConfig(model=model, prompts=prompts, out=BASELINE_URL, batch_size=8, forward="exact",
+  cfg = extract.ExtractConfig(hf=model, prompts=prompts, out=BASELINE_URL, batch_size=8, forward="exact",
                               **BASE_OPTIONS)
   stats = extract.run(cfg)
   assert stats["rows"] == len(PROMPTS)

@@ -34,7 +34,7 @@ def test_bad_inputs_one_line_each_before_jax_init(tiny_ckpt, tmp_path):
   model, _, prompts = tiny_ckpt
   blocker = tmp_path / "a_file"
   blocker.write_text("not a folder")
-  base = ["--model", model, "--prompts", prompts, "--layers", "0,2", "--out", str(tmp_path / "out")]
+  base = ["--hf", model, "--prompts", prompts, "--layers", "0,2", "--out", str(tmp_path / "out")]
 
   def with_(**kw):
     argv = list(base)
@@ -49,7 +49,7 @@ def test_bad_inputs_one_line_each_before_jax_init(tiny_ckpt, tmp_path):
   cases = {
       "layer": (with_(layers="0,3"), "extract.layers=[0, 3]: [3] out of range; the model has 3 blocks"),
       "point": (with_(points="resid,mlp_in"), "extract.points=['resid', 'mlp_in']: unknown or repeated point"),
-      "model": (with_(model=str(tmp_path / "nope")), "extract.model="),
+      "model": (with_(hf=str(tmp_path / "nope")), "extract.hf="),
       "out": (with_(out=str(blocker / "acts")), "is not writable"),
       "batch": (with_(batch_size="6", **{"mesh.data": "4"}), "extract.batch_size=6 is not divisible by the "
                 "data-parallel size 4"),
@@ -67,7 +67,7 @@ def test_bad_inputs_one_line_each_before_jax_init(tiny_ckpt, tmp_path):
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1, f"{name}: exit {code}, stderr:\n{err}"
     assert expected in lines[0], f"{name}: {lines[0]!r}"
-  assert "does not exist" in got["model"][1] and "--model" in got["model"][1]
+  assert "does not exist" in got["model"][1] and "--hf" in got["model"][1]
   assert not got["jax_initialised"], "a bad input was only caught after JAX initialised"
 
 
@@ -78,12 +78,12 @@ def test_list_options_accept_commas():
 
 def test_config_fields_validated_on_construction():
   with pytest.raises(ValueError, match="extract.layers is empty"):
-    ExtractConfig(model="m", prompts="p", out="o")
+    ExtractConfig(hf="m", prompts="p", out="o")
   with pytest.raises(ValueError, match="extract.batch_size=0 must be >= 1"):
-    ExtractConfig(model="m", prompts="p", out="o", layers=(1,), batch_size=0)
+    ExtractConfig(hf="m", prompts="p", out="o", layers=(1,), batch_size=0)
   with pytest.raises(ValueError, match=r"extract.memory_fraction=0 must be in \(0, 1\]"):
-    ExtractConfig(model="m", prompts="p", out="o", layers=(1,), memory_fraction=0)
-  cfg = ExtractConfig(model="m", prompts="p", out="o", layers=(8, 4), points=("resid", "mlp_out"))
+    ExtractConfig(hf="m", prompts="p", out="o", layers=(1,), memory_fraction=0)
+  cfg = ExtractConfig(hf="m", prompts="p", out="o", layers=(8, 4), points=("resid", "mlp_out"))
   assert cfg.keys == ("resid.4", "mlp_out.4", "resid.8", "mlp_out.8")
 
 

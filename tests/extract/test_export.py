@@ -46,7 +46,7 @@ def test_bf16_export_is_widened_exactly(tiny_ckpt, tmp_path):
   import pyarrow as pa
   model, _, prompts = tiny_ckpt
   url = "memory://extract-tests/export-bf16"
-  extract.run(extract.ExtractConfig(model=model, prompts=prompts, out=url, batch_size=8, layers=(1,),
+  extract.run(extract.ExtractConfig(hf=model, prompts=prompts, out=url, batch_size=8, layers=(1,),
                                     max_seq_len=48, dtype="bf16", progress=False))
   record = export(url, str(tmp_path / "arrow"))
   with pa.ipc.open_stream(str(tmp_path / "arrow" / record["files"][0])) as r:

@@ -61,7 +61,7 @@ def test_bf16_is_f32_rounded(baseline, tiny_ckpt):
   """--dtype bf16 stores bfloat16 (a uint16 view on disk) equal to the f32 values rounded."""
   import ml_dtypes
   model, _, prompts = tiny_ckpt
-  cfg = extract.ExtractConfig(model=model, prompts=prompts, out="memory://extract-tests/bf16", batch_size=8,
+  cfg = extract.ExtractConfig(hf=model, prompts=prompts, out="memory://extract-tests/bf16", batch_size=8,
                               layers=(2,), points=("resid",), max_seq_len=48, dtype="bf16", progress=False,
                               forward="exact")
   extract.run(cfg)
@@ -182,7 +182,7 @@ def test_cli_extract_smoke(baseline, tiny_ckpt, capsys):
   from jaxpod.cli.main import main
   model, _, prompts = tiny_ckpt
   out = "memory://extract-tests/cli"
-  code = main(["extract", "--model", model, "--prompts", prompts, "--layers", "2", "--points", "resid", "--out", out,
+  code = main(["extract", "--hf", model, "--prompts", prompts, "--layers", "2", "--points", "resid", "--out", out,
                "--batch-size", "4", "--mesh.data", "4", "--mesh.model", "2", "--max-seq-len", "48",
                "--progress", "false", "--forward", "exact"])
   assert code == 0 and f"{len(PROMPTS)} samples" in capsys.readouterr().out
@@ -194,6 +194,6 @@ def test_rerun_with_other_options_on_the_same_out_is_refused(baseline, tiny_ckpt
   """Resume only continues the same extraction: other options on a used --out fail naming the fields."""
   model, _, prompts = tiny_ckpt
   options = dict(BASE_OPTIONS, layers=(1, 2), forward="exact")
-  cfg = extract.ExtractConfig(model=model, prompts=prompts, out=baseline.url, batch_size=8, **options)
+  cfg = extract.ExtractConfig(hf=model, prompts=prompts, out=baseline.url, batch_size=8, **options)
   with pytest.raises(ValueError, match=r"holds another extraction \(differs in layers\)"):
     extract.run(cfg)

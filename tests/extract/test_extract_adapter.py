@@ -27,17 +27,17 @@ def test_extract_with_an_adapter_equals_the_merged_checkpoint(tiny_ckpt, tmp_pat
   peft_io.save_adapter(adapted, str(tmp_path / "adapter"), base_model=model_dir)
   hf_io.save(adapted, str(tmp_path / "merged"))  # a plain HF checkpoint of W + s * A B
   opts = dict(prompts=prompts, batch_size=8, **BASE_OPTIONS)
-  cfg = extract.ExtractConfig(model=model_dir, adapter=str(tmp_path / "adapter"), out=str(tmp_path / "a"), **opts)
+  cfg = extract.ExtractConfig(hf=model_dir, adapter=str(tmp_path / "adapter"), out=str(tmp_path / "a"), **opts)
   extract.run(cfg)
-  extract.run(extract.ExtractConfig(model=str(tmp_path / "merged"), out=str(tmp_path / "m"), **opts))
+  extract.run(extract.ExtractConfig(hf=str(tmp_path / "merged"), out=str(tmp_path / "m"), **opts))
   got, want = extract.open(str(tmp_path / "a")), extract.open(str(tmp_path / "m"))
   assert_same_dataset(got, want)
-  base, merged = (np.asarray(hf_io.load(d, mesh).layers[0].mlp.down_proj[...])
+  base, merged = (np.asarray(hf_io.load(d, mesh).layers.mlp.down_proj[...][0])
                   for d in (model_dir, str(tmp_path / "merged")))
   assert np.abs(merged - base).max() > 1e-2  # so the equality above says the adapter reached the forward
   assert json.loads((tmp_path / "a" / "run.json").read_text())["adapter"] == cfg.adapter
   with pytest.raises(ValueError, match="adapter"):
-    extract.run(extract.ExtractConfig(model=model_dir, out=str(tmp_path / "a"), **opts))
+    extract.run(extract.ExtractConfig(hf=model_dir, out=str(tmp_path / "a"), **opts))
   bad = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text()) | {"r": 3}
   (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps(bad))
   with pytest.raises(ValueError, match="extract.adapter=.*has shape") as e:

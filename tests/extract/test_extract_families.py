@@ -17,7 +17,7 @@ def test_sharded_captures_equal_transformers_block_outputs(hf_family, family, tm
   folder, hf_model = hf_family(family)
   prompts = tmp_path / "p.txt"
   prompts.write_text("\n".join(PROMPTS[:8]) + "\n")
-  extract.run(extract.ExtractConfig(model=folder, prompts=str(prompts), out=str(tmp_path / "out"), layers=(0, 1),
+  extract.run(extract.ExtractConfig(hf=folder, prompts=str(prompts), out=str(tmp_path / "out"), layers=(0, 1),
                                     points=("resid", "attn_out", "mlp_out"), batch_size=8, max_seq_len=112,
                                     progress=False, mesh=MeshConfig(data=4, model=2)))
   ds = extract.open(str(tmp_path / "out"))

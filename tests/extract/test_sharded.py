@@ -18,7 +18,7 @@ def test_sharded_equals_exact_within_tolerance_on_any_mesh(baseline, tiny_ckpt, 
   """float32: data=8, data=4 x model=2, fsdp=2 x model=4 all within TOLERANCE of the exact path."""
   model, _, prompts = tiny_ckpt
   out = f"memory://extract-tests/sharded-{'x'.join(map(str, mesh))}"
-  cfg = extract.ExtractConfig(model=model, prompts=prompts, out=out, batch_size=8, mesh=MeshConfig(*mesh),
+  cfg = extract.ExtractConfig(hf=model, prompts=prompts, out=out, batch_size=8, mesh=MeshConfig(*mesh),
                               **BASE_OPTIONS)
   assert cfg.forward == "sharded"
   extract.run(cfg)
@@ -34,7 +34,7 @@ def test_bf16_model_sharded_within_tolerance_of_exact(tmp_path, tiny_ckpt):
   runs = {}
   for forward, mesh in (("exact", (8, 1, 1)), ("sharded", (1, 2, 4))):
     out = f"memory://extract-tests/bf16model-{forward}"
-    extract.run(extract.ExtractConfig(model=folder, prompts=prompts, out=out, batch_size=8, forward=forward,
+    extract.run(extract.ExtractConfig(hf=folder, prompts=prompts, out=out, batch_size=8, forward=forward,
                                       mesh=MeshConfig(*mesh), dtype="bf16", **BASE_OPTIONS))
     runs[forward] = extract.open(out)
   assert_close_dataset(runs["sharded"], runs["exact"], TOLERANCE["bfloat16"])
@@ -45,11 +45,11 @@ def test_memory_plan_refuses_exact_and_sharded_fits_model_larger_than_budget(tin
   the sharded path on fsdp=2 x model=2 extracts it, equal to HF hidden states within tolerance."""
   model, hf_model, prompts = tiny_ckpt
   options = dict(BASE_OPTIONS, device_memory_bytes=BUDGET)
-  exact = extract.ExtractConfig(model=model, prompts=prompts, out="memory://extract-tests/budget-exact",
+  exact = extract.ExtractConfig(hf=model, prompts=prompts, out="memory://extract-tests/budget-exact",
                                 batch_size=4, forward="exact", mesh=MeshConfig(2, 2, 2), **options)
   with pytest.raises(ValueError, match=r"exceeds .* the largest part is gathered: use --forward sharded"):
     extract.run(exact)
-  sharded = extract.ExtractConfig(model=model, prompts=prompts, out="memory://extract-tests/budget-sharded",
+  sharded = extract.ExtractConfig(hf=model, prompts=prompts, out="memory://extract-tests/budget-sharded",
                                   batch_size=4, mesh=MeshConfig(2, 2, 2), **options)
   extract.run(sharded)
   ds = extract.open(sharded.out)
@@ -62,7 +62,7 @@ def test_memory_plan_refuses_exact_and_sharded_fits_model_larger_than_budget(tin
       got = ds[k][row][m]
       assert np.abs(got - want).max() <= TOLERANCE["float32"] * np.abs(want).max() + 1e-6, (row, k)
   with pytest.raises(ValueError, match=r"largest part is activations: lower --batch_size=64"):
-    extract.run(extract.ExtractConfig(model=model, prompts=prompts, out="memory://extract-tests/budget-big",
+    extract.run(extract.ExtractConfig(hf=model, prompts=prompts, out="memory://extract-tests/budget-big",
                                       batch_size=64, mesh=MeshConfig(2, 2, 2), **options))
 
 
@@ -78,7 +78,7 @@ def test_compiled_forward_gathers_one_block_at_a_time():
   from jaxpod.runtime.sharding import state_shardings
   mc = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=512, num_hidden_layers=8, num_attention_heads=4,
                    num_key_value_heads=2, max_position_embeddings=128)
-  cfg = extract.ExtractConfig(model="m", prompts="p", out="o", layers=(3, 7), batch_size=8, mesh=MeshConfig(1, 8, 1))
+  cfg = extract.ExtractConfig(hf="m", prompts="p", out="o", layers=(3, 7), batch_size=8, mesh=MeshConfig(1, 8, 1))
   mesh = runtime.make_mesh(1, 8, 1)
   with jax.set_mesh(mesh):
     _, state = nnx.split(model_lib.abstract(mc))

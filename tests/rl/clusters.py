@@ -14,16 +14,16 @@ SCRIPT = Path(__file__).parent / "workers" / "jaxpod_rl.py"
 # One-digit addition on a tiny policy: the smallest problem on which GRPO runs end to end. Held-out greedy accuracy
 # after a 200-step warm-up is memorization (0-50% by seed and CPU); what RL reliably lifts is a teacher's habit
 # (`period_policy`, tests/rl/conftest.py).
-TINY = ["--task.type", "addition", "--task.digits", "1", "--task.eval_size", "32",
+TINY = ["--problems.type", "addition", "--problems.digits", "1", "--problems.eval_size", "32",
         "--model.hidden_size", "64", "--model.intermediate_size", "128", "--model.num_hidden_layers", "2",
         "--rollout.max_prompt_len", "8", "--rollout.max_new_tokens", "4", "--rollout.batch_size", "64",
         "--rollout.eval_slots", "32", "--grpo.num_prompts_per_step", "8", "--grpo.num_generations", "8",
         "--grpo.lr", "3e-4", "--grpo.sample_prompts_per_step", "0", "--grpo.filter_groups", "false",
         "--rollout.temperature", "1.0", "--rollout.groups_per_file", "4", "--trainer.progress", "false"]
-# The calculator's episodes (`--task.type calculator`, two-digit factors) on the same tiny policy: the shapes of
+# The calculator's episodes (`--problems.type calculator`, two-digit factors) on the same tiny policy: the shapes of
 # `calculator_run` (its warm-up export is `calculator_policy`) and of the 2-host colocated test's episodes.
-CALCULATOR = ["--task.type", "calculator", "--task.digits", "2", "--task.eval_size", "32",
-              "--task.teacher_skip_tool", "0.6", "--model.hidden_size", "64", "--model.intermediate_size", "128",
+CALCULATOR = ["--problems.type", "calculator", "--problems.digits", "2", "--problems.eval_size", "32",
+              "--problems.teacher_skip_tool", "0.6", "--model.hidden_size", "64", "--model.intermediate_size", "128",
               "--model.num_hidden_layers", "2", "--rollout.max_prompt_len", "36", "--rollout.max_new_tokens", "12",
               "--rollout.batch_size", "64", "--rollout.eval_slots", "32", "--grpo.num_prompts_per_step", "8",
               "--grpo.num_generations", "8", "--grpo.sample_prompts_per_step", "0", "--grpo.filter_groups", "false",

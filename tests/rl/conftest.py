@@ -38,19 +38,19 @@ def period_policy(tmp_path_factory) -> str:
   it within 20 steps (measured over 4 seeds with 2 trainer and 2 rollout hosts: +0.19 to +0.63)."""
   import draccus
   from jaxpod.rl.config import RLConfig
-  from jaxpod.rl.run import run_dir, warmup_config
+  from jaxpod.rl.run import policy_spec, run_dir, warmup_config
   from jaxpod.train.trainer import train
-  cfg = draccus.parse(RLConfig, args=[*TINY, "--task.teacher_period", "0.5", "--warmup.steps", "200",
+  cfg = draccus.parse(RLConfig, args=[*TINY, "--problems.teacher_period", "0.5", "--warmup.steps", "200",
                                       "--warmup.batch_size", "32", "--warmup.lr", "3e-3",
                                       "--trainer.runs_dir", str(tmp_path_factory.mktemp("rl_period"))])
   folder = run_dir(cfg)
-  train(warmup_config(cfg, folder))
+  train(warmup_config(cfg, folder, policy_spec(cfg, folder)))
   return f"{folder}/warmup/hf"
 
 
 @pytest.fixture(scope="session")
 def calculator_run(tmp_path_factory) -> str:
-  """The run folder of a finished `jaxpod rl --task.type calculator` (colocated, 500 warm-up steps of a teacher that
+  """The run folder of a finished `jaxpod rl --problems.type calculator` (colocated, 500 warm-up steps of a teacher that
   skips the tool 60% of the time, then 10 GRPO steps on whole episodes, pass@2 held out)."""
   from jaxpod.cli.main import main
   runs = tmp_path_factory.mktemp("rl_calculator")

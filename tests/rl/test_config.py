@@ -11,8 +11,8 @@ from jaxpod.cli.main import main
     (["--rewards", "no_such_reward"], "rl.rewards: 'no_such_reward' is not a registered reward (boxed, exact_match, format, gsm8k)"),
     (["--rewards", "no_such_module:fn"], "rl.rewards: cannot import 'no_such_module:fn'"),
     (["--grpo.num_generations", "1"], "rl.grpo.num_generations=1: GRPO needs n >= 2 samples per prompt"),
-    (["--task.length", "20"], "rl.task prompts reach 27 tokens (e.g."),
-    (["--rollout.max_new_tokens", "3"], "rl.task turns need 7 tokens with EOS (e.g. on "),
+    (["--problems.length", "20"], "rl.problems prompts reach 27 tokens (e.g."),
+    (["--rollout.max_new_tokens", "3"], "rl.problems turns need 7 tokens with EOS (e.g. on "),
     (["--topology", "sideways"], "rl.topology='sideways'; use one of ('colocated', 'disaggregated')"),
     (["--role", "trainer"], "rl.role='trainer' needs --topology disaggregated"),
     (["--model.hf", "/no/such/checkpoint"], "model.hf=/no/such/checkpoint: no config.json there"),
@@ -41,7 +41,7 @@ def test_bad_configs_fail_before_any_jax_backend_starts(tmp_path):
 import sys
 from jaxpod.cli.main import main
 codes = [main(["rl", "--trainer.runs_dir", {str(tmp_path)!r}, *a]) for a in
-         (["--rewards", "nope"], ["--grpo.num_generations", "1"], ["--task.length", "20"])]
+         (["--rewards", "nope"], ["--grpo.num_generations", "1"], ["--problems.length", "20"])]
 from jax._src import xla_bridge
 print("RESULT", codes, bool(xla_bridge._backends))
 """
@@ -57,11 +57,11 @@ def test_help_lists_every_section(capsys):
 
 
 def test_another_task_type_keeps_the_default_sections_but_not_its_task_fields():
-  """`--task.type addition` on the embedded sort default: the addition task with its own defaults, the rest kept."""
+  """`--problems.type addition` on the embedded sort default: the addition task with its own defaults, the rest kept."""
   from jaxpod.cli.rl import load_config
   from jaxpod.problems.generated import AdditionProblems
-  default, addition = load_config([]), load_config(["--task.type", "addition", "--task.digits", "2"])
-  assert isinstance(addition.task, AdditionProblems) and addition.task.digits == 2
+  default, addition = load_config([]), load_config(["--problems.type", "addition", "--problems.digits", "2"])
+  assert isinstance(addition.problems, AdditionProblems) and addition.problems.digits == 2
   assert addition.grpo == default.grpo and addition.warmup == default.warmup and addition.rollout == default.rollout
 
 

@@ -1,4 +1,4 @@
-"""The `dataset` task: `jaxpod rl --task.type dataset --task.path FILE` trains on a user's prompt file,
+"""The `dataset` task: `jaxpod rl --problems.type dataset --problems.path FILE` trains on a user's prompt file,
 holds out part of it, and judges answers with the configured verifier."""
 import json
 from pathlib import Path
@@ -29,21 +29,22 @@ def _addition_file(path, messages: bool = False) -> str:
 def _dataset_args(path: str) -> list[str]:
   args = list(TINY)
   args[args.index("addition")] = "dataset"
-  at = args.index("--task.digits")
+  at = args.index("--problems.digits")
   del args[at:at + 2]
-  return [*args, "--task.path", path]
+  return [*args, "--problems.path", path]
 
 
 def test_task_type_dataset_parses_from_the_command_line(tmp_path):
   path = _addition_file(tmp_path / "p.jsonl")
-  cfg = draccus.parse(RLConfig, args=["--task.type", "dataset", "--task.path", path, "--task.prompt_column", "prompt",
-                                      "--task.verifier", "gsm8k"])
-  assert isinstance(cfg.task, DatasetProblems) and cfg.task.path == path and cfg.task.correct_reward == "gsm8k"
+  cfg = draccus.parse(RLConfig, args=["--problems.type", "dataset", "--problems.path", path,
+                                      "--problems.prompt_column", "prompt", "--problems.verifier", "gsm8k"])
+  assert isinstance(cfg.problems, DatasetProblems) and cfg.problems.path == path
+  assert cfg.problems.correct_reward == "gsm8k"
 
 
-@pytest.mark.parametrize("fields, message", [({"path": ""}, "rl.task.path is empty"),
+@pytest.mark.parametrize("fields, message", [({"path": ""}, "rl.problems.path is empty"),
                                              ({"prompt_format": "Q: {question}"}, "must contain {prompt}"),
-                                             ({"verifier": "regex"}, "rl.task.verifier='regex'")])
+                                             ({"verifier": "regex"}, "rl.problems.verifier='regex'")])
 def test_bad_dataset_fields_fail_in_one_line_naming_the_field(fields, message):
   with pytest.raises(ValueError, match=message):
     DatasetProblems(**{"path": "p.jsonl", **fields})
@@ -71,11 +72,11 @@ def test_the_verifier_decides_what_held_out_accuracy_counts(tmp_path):
 
 def test_message_prompts_use_model_hf_chat_template_unless_one_is_named(tmp_path):
   path = _addition_file(tmp_path / "p.jsonl", messages=True)
-  cfg = draccus.parse(RLConfig, args=["--task.type", "dataset", "--task.path", path, "--model.hf", "/ckpt"])
-  assert cfg.task.chat_template == "/ckpt"
-  cfg = draccus.parse(RLConfig, args=["--task.type", "dataset", "--task.path", path, "--model.hf", "/ckpt",
-                                      "--task.chat_template", "/other"])
-  assert cfg.task.chat_template == "/other"
+  cfg = draccus.parse(RLConfig, args=["--problems.type", "dataset", "--problems.path", path, "--model.hf", "/ckpt"])
+  assert cfg.problems.chat_template == "/ckpt"
+  cfg = draccus.parse(RLConfig, args=["--problems.type", "dataset", "--problems.path", path, "--model.hf", "/ckpt",
+                                      "--problems.chat_template", "/other"])
+  assert cfg.problems.chat_template == "/other"
 
 
 def test_a_bad_row_fails_in_one_line_naming_file_and_row(tmp_path, capsys):
@@ -105,7 +106,7 @@ def test_jaxpod_rl_trains_on_chat_message_prompts_from_a_file(tmp_path, warm_pol
   path = _addition_file(tmp_path / "p.jsonl", messages=True)
   (tmp_path / "template").mkdir()
   (tmp_path / "template" / "chat_template.jinja").write_text(PLAIN_TEMPLATE)
-  cfg = draccus.parse(RLConfig, args=[*_dataset_args(path), "--model.hf", warm_policy, "--task.chat_template",
+  cfg = draccus.parse(RLConfig, args=[*_dataset_args(path), "--model.hf", warm_policy, "--problems.chat_template",
                                       str(tmp_path / "template"), "--trainer.steps", "2", "--trainer.eval_every", "2",
                                       "--eval.k", "2", "--eval.samples", "4",
                                       "--trainer.runs_dir", str(tmp_path / "runs")])
@@ -130,4 +131,4 @@ def test_hosts_that_read_different_prompt_files_stop_at_setup_naming_the_host(la
   assert stale.returncode == 2, stale.transcript
   for h in (0, 1):
     (line,) = host_lines(stale, h, "REFUSED")
-    assert line.startswith("rl.task: trainer host(s) [1] read other problems from problems.jsonl than host 0")
+    assert line.startswith("rl.problems: trainer host(s) [1] read other problems from problems.jsonl than host 0")

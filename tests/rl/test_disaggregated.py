@@ -56,7 +56,7 @@ def test_colocated_calculator_episodes_on_two_hosts_over_the_bucket(bucket, calc
   warm = _upload(calculator_policy, f"{bucket}/warm")
   runs = f"{bucket}/runs"
   cluster = Cluster("colocated", [*CALCULATOR, "--trainer.runs_dir", runs, "--model.hf", warm, "--warmup.steps", "0",
-                                  "--task.eval_size", "8", "--rollout.eval_slots", "8", "--eval.k", "0",
+                                  "--problems.eval_size", "8", "--rollout.eval_slots", "8", "--eval.k", "0",
                                   "--trainer.steps", "3", "--trainer.eval_every", "3"], tmp_path, hosts=2)
   result = cluster.join()
   assert result.returncode == 0 and result.exit_codes == [0, 0], cluster.text()[-3000:]
@@ -101,13 +101,14 @@ def test_two_trainer_hosts_and_two_rollout_hosts_learn_over_the_bucket(bucket, p
   assert "host 1/2" in trainer.text() and "host 1/2" in worker.text()
 
 
-# `jaxpod rl --task.type calculator` from the session's calculator warm-up (`calculator_policy`: 500 steps imitating
+# `jaxpod rl --problems.type calculator` from the session's calculator warm-up (`calculator_policy`: 500 steps imitating
 # a teacher that skips the tool 60% of the time, tests/rl/conftest.py), whose episodes GRPO visibly improves within a
 # few dozen steps at lr 1e-3 (at the colocated test's 2e-3 this asynchronous run is unstable: single steps fell to
 # 0.05-0.09 and one CI run ended at 0.10); one queued file per worker: the trainer's pace is the workers' (with 8,
 # two workers queue 8 steps ahead and the trainer can finish before the killed worker's heartbeat is overdue).
 CALC_STEPS = 40
-CALC = ["--task.type", "calculator", "--task.digits", "2", "--task.eval_size", "8", "--task.teacher_skip_tool", "0.6",
+CALC = ["--problems.type", "calculator", "--problems.digits", "2", "--problems.eval_size", "8",
+        "--problems.teacher_skip_tool", "0.6",
         "--model.hidden_size", "64", "--model.intermediate_size", "128", "--model.num_hidden_layers", "2",
         "--rollout.max_prompt_len", "36", "--rollout.max_new_tokens", "12", "--rollout.batch_size", "64",
         "--rollout.eval_slots", "8", "--rollout.groups_per_file", "4", "--rollout.max_queued_files", "1",
@@ -123,7 +124,7 @@ CALC = ["--task.type", "calculator", "--task.digits", "2", "--task.eval_size", "
 @pytest.mark.multihost
 def test_calculator_episodes_learn_through_a_killed_worker_and_a_preempted_trainer(bucket, calculator_policy,
                                                                                    tmp_path):
-  """Invariant 9 for episodes and across failures (issue 35): `--task.type calculator --topology disaggregated`
+  """Invariant 9 for episodes and across failures (issue 35): `--problems.type calculator --topology disaggregated`
   runs, workers running the environment. A SIGKILLed worker is named within 30 s and the trainer goes on with the
   other; the restarted worker rejoins on the newest version; a SIGTERMed trainer saves, exits 143, and the same
   command resumes at the same policy version. Nothing the killed worker wrote is lost (every episode of its files
@@ -134,7 +135,7 @@ def test_calculator_episodes_learn_through_a_killed_worker_and_a_preempted_train
   import numpy as np
   from jaxpod.problems.environments import NO_VERSION
   from jaxpod.rl.disaggregated.worker import STREAM_BASE
-  from jaxpod.rl.rollout.groups import Batcher
+  from jaxpod.rl.batch import Batcher
   runs = f"{bucket}/runs"
   args = [*CALC, "--trainer.runs_dir", runs, "--model.hf", _upload(calculator_policy, f"{bucket}/warm")]
   trainer = Cluster("trainer", [*args, "--role", "trainer"], tmp_path)

@@ -12,8 +12,8 @@ from jaxpod.problems.base import Problem
 from jaxpod.problems.calculator import Calculator, calculate
 from jaxpod.problems.environments import NO_VERSION, Episode, environment_factory
 from jaxpod.rl import grpo
-from jaxpod.rl.rollout.episodes import TurnByTurn, episode_group, run_episodes
-from jaxpod.rl.rollout.groups import to_batch
+from jaxpod.policy.rollout.episodes import TurnByTurn, episode_group, run_episodes
+from jaxpod.rl.batch import to_batch
 from jaxpod.sample import SamplingParams
 
 TOK = ByteTokenizer()
@@ -242,8 +242,8 @@ def test_a_slow_tool_does_not_stall_the_other_episodes(through):
 
   problems = [Problem("a", ""), Problem("hi", "")]
   if through == "roller":
-    from jaxpod.rl.rollout.episodes import Episodes
-    from jaxpod.rl.rollout.roller import Roller
+    from jaxpod.policy.rollout.episodes import Episodes
+    from jaxpod.policy.rollout.roller import Roller
     Roller(sampler, TOK, None, n=2, seed=0, samples=Episodes(Slow, 3, 16, keep_kv=True, tool_workers=4)).run(problems)
   else:
     run_episodes(sampler, TOK, Slow, problems, n=2, max_turns=3, seed=0, max_context=16, keep_kv=True,
@@ -260,12 +260,12 @@ def test_rollout_keep_kv_false_reaches_the_episodes_and_the_roller_counts_the_pr
   from jaxpod.cli.rl import load_config
   from jaxpod.models.llama import Llama
   from jaxpod.problems.rewards import VerifiedProblems
-  from jaxpod.rl.rollout.episodes import Episodes, samples_for
-  from jaxpod.rl.rollout.roller import Roller
+  from jaxpod.policy.rollout.episodes import Episodes, samples_for
+  from jaxpod.policy.rollout.roller import Roller
   from tests.sample.sample_fixtures import small_sampler, tiny_sample_cfg
   for flag, keep in (([], True), (["--rollout.keep_kv", "false"], False)):
-    cfg = load_config(["--task.type", "calculator", *flag])
-    problems = VerifiedProblems(cfg.task, tuple(cfg.rewards), (), 0)
+    cfg = load_config(["--problems.type", "calculator", *flag])
+    problems = VerifiedProblems(cfg.problems, tuple(cfg.rewards), (), 0)
     assert samples_for(problems, cfg.rollout.max_prompt_len, cfg.rollout.keep_kv).keep_kv is keep
   model = Llama(tiny_sample_cfg(), rngs=nnx.Rngs(params=0))
   rollers = {keep: Roller(small_sampler(model, SamplingParams(temperature=1.0), max_prompt_len=16, max_new_tokens=3),
@@ -351,13 +351,13 @@ def test_a_warmup_demonstration_is_a_whole_episode_with_the_loss_on_the_teachers
 
 @pytest.mark.parametrize("args, message", [
     (["--rewards", "[format]"], "rl.rewards=['format']: the episodes of a multi-turn problem set (CalculatorProblems) are scored"),
-    (["--rollout.max_new_tokens", "12"], "rl.task turns need 16 tokens with EOS (e.g. on 'Compute "),
-    (["--rollout.max_prompt_len", "40"], "rl.task episodes continue from 47 tokens (prompt, turns and observations"),
-    (["--task.environment_name", "chess"], "rl.task.environment_name: 'chess' is not a registered environment")])
+    (["--rollout.max_new_tokens", "12"], "rl.problems turns need 16 tokens with EOS (e.g. on 'Compute "),
+    (["--rollout.max_prompt_len", "40"], "rl.problems episodes continue from 47 tokens (prompt, turns and"),
+    (["--problems.environment_name", "chess"], "rl.problems.environment_name: 'chess' is not a registered")])
 def test_a_multi_turn_config_that_cannot_run_fails_before_jax_naming_the_field(args, message):
   from jaxpod.cli.rl import load_config
   from jaxpod.rl import checks
-  cfg = load_config(["--task.type", "calculator", *args])
+  cfg = load_config(["--problems.type", "calculator", *args])
   with pytest.raises(ValueError) as e:
     checks.before_jax(cfg)
   assert str(e.value).startswith(message), e.value
@@ -366,7 +366,7 @@ def test_a_multi_turn_config_that_cannot_run_fails_before_jax_naming_the_field(a
 
 @pytest.mark.slow
 def test_jaxpod_rl_on_the_calculator_raises_the_reward_of_its_episodes(calculator_run):
-  """`jaxpod rl --task.type calculator`, colocated: the warm-up imitates a teacher that skips the tool 60% of the
+  """`jaxpod rl --problems.type calculator`, colocated: the warm-up imitates a teacher that skips the tool 60% of the
   time; GRPO on whole episodes (loss on the policy's tokens only) makes the policy call the calculator and copy
   its value, so the episode reward of the last steps is well above the first steps'. Held-out accuracy and
   pass@k are measured on whole episodes.
@@ -392,7 +392,7 @@ def test_the_multi_turn_examples_report_held_out_pass_at_1_over_sampled_episodes
   """The number a user of the examples reads: greedy episodes already call the tool, so their summary also holds
   pass@1 over sampled episodes (4 per held-out problem, at the rollout temperature), from the one evaluator."""
   from jaxpod.cli.rl import load_config
-  cfg = load_config(["--task.type", task])
+  cfg = load_config(["--problems.type", task])
   assert cfg.eval.k == 4 and cfg.eval.n == 4 and cfg.rollout.temperature == 1.0
 
 
@@ -401,7 +401,7 @@ def test_a_single_turn_sample_is_a_one_turn_request_and_a_multi_turn_one_an_epis
   groups are scored by the reward plugins, with the engine's n samples of one request per problem."""
   from jaxpod.problems import AdditionProblems, CalculatorProblems
   from jaxpod.problems.rewards import VerifiedProblems
-  from jaxpod.rl.rollout.episodes import Episodes, OneTurn, request_seed, samples_for
+  from jaxpod.policy.rollout.episodes import Episodes, OneTurn, request_seed, samples_for
   one = samples_for(VerifiedProblems(AdditionProblems(), ("exact_match",), (), 0), max_context=16)
   many = samples_for(VerifiedProblems(CalculatorProblems(max_turns=4), ("exact_match",), (), 0), max_context=48)
   assert isinstance(one, OneTurn) and isinstance(many, Episodes)

@@ -6,17 +6,17 @@ import pytest
 # the synthetic example cut to 2 turns (<= 20 + 16 + 16 tokens of context): fewer engine programs to compile, still a
 # re-prefilled turn
 TOY = ("--grpo.num_prompts_per_step", "2", "--grpo.sample_prompts_per_step", "2", "--grpo.num_generations", "2",
-       "--grpo.filter_groups", "false", "--task.max_turns", "2", "--rollout.max_prompt_len", "64",
+       "--grpo.filter_groups", "false", "--problems.max_turns", "2", "--rollout.max_prompt_len", "64",
        "--rollout.max_new_tokens", "16", "--rollout.batch_size", "4",
-       "--rollout.eval_slots", "4", "--rollout.groups_per_file", "2", "--task.eval_size", "4", "--eval.k", "0")
+       "--rollout.eval_slots", "4", "--rollout.groups_per_file", "2", "--problems.eval_size", "4", "--eval.k", "0")
 
 
 @pytest.mark.slow
 def test_bench_rl_episodes_times_kept_and_whole_rl_steps_on_the_same_episodes(tmp_path):
-  from jaxpod.bench.rl_episodes import run
-  from jaxpod.bench.rl_step import save_policy
-  from jaxpod.rl.config import RLModelConfig
-  small = RLModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, max_position_embeddings=256)
+  from jaxpod.bench.rl.episodes import run
+  from jaxpod.bench.rl.step import save_policy
+  from jaxpod.policy.spec import PolicyModelConfig
+  small = PolicyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, max_position_embeddings=256)
   policy = save_policy(small.llama(), str(tmp_path))  # a random policy instead of a warm-up (not what is measured)
   out = run(str(tmp_path / "b.json"), steps=3, repeats=1, examples=("synthetic",), shapes=TOY, policy=policy)
   saved = json.loads((tmp_path / "b.json").read_text())

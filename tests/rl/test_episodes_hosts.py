@@ -1,4 +1,4 @@
-"""Episodes on 2 launched hosts whose tools finish in different orders (`rl.rollout.episodes`)."""
+"""Episodes on 2 launched hosts whose tools finish in different orders (`policy.rollout.episodes`)."""
 from pathlib import Path
 
 import pytest

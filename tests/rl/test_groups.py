@@ -5,8 +5,9 @@ from jaxpod.models.llama.tokenizer import ByteTokenizer
 from jaxpod.problems import AdditionProblems
 from jaxpod.problems.base import Problem
 from jaxpod.problems.rewards import VerifiedProblems
-from jaxpod.rl.rollout.episodes import group
-from jaxpod.rl.rollout.groups import Batcher, Group
+from jaxpod.policy.rollout.episodes import group
+from jaxpod.policy.rollout.groups import Group
+from jaxpod.rl.batch import Batcher
 from jaxpod.sample.tokens import Completion
 
 TOK = ByteTokenizer(add_bos=False)  # completions carry no BOS

@@ -109,7 +109,7 @@ def test_token_logprobs_renormalise_over_the_tokens_the_filter_keeps(sp):
 
 
 def _group(versions, rewards):
-  from jaxpod.rl.rollout.groups import Group
+  from jaxpod.policy.rollout.groups import Group
   from jaxpod.problems.base import Problem
   n, k = len(rewards), len(versions)  # every sample: one token per version
   return Group(Problem("1+1=", "2"), [256], [[50] * k] * n, [[-0.5] * k] * n, [list(versions)] * n, [True] * n,
@@ -178,7 +178,7 @@ def test_a_batch_gives_up_after_max_rounds_of_uniform_groups_in_both_topologies(
   assert isinstance(colocated.value, ValueError) and "\n" not in pick["starved"]
   assert pick["starved"].startswith("rl: grpo.filter_groups dropped 11 of the 12 groups judged for step 6 because "
                                     "every sample got the same reward (mean 0.00: the policy fails")
-  for knob in ("warmup.steps", "(rewards)", "--task", "grpo.filter_groups false", "raise grpo.max_sampling_rounds"):
+  for knob in ("warmup.steps", "(rewards)", "--problems", "grpo.filter_groups false", "raise grpo.max_sampling_rounds"):
     assert knob in pick["starved"]
   fill = cfg.batch_fill(5)
   for name, why in (("w0", "stale"), ("w0", "uniform"), ("w1", "uniform"), ("w1", "uniform")):
@@ -222,10 +222,10 @@ def test_a_colocated_buffer_that_ended_raises_solved_and_checkpoints_the_start_o
   trainer's next batch is the `Solved` itself."""
   import draccus
   from jaxpod.rl.config import RLConfig
-  from jaxpod.rl.run import batch_source
+  from jaxpod.rl.run import batch_source, policy_spec
   from tests.rl.clusters import TINY
   cfg = draccus.parse(RLConfig, args=[*TINY, "--trainer.runs_dir", str(tmp_path)])
-  buffer = batch_source(cfg, str(tmp_path / "run"), None)
+  buffer = batch_source(cfg, str(tmp_path / "run"), policy_spec(cfg, str(tmp_path / "run")))
   buffer.trained, buffer.ready_from, buffer.cursor = 5, 640, 640 + 8 * 128  # 8 rounds drawn for batch 6, none full
   buffer.ended = grpo.Solved("rl: the policy solves its training problems")
   assert buffer.get_state() == {"trained": 5, "cursor": 640}
@@ -388,16 +388,17 @@ def test_jaxpod_rl_flags_reach_the_trainers_loss_and_metrics(tmp_path):
   import draccus
   from flax import nnx
   from jaxpod.rl.config import RLConfig
+  from jaxpod.policy.spec import PolicySpec
+  from jaxpod.rl.grpo_task import GRPOTask
   from jaxpod.rl.run import grpo_config
   from tests.rl.clusters import TINY
   cfg = draccus.parse(RLConfig, args=[*TINY, "--grpo.tis", "token", "--grpo.tis_cap", "1.5", "--grpo.mis", "token",
                                       "--grpo.mis_low", "0.25", "--grpo.mis_high", "4"])
-  train_cfg = grpo_config(cfg, str(tmp_path), None, source=object())
-  task = train_cfg.task.build(train_cfg)
+  task = GRPOTask(grpo_config(cfg, str(tmp_path), PolicySpec(cfg.model)), source=None)  # a random start, no batches
   graphdef, shapes, buffers = task.abstract_model(0)
   rng = np.random.default_rng(6)
   params = jax.tree.map(lambda x: rng.normal(0, 0.1, x.shape).astype(x.dtype), shapes)  # no jitted random init
-  rows, length = 4, cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens
+  rows, length = 4, cfg.rollout.cache_len
   tokens = rng.integers(0, 256, (rows, length)).astype(np.int32)
   loss_mask = np.zeros((rows, length), np.int32)
   loss_mask[:, 8:length - 1] = 1  # completion tokens, target-aligned
@@ -457,7 +458,7 @@ def test_trimmed_rows_give_the_same_loss_and_gradient(norm):
   from flax import nnx
   from jaxpod.models.llama import model as llama
   from jaxpod.models.llama.config import LlamaConfig
-  from jaxpod.rl.rollout.groups import Batcher
+  from jaxpod.rl.batch import Batcher
   from tests.rl.test_groups import _random_groups
   cfg = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                     num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=False)

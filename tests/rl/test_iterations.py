@@ -14,12 +14,13 @@ def _setup(tmp_path, *flags):
   """(task, graphdef, a fresh TrainState, the run's RolloutConfig) of the TINY config with `flags`, no jitted init."""
   import draccus
   from jaxpod.rl.config import RLConfig
+  from jaxpod.policy.spec import PolicySpec
+  from jaxpod.rl.grpo_task import GRPOTask
   from jaxpod.rl.run import grpo_config
   from jaxpod.train.state import TrainState
   from tests.rl.clusters import TINY
   cfg = draccus.parse(RLConfig, args=[*TINY, *flags])
-  train_cfg = grpo_config(cfg, str(tmp_path), None, source=object())
-  task = train_cfg.task.build(train_cfg)
+  task = GRPOTask(grpo_config(cfg, str(tmp_path), PolicySpec(cfg.model)), source=None)  # a random start, no batches
   graphdef, shapes, buffers = task.abstract_model(0)
   rng = np.random.default_rng(6)
   params = jax.tree.map(lambda x: jnp.asarray(rng.normal(0, 0.1, x.shape).astype(x.dtype)), shapes)

@@ -8,7 +8,7 @@ import re
 
 def test_long_workload_rows_and_tokenizer_are_the_same_on_both_sides(tmp_path):
   from transformers import AutoTokenizer
-  from jaxpod.bench.rl_long import SIZES, build, train_tokenizer
+  from jaxpod.bench.rl.long import SIZES, build, train_tokenizer
   from jaxpod.models.llama.tokenizer import load_tokenizer
   w = dataclasses.replace(SIZES["small"], problems=30, sft=60, vocab=320)
   paths = build(str(tmp_path / "data"), w)

@@ -9,8 +9,8 @@ from flax import nnx
 
 from jaxpod.models.llama import hf_io, init, lora
 from jaxpod.models.llama.config import LlamaConfig
-from jaxpod.rl.config import RLModelConfig, RolloutConfig
-from jaxpod.rl.policy import PolicySpec
+from jaxpod.policy.spec import PolicyModelConfig, PolicySpec
+from jaxpod.rl.config import RLLoraConfig, RolloutConfig
 from jaxpod.runtime import make_mesh
 from jaxpod.sample.layout import param_bytes
 from tests.conftest import compiles as compile_log
@@ -47,7 +47,7 @@ def test_only_adapters_go_on_the_wire(tmp_path, mode):
   base_url, model, adapters = _trainer(tmp_path, mesh)
   base_bytes = param_bytes(nnx.state(model, nnx.Not(nnx.LoRAParam)))
   cfg = TransferConfig(mode=mode, coordinator="filesystem", folder=str(tmp_path / "weights"))
-  policy = PolicySpec(RLModelConfig(), None, lora.lora_config(model), base_url)
+  policy = PolicySpec(PolicyModelConfig(), base_url, RLLoraConfig(rank=lora.lora_config(model).rank))
   with create_server(cfg) as server, create_client(cfg) as raw:
     _, like, client = worker_side(policy, LLAMA, mesh, raw)
     moved = _moved(adapters)
@@ -69,13 +69,13 @@ def test_adapter_publish_changes_outputs_without_recompiling(tmp_path):
   into its engine between generations with no new compilation (publish, fetch, swap and generate counted), its
   outputs CHANGE (the classic silent failure: an adapter that never reaches the engine), and every token
   carries the new version."""
+  from jaxpod.policy.engine import make_sampler
   from jaxpod.rl.adapters import worker_side
-  from jaxpod.rl.rollout.roller import make_sampler
   from jaxpod.transfer import TransferConfig, create_client, create_server
   mesh = make_mesh(devices=jax.devices()[:1])
   base_url, model, adapters = _trainer(tmp_path, mesh)
   cfg = TransferConfig(mode="checkpoint", coordinator="filesystem", folder=str(tmp_path / "weights"))
-  policy = PolicySpec(RLModelConfig(), None, lora.lora_config(model), base_url)
+  policy = PolicySpec(PolicyModelConfig(), base_url, RLLoraConfig(rank=lora.lora_config(model).rank))
   rollout = RolloutConfig(batch_size=8, eval_slots=8, max_prompt_len=8, max_new_tokens=6, temperature=1.0)
   with create_server(cfg) as server, create_client(cfg) as raw:
     graphdef, like, client = worker_side(policy, LLAMA, mesh, raw)
@@ -118,12 +118,12 @@ def test_grpo_with_lora_trains_the_adapters_and_references_the_base(warm_policy,
   assert last["lr"] == pytest.approx(5 * 3e-4 * 2 / 5)  # lr_scale 5; step 3: 2/5 of the 5 warm-up batches
   adapter_cfg = json.load(open(f"{folder}/adapter/adapter_config.json"))
   assert adapter_cfg["r"] == 1 and adapter_cfg["base_model_name_or_path"] == warm_policy
-  from jaxpod.rl.run import grpo_config
-  task = grpo_config(cfg, folder, warm_policy, source=object()).task.build(grpo_config(cfg, folder, warm_policy,
-                                                                                       source=object()))
+  from jaxpod.rl.grpo_task import GRPOTask
+  from jaxpod.rl.run import grpo_config, policy_spec
+  task = GRPOTask(grpo_config(cfg, folder, policy_spec(cfg, folder)), source=None)
   assert task.updates_per_batch == 1
   default = draccus.parse(RLConfig, args=[*TINY, "--model.hf", warm_policy, "--lora.rank", "1"])
-  assert grpo_config(default, folder, warm_policy, source=object()).task.build(None).updates_per_batch == 2
+  assert GRPOTask(grpo_config(default, folder, policy_spec(default, folder)), source=None).updates_per_batch == 2
   _, params, buffers = task.abstract_model(0)
   assert all(isinstance(v, nnx.LoRAParam) for _, v in nnx.to_flat_state(params))
   assert not any(isinstance(v, nnx.LoRAParam) for _, v in nnx.to_flat_state(buffers))
@@ -131,7 +131,7 @@ def test_grpo_with_lora_trains_the_adapters_and_references_the_base(warm_policy,
   # what `jaxpod bench rl --lora-rank` reports: the trainer's peak memory, and the train state by part
   summary = json.load(open(f"{folder}/summary.json"))
   assert summary["memory"]["host_peak_rss_bytes"] > param_bytes(buffers)
-  from jaxpod.bench.rl_lora import train_state_bytes
+  from jaxpod.bench.rl.lora import train_state_bytes
   args = [*TINY, "--model.hf", warm_policy, "--trainer.runs_dir", str(tmp_path)]
   full, lora1 = train_state_bytes([*args, "--grpo.beta", "0.05"]), train_state_bytes([*args, "--lora.rank", "1"])
   model = param_bytes(buffers)
@@ -147,6 +147,7 @@ def test_lora_b_lr_ratio_scales_only_the_b_updates_of_grpo(tmp_path):
   import draccus
   import jax.numpy as jnp
   from jaxpod.rl.config import RLConfig
+  from jaxpod.rl.grpo_task import GRPOTask
   from jaxpod.rl.run import grpo_config
   from tests.rl.clusters import TINY
 
@@ -155,7 +156,7 @@ def test_lora_b_lr_ratio_scales_only_the_b_updates_of_grpo(tmp_path):
 
   def updates(*flags):
     cfg = draccus.parse(RLConfig, args=[*TINY, "--lora.rank", "1", *flags])
-    tx, _ = grpo_config(cfg, str(tmp_path), base_url, source=object()).task.build(None).optimizer()
+    tx, _ = GRPOTask(grpo_config(cfg, str(tmp_path), PolicySpec(cfg.model, base_url, cfg.lora)), None).optimizer()
     grads = {"lora_a": jnp.full((4, 1), 0.5), "lora_b": jnp.full((1, 4), 0.5)}
     state = tx.init(grads)
     for _ in range(2):  # the first step's lr is 0 (the 5-step warm-up starts at 0)

@@ -82,7 +82,7 @@ def test_the_environment_is_minimal_and_the_same_program_gives_the_same_observat
 
 def test_the_python_environment_runs_programs_and_rewards_the_right_answer():
   """An episode through the real loop: a program run in the sandbox, its output, the copied answer."""
-  from jaxpod.rl.rollout.episodes import TurnByTurn, run_episodes
+  from jaxpod.policy.rollout.episodes import TurnByTurn, run_episodes
   env = PythonTool(FAST)
   problem = Problem("Compute 12*34.\n", "408")
   assert env.reset(problem) == problem.prompt
@@ -112,8 +112,8 @@ def test_jaxpod_rl_task_type_python_parses_and_its_teacher_episodes_fit():
   from jaxpod.cli.rl import load_config
   from jaxpod.problems.environments import demonstration
   from jaxpod.rl import checks
-  cfg = load_config(["--task.type", "python"])
-  assert isinstance(cfg.task, PythonProblems) and cfg.task.teacher_skip_tool == 0.6
+  cfg = load_config(["--problems.type", "python"])
+  assert isinstance(cfg.problems, PythonProblems) and cfg.problems.teacher_skip_tool == 0.6
   checks.before_jax(cfg)
   task = PythonProblems(digits=4)
   problem = task.problem(0, 1, 0)
@@ -122,7 +122,7 @@ def test_jaxpod_rl_task_type_python_parses_and_its_teacher_episodes_fit():
   assert TOK.decode(e.context()) == (f"{problem.prompt}print({a}*{b}){TOK.decode([257])}{problem.answer}\n"
                                      f"{problem.answer}{TOK.decode([257])}")
   assert e.solved
-  with pytest.raises(ValueError, match=r"rl.task: sandbox memory_mb=16 must be >= 64"):
+  with pytest.raises(ValueError, match=r"rl.problems: sandbox memory_mb=16 must be >= 64"):
     PythonProblems(memory_mb=16)
 
 

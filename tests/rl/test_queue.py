@@ -4,7 +4,8 @@ import pytest
 
 from jaxpod.problems.environments import NO_VERSION
 from jaxpod.rl.disaggregated.queue import Consumed, Queue, _metadata, file_name, from_bytes, to_bytes
-from jaxpod.rl.rollout.groups import Group, to_batch
+from jaxpod.policy.rollout.groups import Group
+from jaxpod.rl.batch import to_batch
 from jaxpod.problems.base import Problem
 
 

@@ -21,7 +21,7 @@ def test_grpo_from_a_family_checkpoint_is_on_policy_and_exports_the_family(hf_fa
   from jaxpod.runtime import make_mesh
   folder, _ = hf_family(family)
   cfg = draccus.parse(RLConfig, args=[*TINY, "--model.hf", folder, "--trainer.steps", "1", "--trainer.eval_every",
-                                      "1", "--task.eval_size", "8", "--trainer.runs_dir", str(tmp_path)])
+                                      "1", "--problems.eval_size", "8", "--trainer.runs_dir", str(tmp_path)])
   summary = run(cfg)
   out = run_dir(cfg)
   steps = [r for r in read_metrics(f"{out}/train") if "logprob_gap" in r]

@@ -52,7 +52,7 @@ def test_a_profile_knows_when_its_dots_are_untraced():
   """Eigen's dots run asynchronously and a trace holds only their dispatch: the bench profiles must say so (a
   matmul share of ~2% was printed as fact). An empty YNN list means Eigen; a non-empty one, none, or an
   accelerator backend means the dots are timed; the last flag given wins, as in XLA."""
-  from jaxpod.bench.sample_profile import eigen_dots
+  from jaxpod.bench.common import eigen_dots
   assert eigen_dots(jaxpod.CPU_DOT_FLAG, "cpu")
   assert eigen_dots(f"--xla_dump_to=/tmp/x {jaxpod.CPU_DOT_FLAG}", "cpu")
   assert not eigen_dots("--xla_cpu_experimental_ynn_fusion_type=dot", "cpu")

@@ -33,6 +33,15 @@ def test_data_parallel_size_counts_fsdp():
   assert MeshConfig(data=-1, fsdp=2, model=2).data_parallel_size(16) == 8
 
 
+def test_a_meshs_data_parallel_size_is_data_times_fsdp():
+  """`data_parallel(mesh)`: what a batch splits over, the same count `MeshConfig.data_parallel_size` gives before the
+  devices exist; a mesh without an fsdp axis counts it 1."""
+  from jax.sharding import AbstractMesh
+  from jaxpod.runtime.mesh import data_parallel
+  assert data_parallel(AbstractMesh((2, 4, 1), ("data", "fsdp", "model"))) == MeshConfig(2, 4, 1).data_parallel_size(8)
+  assert data_parallel(AbstractMesh((2, 4), ("data", "model"))) == 2
+
+
 def test_rules_refuse_a_mesh_axis_used_twice():
   with pytest.raises(ValueError, match="maps mesh axis 'fsdp' twice .*'batch'.*'embed'"):
     DEFAULT_RULES.spec(("batch", "embed"))

@@ -3,7 +3,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxpod.models.llama import ByteTokenizer, tiny
+from jaxpod.models.llama import ByteTokenizer, stack, tiny
 from jaxpod.runtime import make_mesh
 from jaxpod.sample import EngineConfig, Sampler, SamplingParams, lockstep as lockstep_engine
 
@@ -23,7 +23,7 @@ def tiny_sample_cfg(**kw):
 
 def lockstep(model, sp, new=10):
   """The lock-step engine's completions of IDS (seeds SEEDS), all prompts in one chunk of 8 rows."""
-  graphdef, params = nnx.split(model)
+  graphdef, params = nnx.split(stack.unstacked(model))  # the engine's form: a block per layer
   ec = EngineConfig(batch_size=8, max_prompt_len=32, max_new_tokens=new)
   tokens, lengths, seeds = np.zeros((8, 32), np.int32), np.ones((8,), np.int32), np.zeros((8,), np.uint32)
   for i, row in enumerate(IDS):

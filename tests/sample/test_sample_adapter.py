@@ -24,7 +24,7 @@ def test_sample_with_an_adapter(tiny_ckpt, tmp_path):
   peft_io.save_adapter(adapted, str(tmp_path / "adapter"), base_model=tiny_ckpt)
   prompts = tmp_path / "p.txt"
   prompts.write_text("\n".join(PROMPTS[:4]) + "\n")
-  cfg = SampleConfig(model=tiny_ckpt, adapter=str(tmp_path / "adapter"), prompts=str(prompts),
+  cfg = SampleConfig(hf=tiny_ckpt, adapter=str(tmp_path / "adapter"), prompts=str(prompts),
                      out=str(tmp_path / "o.jsonl"), max_new_tokens=6, batch_size=8, max_prompt_len=32)
   run(cfg)
   rows = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from jaxpod.bench.sample import run
-from jaxpod.bench.sample_profile import eigen_dots
+from jaxpod.bench.sample.command import run
+from jaxpod.bench.common import eigen_dots
 
 ENGINES = {"continuous", "continuous_slots", "continuous_paged", "lockstep", "hf_generate"}
 

@@ -86,7 +86,7 @@ def test_run_writes_jsonl_once(tiny_ckpt, tmp_path):
   prompts = tmp_path / "p.jsonl"
   prompts.write_text("".join(json.dumps({"prompt": p, **({"seed": 9} if i == 0 else {})}) + "\n"
                              for i, p in enumerate(PROMPTS)))
-  cfg = SampleConfig(model=tiny_ckpt, prompts=str(prompts), out=str(tmp_path / "o.jsonl"), max_new_tokens=6,
+  cfg = SampleConfig(hf=tiny_ckpt, prompts=str(prompts), out=str(tmp_path / "o.jsonl"), max_new_tokens=6,
                      batch_size=8, max_prompt_len=32, mesh=MeshConfig(data=4, model=2), weight_version="v1")
   run(cfg)
   rows = [json.loads(l) for l in (tmp_path / "o.jsonl").read_text().splitlines()]
@@ -105,7 +105,7 @@ def test_cli_smoke(tiny_ckpt, tmp_path):
   import subprocess
   import sys
   (tmp_path / "p.txt").write_text("hello\nworld\n")
-  base = [sys.executable, "-m", "jaxpod.cli.main", "sample", "--model", tiny_ckpt, "--prompts",
+  base = [sys.executable, "-m", "jaxpod.cli.main", "sample", "--hf", tiny_ckpt, "--prompts",
           str(tmp_path / "p.txt"), "--out", str(tmp_path / "o.jsonl")]
   r = subprocess.run(base + ["--max-new-tokens", "3", "--batch-size", "8"], capture_output=True, text=True,
                      timeout=120)

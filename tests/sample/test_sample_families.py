@@ -52,7 +52,7 @@ def runs(hf_family, tmp_path_factory):
 def _jaxpod_sample(folder, tmp):
   """`jaxpod sample` (slots layout) of PROMPTS (no tokenizer files: bytes, as IDS): its JSONL rows."""
   (tmp / "p.txt").write_text("".join(p + "\n" for p in PROMPTS))
-  cfg = SampleConfig(model=folder, prompts=str(tmp / "p.txt"), out=str(tmp / "o.jsonl"), max_new_tokens=NEW,
+  cfg = SampleConfig(hf=folder, prompts=str(tmp / "p.txt"), out=str(tmp / "o.jsonl"), max_new_tokens=NEW,
                      batch_size=8, max_prompt_len=32, stop_token_ids=(STOP,), kv_layout="slots",
                      mesh=MeshConfig(data=4, model=2))
   run(cfg)
@@ -113,7 +113,7 @@ def test_jaxpod_sample_renders_message_prompts_with_the_checkpoints_chat_templat
            [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]]
   lines = [json.dumps({"messages": m}) for m in chats] + [json.dumps({"prompt": "plain text"})]
   (tmp_path / "p.jsonl").write_text("\n".join(lines) + "\n")
-  run(SampleConfig(model=str(ckpt), prompts=str(tmp_path / "p.jsonl"), out=str(tmp_path / "o.jsonl"),
+  run(SampleConfig(hf=str(ckpt), prompts=str(tmp_path / "p.jsonl"), out=str(tmp_path / "o.jsonl"),
                    max_new_tokens=NEW, batch_size=8, max_prompt_len=96, mesh=MeshConfig(data=8)))
   rows = [json.loads(l) for l in (tmp_path / "o.jsonl").read_text().splitlines()]
   hf_tok = AutoTokenizer.from_pretrained(str(ckpt), local_files_only=True)

@@ -58,7 +58,7 @@ def _records(path):
 
 def _reference(ckpt, prompts, folder):
   ref = folder / "ref.jsonl"
-  run(SampleConfig(model=ckpt, prompts=str(prompts), out=str(ref), mesh=MeshConfig(data=4, model=2), **SAMPLING))
+  run(SampleConfig(hf=ckpt, prompts=str(prompts), out=str(ref), mesh=MeshConfig(data=4, model=2), **SAMPLING))
   return _records(ref)
 
 

@@ -78,7 +78,7 @@ def test_the_dpo_reference_is_sharded_like_the_policy_over_fsdp(tmp_path):
   task = make_task(load_config(["--task.type", "preference", "--task.loss.kind", "dpo",
                                 "--trainer.runs_dir", str(tmp_path)]))
   abstract = st.abstract_state(st.make_init_fn(task, task.optimizer()[0], 0, 64))
-  sh = st.state_shardings(abstract, AbstractMesh((1, 4, 1), ("data", "fsdp", "model")))
+  sh = st.train_state_shardings(abstract, AbstractMesh((1, 4, 1), ("data", "fsdp", "model")))
   policy = [s.spec for s in jax.tree.leaves(sh.params)]
   reference = [s.spec for s in jax.tree.leaves(sh.buffers["ref"])]
   assert reference == policy
@@ -161,7 +161,7 @@ def test_the_builtin_default_reports_held_out_exact_match_at_start_and_end(defau
 def test_the_defaults_warm_up_is_rls_warmup_task_and_a_preempted_one_resumes(default_run):
   """The default warms up with `jaxpod rl`'s WarmupTask (the trainer, in the data cache, invariant 8): preempted
   at step 1, it holds a checkpoint of step 2, and the preference run resumes it there rather than starting over."""
-  from jaxpod.rl.train_tasks import WarmupTaskConfig
+  from jaxpod.policy.warmup import WarmupTaskConfig
   folder, warm, _ = default_run
   assert isinstance(warm.task, WarmupTaskConfig) and warm.task.problems.problem_set.teacher_dedup == 0.7
   assert warm.task.warmup.steps == 3 and warm.task.warmup.grad_clip == 0.0

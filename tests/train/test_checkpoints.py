@@ -171,3 +171,46 @@ def test_verify_memory_is_bounded_by_a_leaf_not_the_state(tmp_path, mesh):
   growth = measured["growth"]
   assert growth < 16 * leaf, f"verify grew resident memory by {growth / 2**20:.0f} MiB for {leaf / 2**20:.0f} MiB leaves"
   assert measured["whole"] > 48 * leaf  # the measurement sees a whole-state restore
+
+
+def test_a_checkpoint_of_per_layer_leaves_restores_into_the_stacked_layers(tmp_path, mesh):
+  """A run saved before the decoder's layers were stacked (`params/layers/<i>/w`) resumes into today's stacked leaf
+  (`params/layers/w` [L, ...]) with the same values, placed like the target; a layer missing is a mismatch."""
+  from jaxpod.io.checkpoints import CheckpointMismatch
+  rows = NamedSharding(mesh, PartitionSpec(None, "data"))
+  layers = [np.full((8, 4), float(i), np.float32) for i in range(3)]
+  old = {"params": {"layers": {str(i): {"w": jax.device_put(w, NamedSharding(mesh, PartitionSpec("data")))}
+                               for i, w in enumerate(layers)}, "norm": jnp.ones((4,))}}
+  ckpt = Checkpointer(CheckpointConfig(dir=str(tmp_path / "ck")))
+  ckpt.save(7, old, {"next_index": 7})
+  ckpt.close()
+  target = {"params": {"layers": {"w": jax.ShapeDtypeStruct((3, 8, 4), jnp.float32, sharding=rows)},
+                       "norm": jax.ShapeDtypeStruct((4,), jnp.float32)}}
+  ckpt = Checkpointer(CheckpointConfig(dir=str(tmp_path / "ck")))
+  step, state, data = ckpt.restore(target)
+  ckpt.close()
+  assert (step, data) == (7, {"next_index": 7})
+  w = state["params"]["layers"]["w"]
+  np.testing.assert_array_equal(np.asarray(w), np.stack(layers))
+  assert w.sharding.is_equivalent_to(rows, 3)
+  target["params"]["layers"]["w"] = jax.ShapeDtypeStruct((4, 8, 4), jnp.float32, sharding=rows)  # one layer more
+  ckpt = Checkpointer(CheckpointConfig(dir=str(tmp_path / "ck")))
+  with pytest.raises(CheckpointMismatch, match="params/layers/w"):
+    ckpt.restore(target)
+  ckpt.close()
+
+
+def test_a_bf16_checkpoint_resumes_into_float32_master_weights(tmp_path, mesh):
+  """Turning on float32 master weights (`model.param_dtype: float32`) for a run saved in bf16 resumes it: each leaf
+  comes back in the target's dtype with the saved values (bf16 -> float32 is exact)."""
+  rows = NamedSharding(mesh, PartitionSpec("data"))
+  saved = jnp.asarray(np.linspace(-3, 3, 32).reshape(8, 4), jnp.bfloat16)
+  ckpt = Checkpointer(CheckpointConfig(dir=str(tmp_path / "ck")))
+  ckpt.save(3, {"params": {"w": jax.device_put(saved, rows)}}, {"next_index": 3})
+  ckpt.close()
+  ckpt = Checkpointer(CheckpointConfig(dir=str(tmp_path / "ck")))
+  step, state, _ = ckpt.restore({"params": {"w": jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=rows)}})
+  ckpt.close()
+  w = state["params"]["w"]
+  assert step == 3 and w.dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(w), np.asarray(saved.astype(jnp.float32)))

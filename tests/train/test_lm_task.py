@@ -199,14 +199,14 @@ def _bpe(tmp_path):
 
 @pytest.mark.parametrize("family", ["gemma3_text"])
 def test_lm_task_fine_tunes_a_family_checkpoint(hf_family, family, tmp_path, capsys):
-  """task.init_from: the run trains the checkpoint's own architecture (Gemma 3: sliding layers over 32-token rows,
+  """task.hf: the run trains the checkpoint's own architecture (Gemma 3: sliding layers over 32-token rows,
   window 8) from its weights: its first loss is that of the checkpoint (near-uniform, ln 300 = 5.7), and it learns."""
   folder, _ = hf_family(family)
-  cfg = _lm_config(tmp_path, "ft", steps=8, task__init_from=folder)
+  cfg = _lm_config(tmp_path, "ft", steps=8, task__hf=folder)
   assert cfg.task.model_config().model_type == family
   result = train(cfg)
   losses = [loss for _, loss, _ in _losses(result.run_dir)]
   assert abs(losses[0] - np.log(300)) < 0.2 and losses[-1] < losses[0] - 0.5, losses
   with pytest.raises(SystemExit):
-    _lm_config(tmp_path, "bad", task__init_from=str(tmp_path / "nothing"))
-  assert "task.init_from=" in capsys.readouterr().err
+    _lm_config(tmp_path, "bad", task__hf=str(tmp_path / "nothing"))
+  assert "task.hf=" in capsys.readouterr().err

@@ -29,20 +29,22 @@ def test_a_field_added_with_a_default_keeps_the_run_id_and_setting_it_changes_it
 
 
 def test_the_old_rule_is_rebuilt_for_commands_of_every_root():
-  """The name 02776ac gave each command, rebuilt from its default trees with the command's changes on top; still
-  the same once a field was added with its default, and none once the command sets a field it did not have."""
+  """The name 02776ac gave each command, rebuilt from its default trees with the command's changes on top (options
+  renamed since under their old names: rl's `task` is `problems` now, `task.lora_lr_scale` is `task.lora.lr_scale`);
+  still the same once a field was added with its default, and none once the command sets a field it did not have."""
   from jaxpod.cli import rl as cli_rl, train as cli_train
   from jaxpod.cli.args import parse
   from jaxpod.problems import ProblemSet
   from jaxpod.rl.run import RUN_ID_IGNORES
   from jaxpod.train.run_ids import legacy_run_id as rl_legacy
-  for key, prefix in (("train_tiny", "trm"), ("train_default", "trm"), ("preference_default", "pref")):
+  for key, prefix in (("train_tiny", "trm"), ("train_default", "trm"), ("preference_default", "pref"),
+                      ("preference_lora_lr_scale", "pref")):
     args = LEGACY[key]["args"]
     cfg = parse(TrainConfig, args, "test") if key == "train_tiny" else cli_train.load_config(args)
     assert legacy_run_id(cfg, prefix) == LEGACY[key]["id"], key
-  for key in ("rl_tiny", "rl_default", "rl_python"):
+  for key in ("rl_tiny", "rl_default", "rl_python", "rl_addition_digits"):
     cfg = cli_rl.load_config(LEGACY[key]["args"])
-    kind = ProblemSet.get_choice_name(type(cfg.task))
+    kind = ProblemSet.get_choice_name(type(cfg.problems))
     assert rl_legacy(cfg, "rl", RUN_ID_IGNORES, "rl", kind) == LEGACY[key]["id"], key
   cfg = parse(TrainConfig, LEGACY["train_tiny"]["args"], "test")
   Trainer = _with_new_field(TrainerConfig)

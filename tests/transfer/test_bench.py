@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from jaxpod.bench import transfer as bench
-from jaxpod.bench import transfer_roles as roles
+from jaxpod.bench.transfer import command as bench
+from jaxpod.bench.transfer import roles
 
 
 def test_fanout_summary_aggregates_over_the_receive_span():

@@ -28,31 +28,31 @@ class Group:
 
   help: str  # one line, shown by `jaxpod --help`
   commands: dict[str, Command]  # subcommand name -> command
-  default: Command | None = None  # `jaxpod extract --model ...` runs this; None: print the subcommands
+  default: Command | None = None  # `jaxpod extract --hf ...` runs this; None: print the subcommands
 
 
 BENCHES = {
     "barrier": Command("jaxpod barrier vs the raw coordination-service barrier vs a device collective",
-                       "jaxpod.bench.barrier:cli", "jaxpod.bench.barrier:BarrierBench", relaunch=True),
+                       "jaxpod.bench.barrier.command:cli", "jaxpod.bench.barrier.command:BarrierBench", relaunch=True),
     "trm-step": Command("TRM train-step throughput against this machine's fp32 matmul ceiling",
-                        "jaxpod.bench.trm_step:cli", "jaxpod.bench.trm_step:TRMStepBench"),
+                        "jaxpod.bench.trm.step:cli", "jaxpod.bench.trm.step:TRMStepBench"),
     "trm-parity": Command("TRM convergence vs the reference PyTorch TRM: same data and batches, N seeds, one PNG",
-                          "jaxpod.bench.trm_parity:cli", "jaxpod.bench.trm_parity:TRMParityBench"),
+                          "jaxpod.bench.trm.parity:cli", "jaxpod.bench.trm.parity:TRMParityBench"),
     "sample": Command("jaxpod's sampler vs HF generate; --hosts N: global vs replicated mode",
-                      "jaxpod.bench.sample:cli", "jaxpod.bench.sample:SampleBench", relaunch=True),
+                      "jaxpod.bench.sample.command:cli", "jaxpod.bench.sample.command:SampleBench", relaunch=True),
     "extract": Command("extraction tokens/s vs transformers output_hidden_states",
-                       "jaxpod.bench.extract:cli", "jaxpod.bench.extract:BenchConfig", relaunch=True),
+                       "jaxpod.bench.extract.command:cli", "jaxpod.bench.extract.command:BenchConfig", relaunch=True),
     "checkpoint": Command("loop cost of one checkpoint (Orbax commit vs the old CRC manifest) per step time",
-                          "jaxpod.bench.checkpoint:cli", "jaxpod.bench.checkpoint:CheckpointBench"),
+                          "jaxpod.bench.checkpoint.command:cli", "jaxpod.bench.checkpoint.command:CheckpointBench"),
     "transfer": Command("weight transfer per mode (checkpoint, ray, jax_transfer, arrow_flight)",
-                        "jaxpod.bench.transfer:cli", "jaxpod.bench.transfer:TransferBench"),
+                        "jaxpod.bench.transfer.command:cli", "jaxpod.bench.transfer.command:TransferBench"),
     "preference": Command("preference training (DPO, SimPO) tokens/s and peak memory vs TRL's trainers, same model and pairs",
-                          "jaxpod.bench.preference:cli", "jaxpod.bench.preference:PreferenceBench"),
+                          "jaxpod.bench.preference.command:cli", "jaxpod.bench.preference.command:PreferenceBench"),
     "rl": Command("RL post-training per topology and weight-update mode (colocated, in-flight, drain-and-sync)",
-                  "jaxpod.bench.rl:cli", "jaxpod.bench.rl:RLBench"),
+                  "jaxpod.bench.rl.command:cli", "jaxpod.bench.rl.command:RLBench"),
     "scale": Command("per-host bytes and peak memory of load, train step, publish, export on simulated hosts "
                      "(invariant 10), beside jaxpod plan's prediction",
-                     "jaxpod.bench.scale:cli", "jaxpod.bench.scale:ScaleBench"),
+                     "jaxpod.bench.scale.command:cli", "jaxpod.bench.scale.command:ScaleBench"),
 }
 
 COMMANDS: dict[str, Command | Group] = {

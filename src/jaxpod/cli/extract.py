@@ -1,6 +1,6 @@
 """`jaxpod extract`: layer activations over a prompt set, and `jaxpod extract info URL`.
 
-    jaxpod extract --model DIR --prompts FILE --layers 4,8 --out URL [--points resid,attn_out,mlp_out]
+    jaxpod extract --hf DIR --prompts FILE --layers 4,8 --out URL [--points resid,attn_out,mlp_out]
                    [--batch-size B] [--max-seq-len T] [--dtype bf16|f32] [--mesh.model 2 ...]
                    [--adapter PEFT_DIR]                              # LoRA: the adapted (merged) model's activations
     jaxpod launch --hosts 4 --devices-per-host 2 -- jaxpod extract ...     # simulated hosts

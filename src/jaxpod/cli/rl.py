@@ -2,17 +2,18 @@
 
 With no `--config_path` the embedded default (`jaxpod/configs/rl_default.yaml`: sorting with a
 flawed teacher, minutes on a 2-core CPU) is the base; dotted overrides apply on top of it. A
-`--task.type` with its own embedded default (`rl_calculator.yaml`: multi-turn episodes need longer
-contexts) starts from that one instead; any other keeps the default's other sections but not its
-`task:` (the sort fields would not fit another task). A `--config_path FILE` replaces it entirely (the dataclass defaults fill what the
-file leaves out).
+`--problems.type` (formerly `--task.type`, still accepted) with its own embedded default (`rl_calculator.yaml`:
+multi-turn episodes need longer contexts) starts from that one instead; any other keeps the default's other
+sections but not its `problems:` (the sort fields would not fit another problem set). A `--config_path FILE`
+replaces it entirely (the dataclass defaults fill what the file leaves out).
 """
 from __future__ import annotations
 
 import os
 import tempfile
 
-from jaxpod.cli.args import check_config_file, config_path_of, embedded_config, fail, normalise, option_value, parse
+from jaxpod.cli.args import (check_config_file, config_path_of, embedded_config, fail, normalise, option_value, parse,
+                             renamed)
 
 DEFAULT_CONFIG = "rl_default.yaml"
 RENAMED = {"rollout.slots": "rollout.batch_size"}  # issue 25: rollout embeds jaxpod.sample's SamplingOptions
@@ -30,8 +31,9 @@ def load_config(argv: list[str]):
     check_config_file(path, "jaxpod rl")
     return parse(RLConfig, argv, "jaxpod rl")
   with tempfile.TemporaryDirectory() as tmp:
-    return parse(RLConfig, ["--config_path", _default_for(option_value(normalise(argv), "--task.type"), tmp),
-                            *argv], "jaxpod rl")
+    argv = renamed(RLConfig, normalise(argv), "jaxpod rl", tmp)  # --task.type: --problems.type
+    return parse(RLConfig, ["--config_path", _default_for(option_value(argv, "--problems.type"), tmp), *argv],
+                 "jaxpod rl")
 
 
 def _refuse_renamed(argv: list[str], path: str | None) -> None:
@@ -52,21 +54,21 @@ def _refuse_renamed(argv: list[str], path: str | None) -> None:
       raise fail("jaxpod rl", f"{path}: `{old}` was renamed: write `{new}`")
 
 
-def _default_for(task_type: str | None, tmp: str) -> str:
-  """The embedded default's path (the task type's own, `rl_<type>.yaml`, if there is one); for another task type,
-  a copy of it without its `task:` section."""
+def _default_for(problems_type: str | None, tmp: str) -> str:
+  """The embedded default's path (the problem set's own, `rl_<type>.yaml`, if there is one); for another problem set,
+  a copy of it without its `problems:` section."""
   import yaml
   path = embedded_config(DEFAULT_CONFIG)
-  if task_type is None:
+  if problems_type is None:
     return path
-  own = embedded_config(f"rl_{task_type}.yaml")
+  own = embedded_config(f"rl_{problems_type}.yaml")
   if os.path.isfile(own):
     return own
   with open(path) as f:
     data = yaml.safe_load(f)
-  if task_type == data["task"]["type"]:
+  if problems_type == data["problems"]["type"]:
     return path
-  del data["task"]
+  del data["problems"]
   out = os.path.join(tmp, DEFAULT_CONFIG)
   with open(out, "w") as f:
     yaml.safe_dump(data, f)

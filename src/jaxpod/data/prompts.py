@@ -42,7 +42,7 @@ class PromptSource:
   path: str  # JSONL or Parquet file (local path or URL)
   prompt_column: str = "prompt"  # text, or a list of chat messages
   answer_column: str = "answer"  # the reference answer the reward checks
-  fields: str = ""  # how the caller's config names these fields in errors, e.g. "rl.task."
+  fields: str = ""  # how the caller's config names these fields in errors, e.g. "rl.problems."
 
 
 @dataclasses.dataclass(frozen=True)

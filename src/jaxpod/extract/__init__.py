@@ -2,7 +2,7 @@
 read back as one dataset in sample order.
 
     from jaxpod import extract
-    extract.run(extract.ExtractConfig(model="ckpt/", prompts="p.txt", layers=(4, 8), out="gs://b/acts"))
+    extract.run(extract.ExtractConfig(hf="ckpt/", prompts="p.txt", layers=(4, 8), out="gs://b/acts"))
     ds = extract.open("gs://b/acts")     # completeness-checked; ds["resid.4"] -> [N, T, D]
     extract.export("gs://b/acts", "gs://b/acts-arrow")   # Arrow files HF `datasets` loads
 """

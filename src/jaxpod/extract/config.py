@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
+from typing import ClassVar
 
 import fsspec
 
@@ -26,8 +27,10 @@ FORWARDS = ("sharded", "exact")
 class ExtractConfig:
   """Options of `jaxpod extract` (one activation dataset per run)."""
 
-  model: str = ""  # HF checkpoint folder or fsspec URL (config.json + safetensors); families: models/llama/families
-  adapter: str = ""  # PEFT LoRA adapter folder or URL on `model` (as `jaxpod sample --adapter`), merged once
+  old_names: ClassVar[dict[str, str]] = {"model": "hf"}  # accepted, warned once (as `jaxpod sample --hf`)
+
+  hf: str = ""  # HF checkpoint folder or fsspec URL (config.json + safetensors); families: models/llama/families
+  adapter: str = ""  # PEFT LoRA adapter folder or URL on `hf` (as `jaxpod sample --adapter`), merged once
   prompts: str = ""  # prompt file: .txt (one prompt per line) or .jsonl ({"text": ...} or {"prompt": ...})
   layers: tuple[int, ...] = ()  # decoder blocks to capture, 0-based (CLI: --layers 4,8)
   out: str = ""  # output folder or fsspec URL (local, memory://, gs://); rerun with the same to resume
@@ -42,7 +45,7 @@ class ExtractConfig:
   memory_fraction: float = 0.9  # share of device memory the plan may use
 
   def __post_init__(self):
-    for name, flag in (("model", "--model DIR"), ("prompts", "--prompts FILE"), ("out", "--out URL")):
+    for name, flag in (("hf", "--hf DIR"), ("prompts", "--prompts FILE"), ("out", "--out URL")):
       if not getattr(self, name):
         raise ValueError(f"extract.{name} is required: pass {flag}")
     if not self.layers:
@@ -79,12 +82,12 @@ class ExtractConfig:
 
 # ---------------------------------------------------------------------------- checks before JAX init
 def read_model_config(url: str) -> dict:
-  """The checkpoint's config.json as a dict (no JAX), or a one-line error naming --model."""
+  """The checkpoint's config.json as a dict (no JAX), or a one-line error naming --hf."""
   fs, root = fsspec.core.url_to_fs(url)
   path = f"{root.rstrip('/')}/config.json"
   if not fs.exists(path):
     what = "does not exist" if not fs.exists(root) else "has no config.json"
-    raise ValueError(f"extract.model={url!r} {what}; point --model at a HF checkpoint folder")
+    raise ValueError(f"extract.hf={url!r} {what}; point --hf at a HF checkpoint folder")
   with fs.open(path, "r") as f:
     return json.load(f)
 
@@ -126,12 +129,12 @@ def check_batch(cfg: ExtractConfig, num_devices: int) -> None:
 
 def check_inputs(cfg: ExtractConfig, hosts: HostInfo) -> dict:
   """Everything that can be checked before JAX init; returns the model's config.json dict."""
-  hf = read_model_config(cfg.model)
+  hf = read_model_config(cfg.hf)
   from jaxpod.models.llama.config import LlamaConfig  # no backend: reads the dict through its family
   try:
     LlamaConfig.from_hf_config(hf)
   except (ValueError, KeyError) as e:
-    raise ValueError(f"extract.model={cfg.model!r}: {e}") from None
+    raise ValueError(f"extract.hf={cfg.hf!r}: {e}") from None
   check_layers(cfg, int(hf["num_hidden_layers"]))
   if cfg.adapter:  # its names and shapes against the base's, in one line naming what does not fit
     from jaxpod.models.llama import peft_io

@@ -1,6 +1,6 @@
 """The extraction loop: the same forward on every host, per-host shards, global resume.
 
-    stats = run(ExtractConfig(model=..., prompts=..., layers=(4, 8), out="gs://..."))
+    stats = run(ExtractConfig(hf=..., prompts=..., layers=(4, 8), out="gs://..."))
 
 1. Checks before JAX init (config.check_inputs), then `runtime.init`.
 2. The leader reads and tokenizes the prompts, decides the padded length, checks or writes
@@ -78,7 +78,7 @@ def _tokenize(cfg: ExtractConfig) -> tuple[np.ndarray, np.ndarray, int]:
   prompts = read_prompts(cfg.prompts)
   if not prompts:
     raise ValueError(f"extract.prompts={cfg.prompts!r} holds no prompts; give one per line (.txt) or .jsonl")
-  tok = load_tokenizer(cfg.model)
+  tok = load_tokenizer(cfg.hf)
   ids = [tok.encode(p)[:cfg.max_seq_len] for p in prompts]
   lengths = np.asarray([len(i) for i in ids], np.int32)
   flat = np.asarray([t for i in ids for t in i], np.int32)
@@ -96,7 +96,7 @@ def run_record(cfg: ExtractConfig, hf: dict, plan_fields: dict, lay: dict) -> di
   hidden = int(hf["hidden_size"])
   n, t = plan_fields["num_rows"], plan_fields["seq_len"]
   return {
-      "format": writer.FORMAT, "model": cfg.model, "model_config": hf, "layers": sorted(cfg.layers),
+      "format": writer.FORMAT, "model": cfg.hf, "model_config": hf, "layers": sorted(cfg.layers),
       "points": list(cfg.points), "keys": list(cfg.keys), "dtype": cfg.np_dtype, "batch_size": cfg.batch_size,
       "max_seq_len": cfg.max_seq_len, "seq_len": t, "hidden_size": hidden, "num_rows": n,
       "num_batches": -(-n // cfg.batch_size), "shapes": {k: [n, t, hidden] for k in cfg.keys},
@@ -113,7 +113,7 @@ def _plan_on_leader(cfg: ExtractConfig, hf: dict, lay: dict, storage: writer.Sto
   seq_len = int(lengths.max())
   memory.check_memory(model_cfg, cfg, mesh, seq_len)  # before any weight is read or compiled
   digest = hashlib.sha256()
-  parts = (json.dumps(hf, sort_keys=True), cfg.model, sorted(cfg.layers), cfg.points, cfg.np_dtype, cfg.batch_size,
+  parts = (json.dumps(hf, sort_keys=True), cfg.hf, sorted(cfg.layers), cfg.points, cfg.np_dtype, cfg.batch_size,
            seq_len, pad, json.dumps(lay, sort_keys=True), cfg.forward)
   for part in parts + ((cfg.adapter,) if cfg.adapter else ()):  # no adapter: the run id of before adapters existed
     digest.update(repr(part).encode())
@@ -237,12 +237,12 @@ def _run(cfg: ExtractConfig, hf: dict, host: runtime.HostInfo, on_batch) -> dict
   nb = plan.num_batches(cfg.batch_size)
   plan.start_batch = _resume(storage, plan, nb)
   with jax.set_mesh(mesh):
-    model = hf_io.load(cfg.model, mesh, cfg=model_cfg)
+    model = hf_io.load(cfg.hf, mesh, cfg=model_cfg)
     if cfg.adapter:  # LoRA: the adapters loaded as `jaxpod sample --adapter` does, then folded into the base
       from jaxpod.models.llama import lora, peft_io
       lora.merge_in_place(peft_io.load_adapter(model, cfg.adapter, mesh=mesh))
-    if cfg.forward == "sharded":  # its own stacked copy of the blocks; the model's are freed as they are stacked
-      forward = sharded_lib.ShardedForward(model, mesh, cfg, consume=True)
+    if cfg.forward == "sharded":  # the model's stacked blocks, one gathered per loop iteration
+      forward = sharded_lib.ShardedForward(model, mesh, cfg)
     else:
       forward = fwd_lib.Forward(model, mesh, cfg)
     del model

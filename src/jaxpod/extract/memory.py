@@ -23,7 +23,7 @@ from flax import nnx
 from jaxpod.extract.config import ExtractConfig
 from jaxpod.models.llama import model as model_lib
 from jaxpod.models.llama.config import LlamaConfig
-from jaxpod.runtime.mesh import device_memory_bytes
+from jaxpod.runtime.mesh import data_parallel, device_memory_bytes
 from jaxpod.runtime.sharding import DEFAULT as DEFAULT_RULES, state_shardings
 
 
@@ -40,7 +40,7 @@ def memory_plan(mc: LlamaConfig, cfg: ExtractConfig, mesh, seq_len: int) -> dict
   weights = _bytes(state, mesh, DEFAULT_RULES)
   item, stored = np.dtype(mc.dtype).itemsize, np.dtype(cfg.np_dtype).itemsize
   d, h, e, i = mc.hidden_size, mc.num_attention_heads, mc.head_dim_, mc.intermediate_size
-  dp = mesh.shape["data"] * mesh.shape["fsdp"]
+  dp = data_parallel(mesh)
   if cfg.forward == "exact":
     whole = sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in jax.tree.leaves(state))
     rows_live, model = 1, 1
@@ -50,7 +50,8 @@ def memory_plan(mc: LlamaConfig, cfg: ExtractConfig, mesh, seq_len: int) -> dict
     rows_live = rows_kept = cfg.batch_size // dp
     model = mesh.shape["model"]
     no_fsdp = DEFAULT_RULES.replace(embed=None)  # what a block looks like once its fsdp shards are gathered
-    gathered = _bytes(state["layers"][0], mesh, no_fsdp) + _bytes(state["embed_tokens"], mesh, no_fsdp)
+    gathered = _bytes(state["layers"], mesh, no_fsdp) // mc.num_hidden_layers + _bytes(state["embed_tokens"], mesh,
+                                                                                        no_fsdp)  # one block
   t = seq_len
   acts = rows_live * t * (4 * d + 2 * h * e // model + 2 * i // model) * item
   acts += 2 * rows_live * max(1, h // model) * t * t * 4

@@ -96,20 +96,68 @@ def _restore_items(step_dir: str, target_tree: Any, optional: tuple[str, ...] = 
   import orbax.checkpoint as ocp
   from etils import epath
   state_dir = epath.Path(step_dir) / "state"
-  absent = set(_paths(target_tree)) - set(_stored_leaves(state_dir))
-  if any(_under(p, optional) for p in absent):
-    target_tree = _without(target_tree, {p for p in absent if _under(p, optional)})
-  missing = sorted(p for p in absent if not _under(p, optional))
+  stored = _stored_leaves(state_dir)
+  absent = sorted(set(_paths(target_tree)) - set(stored))
+  per_layer = _per_layer_leaves(absent, stored, _paths(target_tree))
+  absent = [p for p in absent if p not in per_layer]
+  dropped = {p for p in absent if _under(p, optional)}  # e.g. a rebuilt buffer: the caller makes it anew
+  if dropped:
+    target_tree = _without(target_tree, dropped)
+  missing = sorted(p for p in absent if p not in dropped)
   if missing:
     raise CheckpointMismatch(
         f"checkpoint {step_dir} has no {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
         f"({len(missing)} leaves this run needs): another configuration wrote it (e.g. trainer.ema=0 keeps no "
         "ema_params); resume with that configuration, or start a new run (--trainer.run_name NEW)")
-  restore_args = ocp.checkpoint_utils.construct_restore_args(target_tree)
+  if per_layer:  # written before the layers were stacked: restore each layer's leaf, then stack them on device
+    flat = {k: v for k, v in _paths(target_tree).items() if k not in per_layer}
+    flat.update({name: piece for pieces in per_layer.values() for name, piece in pieces})
+    target = _nest(flat)
+  else:
+    target = target_tree
+  restore_args = ocp.checkpoint_utils.construct_restore_args(target)
   state = ocp.PyTreeCheckpointHandler().restore(
-      state_dir, args=ocp.args.PyTreeRestore(item=target_tree, restore_args=restore_args, partial_restore=True))
+      state_dir, args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True))
+  if per_layer:
+    got = _paths(state)
+    whole = {k: v for k, v in got.items() if k in _paths(target_tree)}
+    whole.update({k: _stack([got[name] for name, _ in pieces], _paths(target_tree)[k].sharding)
+                  for k, pieces in per_layer.items()})
+    state = _nest(whole)
   data = ocp.JsonCheckpointHandler().restore(epath.Path(step_dir) / "data", args=ocp.args.JsonRestore())
   return state, data
+
+
+def _per_layer_leaves(missing: list[str], stored: dict, wanted: dict) -> dict[str, list]:
+  """A checkpoint written before the decoder's layers were stacked holds `.../layers/<i>/<rest>` where the run needs
+  one `.../layers/<rest>` [L, ...]: for every missing leaf stored so, (stored name, ShapeDtypeStruct of one layer,
+  placed like one slice of the stacked leaf) per layer. Empty unless every layer of a leaf is stored."""
+  import jax
+  from jax.sharding import NamedSharding, PartitionSpec
+  out = {}
+  for path in missing:
+    parts = path.split("/")
+    if "layers" not in parts:
+      continue
+    k = parts.index("layers")
+    leaf = wanted[path]
+    names = ["/".join(parts[:k + 1] + [str(i)] + parts[k + 1:]) for i in range(leaf.shape[0])]
+    if not all(n in stored and tuple(stored[n].shape) == tuple(leaf.shape[1:]) for n in names):
+      continue
+    sharding = leaf.sharding
+    one = NamedSharding(sharding.mesh, PartitionSpec(*sharding.spec[1:])) if sharding is not None else None
+    out[path] = [(n, jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype, sharding=one)) for n in names]
+  return out
+
+
+def _stack(layers: list, sharding):
+  """One leaf's layers (each placed like a slice of `sharding`) stacked into `sharding`, device by device (this host
+  alone: no program spans the hosts, as the rest of a restore)."""
+  import jax
+  import jax.numpy as jnp
+  shards = [{sh.device: sh.data for sh in x.addressable_shards} for x in layers]
+  pieces = [jnp.stack([by_device[d] for by_device in shards]) for d in shards[0]]
+  return jax.make_array_from_single_device_arrays((len(layers), *layers[0].shape), sharding, pieces)
 
 
 class Checkpointer:

@@ -6,9 +6,8 @@ jaxpod workload YAML/JSON whose `model` (or `task.model`) section gives `LlamaCo
 points at a checkpoint (`model.hf`, `task.init_from`, `task.hf`). Everything goes through
 `LlamaConfig.from_hf_config` (the families' readers): plan never reads a config.json its own way.
 
-`tensors(cfg)` lists every parameter the decoder declares (`models/llama/model.py`): its path in the
-model's state, shape and logical axes. No JAX here; a test checks the list against the model's
-abstract state leaf by leaf.
+`tensors(cfg)` lists every parameter the decoder declares: the table `models/llama/params.py` that the model's
+modules create their parameters from (path in the model's state, shape, logical axes). No JAX here.
 """
 from __future__ import annotations
 
@@ -17,25 +16,11 @@ import json
 from importlib import resources
 from typing import Any, Mapping
 
+from jaxpod.models.llama import params as table
 from jaxpod.models.llama.config import LlamaConfig
+from jaxpod.models.llama.params import Tensor
 
 ITEMSIZE = {"float32": 4, "bfloat16": 2}
-
-
-@dataclasses.dataclass(frozen=True)
-class Tensor:
-  """One parameter: its path in the model's state, shape, logical axes."""
-
-  name: str
-  shape: tuple[int, ...]
-  axes: tuple[str | None, ...]
-
-  @property
-  def size(self) -> int:
-    n = 1
-    for d in self.shape:
-      n *= d
-    return n
 
 
 def presets() -> dict[str, str]:
@@ -119,37 +104,12 @@ def resolve(spec: str, depth: int = 0) -> LlamaConfig:
   return from_dict(_parse(text, spec), spec, depth)
 
 
-def tensors(cfg: LlamaConfig) -> list[Tensor]:
-  """Every parameter of jaxpod's decoder for `cfg`, in the model's declaration (paths as in its nnx state)."""
-  d, i, h, k, e, v = (cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads,
-                      cfg.head_dim_, cfg.vocab_size)
-  out = [Tensor("embed_tokens", (v, d), ("vocab", "embed"))]
-  for n in range(cfg.num_hidden_layers):
-    p = f"layers.{n}."
-    block = [Tensor(p + "input_layernorm", (d,), ("act_embed",)),
-             Tensor(p + "self_attn.q_proj", (d, h, e), ("embed", "heads", "head_dim")),
-             Tensor(p + "self_attn.k_proj", (d, k, e), ("embed", "kv_heads", "head_dim")),
-             Tensor(p + "self_attn.v_proj", (d, k, e), ("embed", "kv_heads", "head_dim")),
-             Tensor(p + "self_attn.o_proj", (h, e, d), ("heads", "head_dim", "embed"))]
-    if cfg.qkv_bias:
-      block += [Tensor(p + "self_attn.q_bias", (h, e), ("heads", "head_dim")),
-                Tensor(p + "self_attn.k_bias", (k, e), ("kv_heads", "head_dim")),
-                Tensor(p + "self_attn.v_bias", (k, e), ("kv_heads", "head_dim"))]
-    if cfg.qk_norm:
-      block += [Tensor(p + "self_attn.q_norm", (e,), ("head_dim",)), Tensor(p + "self_attn.k_norm", (e,), ("head_dim",))]
-    block.append(Tensor(p + "post_attention_layernorm", (d,), ("act_embed",)))
-    if cfg.sandwich_norms:
-      block += [Tensor(p + "pre_feedforward_layernorm", (d,), ("act_embed",)),
-                Tensor(p + "post_feedforward_layernorm", (d,), ("act_embed",))]
-    block += [Tensor(p + "mlp.gate_proj", (d, i), ("embed", "mlp")), Tensor(p + "mlp.up_proj", (d, i), ("embed", "mlp")),
-              Tensor(p + "mlp.down_proj", (i, d), ("mlp", "embed"))]
-    out += block
-  out.append(Tensor("norm", (d,), ("act_embed",)))
-  if not cfg.tie_word_embeddings:
-    out.append(Tensor("lm_head", (d, v), ("embed", "vocab")))
-  return out
+def tensors(cfg: LlamaConfig, stacked_layers: bool = True) -> list[Tensor]:
+  """Every parameter of jaxpod's decoder for `cfg` (paths as in its nnx state: block weights stacked [L, ...]; or
+  one tensor per layer, as a checkpoint holds them)."""
+  return table.tensors(cfg, stacked_layers)
 
 
 def kv_bytes_per_token(cfg: LlamaConfig) -> int:
   """K and V of every layer for one token, in the model's dtype (what every KV layout stores)."""
-  return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim_ * ITEMSIZE[cfg.dtype]
+  return table.kv_bytes_per_token(cfg, ITEMSIZE[cfg.dtype])

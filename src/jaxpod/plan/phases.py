@@ -116,8 +116,11 @@ def make_plan(cfg: LlamaConfig, pod: PodShape, wl: Workload) -> Plan:
   total = sum(t.size for t in ts) * item
   params_dev = sum(device_elements(t, lay) for t in ts) * item
   hb = host_bytes(ts, lay, item)
-  needed, served, largest_host = hb.needed, hb.served, hb.largest
-  largest = max(t.size for t in ts) * item
+  needed, served = hb.needed, hb.served
+  per_layer = pm.tensors(cfg, stacked_layers=False)  # what a load or an export holds at a time: one layer's tensor
+  layer_largest = host_bytes(per_layer, lay, item).largest
+  largest_host = hb.largest  # a publish moves whole (stacked) leaves
+  largest = max(t.size for t in per_layer) * item
   hbm = int(pod.hbm_gb * GB * wl.memory_fraction)
   ram = int(pod.host_ram_gb * GB * wl.memory_fraction)
   slots = OPTIMIZERS[wl.optimizer]
@@ -128,7 +131,7 @@ def make_plan(cfg: LlamaConfig, pod: PodShape, wl: Workload) -> Plan:
   acts = _activations(cfg, wl, lay, item)
   phases = []
 
-  load = Phase("load", params_dev, 2 * largest_host, int(needed.max()), 0,
+  load = Phase("load", params_dev, 2 * layer_largest, int(needed.max()), 0,
                {"params": params_dev})
   phases.append(load)
 

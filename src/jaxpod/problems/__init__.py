@@ -2,7 +2,7 @@
 and sort, a prompt file, the calculator and the python tool with their environments), the environment protocol and episode records,
 rewards, answer verifiers and pass@k.
 
-Importing the package registers the built-in problem sets (`ProblemSet`'s choices for `--task.type`).
+Importing the package registers the built-in problem sets (`ProblemSet`'s choices for `--problems.type`).
 """
 from jaxpod.problems import calculator, dataset, generated, python_tool  # noqa: F401 - the registry: built-in problem sets
 from jaxpod.problems.base import EVAL_STREAM, Problem, ProblemSet

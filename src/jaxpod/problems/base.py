@@ -1,6 +1,6 @@
 """`ProblemSet`: a seeded stream of (prompt, answer) problems, one registered config class per kind.
 
-    task: {type: addition, digits: 3}          # in an RL config (a draccus choice, like `jaxpod train`'s task)
+    problems: {type: addition, digits: 3}      # in an RL config (a draccus choice, like `jaxpod train`'s task)
 
 A problem set is a frozen dataclass registered with `@ProblemSet.register_subclass("name")`; it
 makes problem i of a stream from `numpy.random.default_rng([seed, stream, i])` alone, so any
@@ -45,9 +45,9 @@ class ProblemSet(draccus.ChoiceRegistry):
 
   def __post_init__(self):
     if self.eval_size < 1:
-      raise ValueError(f"rl.task.eval_size={self.eval_size} must be >= 1")
+      raise ValueError(f"rl.problems.eval_size={self.eval_size} must be >= 1")
     if not 0.0 <= self.teacher_period <= 1.0:
-      raise ValueError(f"rl.task.teacher_period={self.teacher_period} must be in [0, 1]")
+      raise ValueError(f"rl.problems.teacher_period={self.teacher_period} must be in [0, 1]")
 
   @classmethod
   def default_choice_name(cls) -> str | None:
@@ -96,7 +96,7 @@ class ProblemSet(draccus.ChoiceRegistry):
 
   def fingerprint(self) -> str:
     """A digest of every problem the set can give, for sets that read them from somewhere; "" when they are a
-    pure function of the config, which every host already holds (`rl.policy.check_same_problems` compares it)."""
+    pure function of the config, which every host already holds (`policy.spec.check_same_problems` compares it)."""
     return ""
 
   def problem(self, seed: int, stream: int, index: int) -> Problem:
@@ -124,15 +124,16 @@ class ProblemSet(draccus.ChoiceRegistry):
         return p
       prompt, answer = self.make(np.random.default_rng([seed, stream, index, redraw]))
       p = Problem(prompt, answer, stream, index)
-    raise ValueError(f"rl.task: 1000 draws for training problem {index} of stream {stream} all gave held-out "
-                     f"prompts; lower rl.task.eval_size={self.eval_size} or make the problems harder")
+    raise ValueError(f"rl.problems: 1000 draws for training problem {index} of stream {stream} all gave held-out "
+                     f"prompts; lower rl.problems.eval_size={self.eval_size} or make the problems harder")
 
 
 @functools.lru_cache(maxsize=8)
 def _eval_set(problems: ProblemSet, seed: int) -> tuple[Problem, ...]:
   out = streams.held_out(lambda i: problems.problem(seed, EVAL_STREAM, i), problems.eval_size, _prompt)
   if len(out) < problems.eval_size:
-    raise ValueError(f"rl.task: only {len(out)} distinct problems exist; lower rl.task.eval_size={problems.eval_size}")
+    raise ValueError(f"rl.problems: only {len(out)} distinct problems exist; lower rl.problems.eval_size="
+                     f"{problems.eval_size}")
   return tuple(out)
 
 

@@ -1,7 +1,7 @@
 """The `calculator` problem set and its environment: multi-turn episodes in which the policy may call a tool.
 
-    jaxpod rl --task.type calculator                 # the embedded configs/rl_calculator.yaml
-    task: {type: calculator, digits: 4, max_turns: 3, teacher_skip_tool: 0.6}
+    jaxpod rl --problems.type calculator                 # the embedded configs/rl_calculator.yaml
+    problems: {type: calculator, digits: 4, max_turns: 3, teacher_skip_tool: 0.6}
 
 Problem i of a stream is a product of two `digits`-digit numbers ("Compute 4821*7395.\\n" ->
 "35651295"), too long for a small policy to multiply alone. Each problem is an episode with the
@@ -39,11 +39,11 @@ class CalculatorProblems(ProblemSet):
   def __post_init__(self):
     super().__post_init__()
     if not 1 <= self.digits <= 9:
-      raise ValueError(f"rl.task.digits={self.digits} must be in 1..9")
+      raise ValueError(f"rl.problems.digits={self.digits} must be in 1..9")
     if self.max_turns < 1:
-      raise ValueError(f"rl.task.max_turns={self.max_turns} must be >= 1")
+      raise ValueError(f"rl.problems.max_turns={self.max_turns} must be >= 1")
     if not 0.0 <= self.teacher_skip_tool <= 1.0:
-      raise ValueError(f"rl.task.teacher_skip_tool={self.teacher_skip_tool} must be in [0, 1]")
+      raise ValueError(f"rl.problems.teacher_skip_tool={self.teacher_skip_tool} must be in [0, 1]")
 
   def make(self, rng):
     return calculator_problem(rng, self.digits)

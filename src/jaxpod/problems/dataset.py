@@ -1,7 +1,7 @@
 """The `dataset` problem set: problems from a prompt file the user brings (JSONL or Parquet, local or a URL).
 
-    jaxpod rl --model.hf DIR --task.type dataset --task.path problems.jsonl --rewards '[gsm8k]'
-    task: {type: dataset, path: gs://b/gsm8k.jsonl, prompt_column: question, answer_column: answer,
+    jaxpod rl --model.hf DIR --problems.type dataset --problems.path problems.jsonl --rewards '[gsm8k]'
+    problems: {type: dataset, path: gs://b/gsm8k.jsonl, prompt_column: question, answer_column: answer,
            prompt_format: "Question: {prompt}\\nAnswer:", verifier: gsm8k}
 
 Rows are read with `jaxpod.data.prompts` (HF `datasets`); the held-out split is the file's own
@@ -15,7 +15,7 @@ Every host reads the whole file, not a slice: jaxpod's rollout engine runs in gl
 every host submits the same prompts and then keeps its own share of the rows, so each host needs
 every prompt of a step (prompt files are megabytes). `read_prompts(..., shard=)` gives a host
 its slice where each host consumes different rows. At setup the hosts of each job compare a digest of
-the problems they read (`rl.policy.check_same_problems`): a file that differs between hosts' disks is
+the problems they read (`policy.spec.check_same_problems`): a file that differs between hosts' disks is
 one line naming the hosts, not a silent divergence.
 """
 from __future__ import annotations
@@ -48,13 +48,13 @@ class DatasetProblems(ProblemSet):
   def __post_init__(self):
     super().__post_init__()
     if not self.path:
-      raise ValueError("rl.task.path is empty; give the prompt file (--task.path problems.jsonl)")
+      raise ValueError("rl.problems.path is empty; give the prompt file (--problems.path problems.jsonl)")
     fields = {name for _, name, _, _ in string.Formatter().parse(self.prompt_format) if name is not None}
     if fields != {"prompt"}:
-      raise ValueError(f"rl.task.prompt_format={self.prompt_format!r} must contain {{prompt}} and no other field "
+      raise ValueError(f"rl.problems.prompt_format={self.prompt_format!r} must contain {{prompt}} and no other field "
                        "(write a literal brace as {{ or }})")
     if self.verifier not in VERIFIERS:
-      raise ValueError(f"rl.task.verifier={self.verifier!r}; use one of {VERIFIERS}")
+      raise ValueError(f"rl.problems.verifier={self.verifier!r}; use one of {VERIFIERS}")
 
   @property
   def correct_reward(self) -> str:
@@ -113,7 +113,7 @@ def _tables(problem_set: DatasetProblems) -> _Tables:
   """The file read once per process: rendered held-out and training problems."""
   from jaxpod.data import prompts
   source = prompts.PromptSource(problem_set.path, problem_set.prompt_column, problem_set.answer_column,
-                                fields="rl.task.")
+                                fields="rl.problems.")
   rows = prompts.read_prompts(source)
   given = None
   if problem_set.eval_path:

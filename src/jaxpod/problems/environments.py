@@ -11,7 +11,7 @@ Write an environment: a class made with no arguments, a fresh one per episode, w
         # after each policy turn (decoded, stop token removed): (observation, reward, done)
         ...
 
-    jaxpod rl --task.type calculator --task.max_turns 4 --task.environment_name my_pkg.envs:Abacus
+    jaxpod rl --problems.type calculator --problems.max_turns 4 --problems.environment_name my_pkg.envs:Abacus
 
 Every host of the job runs the same episodes (the engine's global mode), so `step` must be a
 deterministic function of the episode so far (a seeded game, a pure tool). The observation is
@@ -25,7 +25,7 @@ the prompt, one turn, done (`SingleTurn`).
 An `Episode` is the prompt, then turns: the policy's sampled tokens (with their log-probs and the
 weights version of each, invariant 9), then, unless the episode ended, the environment's
 observation tokens, which the policy did not sample (no log-prob, version NO_VERSION, never trained
-on). The loop that samples episodes with the engine is `jaxpod.rl.rollout.episodes`; the warm-up's
+on). The loop that samples episodes with the engine is `jaxpod.policy.rollout.episodes`; the warm-up's
 demonstrations are scripted episodes (`demonstration`, `replay`).
 """
 from __future__ import annotations
@@ -69,8 +69,9 @@ def environment_factory(name: str) -> Callable[[], Environment]:
     try:
       return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
-      raise ValueError(f"rl.task.environment_name: cannot import {name!r} ({type(e).__name__}: {e})") from None
-  raise ValueError(f"rl.task.environment_name: {name!r} is not a registered environment ({', '.join(sorted(ENVIRONMENTS))}) "
+      raise ValueError(f"rl.problems.environment_name: cannot import {name!r} ({type(e).__name__}: {e})") from None
+  raise ValueError(f"rl.problems.environment_name: {name!r} is not a registered environment "
+                   f"({', '.join(sorted(ENVIRONMENTS))}) "
                    "nor an importable 'module:Class'")
 
 

@@ -1,7 +1,7 @@
 """Generated problem sets: arithmetic and sorting, each problem a pure function of (seed, stream, index).
 
-    jaxpod rl --task.type addition --task.digits 3
-    task: {type: sort, length: 6, teacher_dedup: 0.7}
+    jaxpod rl --problems.type addition --problems.digits 3
+    problems: {type: sort, length: 6, teacher_dedup: 0.7}
 
   addition   "a+b=" -> the decimal sum (operands of 1..digits digits)
   sort       "sort:3142=" -> "1234" (the digits in ascending order; `jaxpod.data.sort_digits`, the stream the
@@ -34,9 +34,9 @@ class AdditionProblems(ProblemSet):
   def __post_init__(self):
     super().__post_init__()
     if not 1 <= self.digits <= 9:
-      raise ValueError(f"rl.task.digits={self.digits} must be in 1..9")
+      raise ValueError(f"rl.problems.digits={self.digits} must be in 1..9")
     if not 0.0 <= self.teacher_carry_slip <= 1.0:
-      raise ValueError(f"rl.task.teacher_carry_slip={self.teacher_carry_slip} must be in [0, 1]")
+      raise ValueError(f"rl.problems.teacher_carry_slip={self.teacher_carry_slip} must be in [0, 1]")
 
   def teacher_answer(self, problem: Problem, rng: np.random.Generator) -> str:
     """The sum column by column, each carry dropped with probability teacher_carry_slip."""
@@ -76,11 +76,11 @@ class SortProblems(ProblemSet):
   def __post_init__(self):
     super().__post_init__()
     if not 2 <= self.length <= 32:
-      raise ValueError(f"rl.task.length={self.length} must be in 2..32")
+      raise ValueError(f"rl.problems.length={self.length} must be in 2..32")
     if self.min_length and not 1 <= self.min_length <= self.length:
-      raise ValueError(f"rl.task.min_length={self.min_length} must be in 1..length={self.length} (or 0)")
+      raise ValueError(f"rl.problems.min_length={self.min_length} must be in 1..length={self.length} (or 0)")
     if not 0.0 <= self.teacher_dedup <= 1.0:
-      raise ValueError(f"rl.task.teacher_dedup={self.teacher_dedup} must be in [0, 1]")
+      raise ValueError(f"rl.problems.teacher_dedup={self.teacher_dedup} must be in [0, 1]")
 
   def teacher_answer(self, problem: Problem, rng: np.random.Generator) -> str:
     """The sorted digits, each repeat of a digit left out with probability teacher_dedup."""

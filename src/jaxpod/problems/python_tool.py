@@ -1,7 +1,7 @@
 """The `python` environment (the policy's programs run in a sandbox) and the `python` problem set that needs it.
 
-    jaxpod rl --task.type python                     # the embedded configs/rl_python.yaml
-    task: {type: python, digits: 4, max_turns: 3, teacher_skip_tool: 0.6, timeout_s: 2.0, memory_mb: 256}
+    jaxpod rl --problems.type python                     # the embedded configs/rl_python.yaml
+    problems: {type: python, digits: 4, max_turns: 3, teacher_skip_tool: 0.6, timeout_s: 2.0, memory_mb: 256}
 
 `PythonTool` (registered as `python`): a turn that is a whole number is the final answer (reward 1 if it is
 the problem's); any other turn is a Python program, run by `jaxpod.problems.sandbox.run_python` (no network,
@@ -75,7 +75,7 @@ class PythonProblems(CalculatorProblems):
     try:
       self.limits()
     except ValueError as e:
-      raise ValueError(f"rl.task: {e}") from None
+      raise ValueError(f"rl.problems: {e}") from None
 
   def limits(self) -> SandboxLimits:
     """The sandbox limits of this set's programs."""

@@ -14,14 +14,13 @@ halves on the fly (`weights`): the rollout engine, the held-out evaluator, the H
                  same tree and shapes every version, so a swap compiles nothing.
   engine         unmerged: the engine computes x W + s (x A) B every decode step (`model.adapted`). The
                  alternative, merging W + s A B once per version, needs a second copy of every targeted
-                 weight on the sampler and a merge program per version; `jaxpod bench rl-lora` measures
-                 both (docs/rl.md, "LoRA").
+                 weight on the sampler and a merge program per version; `python -m jaxpod.bench.rl.lora`
+                 measures both (docs/lora.md, "RL: only adapters on the wire").
   export         `<run>/hf` is the merged model (a plain HF checkpoint, `hf_io.save` merges), `<run>/adapter`
                  the adapters as PEFT's files (`LlamaTask.export_hooks`, as every LoRA task).
+The KL reference (the base with the adapters off) is every Llama task's: `LlamaTask.reference`.
 """
 from __future__ import annotations
-
-from typing import Any
 
 from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.models.llama.lora import LoraConfig
@@ -69,17 +68,6 @@ class EngineWeights:
     return weights(adapters, self.base)
 
 
-def reference(graphdef, buffers, lcfg: LoraConfig | None, plain) -> tuple[Any, Any]:
-  """(graphdef, weights) of GRPO's KL reference: without LoRA the frozen copy in `buffers["ref"]`; with LoRA the
-  base (`buffers`) through the plain graph `plain`: the adapters off."""
-  return (graphdef, buffers["ref"]) if lcfg is None else (plain, buffers)
-
-
-def sibling(url: str, name: str) -> str:
-  """`name` next to `url` (the run folder's `adapter` beside its `hf`)."""
-  return storage.join(url.rstrip("/").rsplit("/", 1)[0], name)
-
-
 class AdapterClient:
   """A transfer client whose updates carry the whole policy: each received version's adapters merged into the
   base (`EngineWeights`); what a rollout worker hands its engine. Everything else is the wrapped client's."""
@@ -98,6 +86,6 @@ class AdapterClient:
 
 def worker_side(policy, llama: LlamaConfig, mesh, client):
   """(graphdef, like, client) of a LoRA rollout worker: it receives adapters only, and its engine gets them on
-  the base it loaded once."""
-  graphdef, like = adapter_like(llama, policy.lora, mesh)
-  return graphdef, like, AdapterClient(client, EngineWeights(policy.lora_base, llama, mesh))
+  the base it loaded once (the policy's starting checkpoint)."""
+  graphdef, like = adapter_like(llama, policy.lora.adapters(), mesh)
+  return graphdef, like, AdapterClient(client, EngineWeights(policy.start_from, llama, mesh))

@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import math
 
+from jaxpod.policy.spec import PolicySpec
 from jaxpod.rl.config import RLConfig
 from jaxpod.runtime import storage
 
 SAMPLE_PROBLEMS = 256  # training problems per stream tokenized by the length check (plus the whole held-out set)
 
 
-def before_jax(cfg: RLConfig) -> None:
-  """Raise ValueError (one line, naming the field and the fix) for anything wrong with `cfg`."""
+def before_jax(cfg: RLConfig, policy: PolicySpec | None = None) -> None:
+  """Raise ValueError (one line, naming the field and the fix) for anything wrong with `cfg`; `policy`: the run's
+  (its tokenizer, read here first; None: the model section's)."""
   from jaxpod.problems.rewards import Scorer
-  Scorer(cfg.rewards, cfg.reward_weights, cfg.task)
+  Scorer(cfg.rewards, cfg.reward_weights, cfg.problems)
   check_environment(cfg)
   hosts = cfg.runtime.hosts()
   for job, count in jobs(cfg, hosts.process_count):
@@ -37,13 +39,13 @@ def before_jax(cfg: RLConfig) -> None:
     storage.check_shared(cfg.trainer.runs_dir, "trainer.runs_dir", 2)
   if cfg.model.hf and not storage.exists(storage.join(cfg.model.hf, "config.json")):
     raise FileNotFoundError(f"model.hf={cfg.model.hf}: no config.json there; point it at a HF checkpoint folder (families: jaxpod.models.llama.families)")
-  check_lengths(cfg)
+  check_lengths(cfg, policy or PolicySpec(cfg.model))
 
 
 def check_environment(cfg: RLConfig) -> None:
   """A multi-turn problem set: its environment resolves, and it is what scores the episodes (either topology)."""
-  name = type(cfg.task).__name__
-  if cfg.task.environment() is None:  # resolves the environment: a one-line error naming the field if it cannot
+  name = type(cfg.problems).__name__
+  if cfg.problems.environment() is None:  # resolves the environment: a one-line error naming the field if it cannot
     return
   if tuple(cfg.rewards) != ("exact_match",) or cfg.reward_weights:
     raise ValueError(f"rl.rewards={list(cfg.rewards)}: the episodes of a multi-turn problem set ({name}) are scored "
@@ -91,24 +93,22 @@ def check_rows(cfg: RLConfig, job: str, hosts: int, devices_per_host: int | None
       raise ValueError(f"rl.rollout.{name}={value} (decode slots) does not split over {where}; use a multiple of {dp}")
 
 
-def check_lengths(cfg: RLConfig) -> None:
+def check_lengths(cfg: RLConfig, policy: PolicySpec) -> None:
   """Prompts within rollout.max_prompt_len, answers + EOS within max_new_tokens, both within the model's positions."""
-  from jaxpod.rl.policy import PolicySpec
   r = cfg.rollout
-  policy = PolicySpec(cfg.model, cfg.model.hf or None)
-  tok = policy.tokenizer()
-  problems = cfg.task.eval_set(cfg.trainer.seed)
+  tok = policy.tokenizer
+  problems = cfg.problems.eval_set(cfg.trainer.seed)
   for stream in (1, 2):
-    problems += cfg.task.train_problems(cfg.trainer.seed, stream, 0, SAMPLE_PROBLEMS)
+    problems += cfg.problems.train_problems(cfg.trainer.seed, stream, 0, SAMPLE_PROBLEMS)
   longest = max(problems, key=lambda p: len(tok.encode(p.prompt)))
   n = len(tok.encode(longest.prompt))
   if n > r.max_prompt_len:
-    raise ValueError(f"rl.task prompts reach {n} tokens (e.g. {longest.prompt!r}) but rl.rollout.max_prompt_len="
+    raise ValueError(f"rl.problems prompts reach {n} tokens (e.g. {longest.prompt!r}) but rl.rollout.max_prompt_len="
                      f"{r.max_prompt_len}; raise it to >= {n} (prompts are never truncated)")
-  llama = policy.llama()
-  check_turns(cfg, tok, problems, policy.stop_ids(tok, llama)[0])
-  if r.max_prompt_len + r.max_new_tokens > llama.max_position_embeddings:
-    raise ValueError(f"rl.rollout.max_prompt_len + max_new_tokens = {r.max_prompt_len + r.max_new_tokens} exceeds "
+  llama = policy.llama
+  check_turns(cfg, tok, problems, policy.stop_ids[0])
+  if r.cache_len > llama.max_position_embeddings:
+    raise ValueError(f"rl.rollout.max_prompt_len + max_new_tokens = {r.cache_len} exceeds "
                      f"the model's max_position_embeddings={llama.max_position_embeddings}; lower them or raise "
                      "model.max_position_embeddings")
   if cfg.model.hf:
@@ -129,7 +129,7 @@ def check_turns(cfg: RLConfig, tok, problems, stop_id: int) -> None:
   turn, context = (0, None), (0, None)
   for p in problems:
     turn = max(turn, (len(answer_ids(tok, p.answer)) + 1, p.prompt))  # the answer, said in one turn
-    e = demonstration(cfg.task, tok, p, stop_id)
+    e = demonstration(cfg.problems, tok, p, stop_id)
     start = len(e.prompt_ids)  # where the current run of policy or observation tokens begins
     for mine, run in itertools.groupby(e.from_policy):
       length = len(list(run))
@@ -137,8 +137,8 @@ def check_turns(cfg: RLConfig, tok, problems, stop_id: int) -> None:
         turn, context = max(turn, (length, p.prompt)), max(context, (start, p.prompt))
       start += length
   if turn[0] > r.max_new_tokens:
-    raise ValueError(f"rl.task turns need {turn[0]} tokens with EOS (e.g. on {turn[1]!r}) but rl.rollout."
+    raise ValueError(f"rl.problems turns need {turn[0]} tokens with EOS (e.g. on {turn[1]!r}) but rl.rollout."
                      f"max_new_tokens={r.max_new_tokens}; raise it to >= {turn[0]}")
   if context[0] > r.max_prompt_len:
-    raise ValueError(f"rl.task episodes continue from {context[0]} tokens (prompt, turns and observations, e.g. on "
+    raise ValueError(f"rl.problems episodes continue from {context[0]} tokens (prompt, turns and observations, e.g. on "
                      f"{context[1]!r}) but rl.rollout.max_prompt_len={r.max_prompt_len}; raise it to >= {context[0]}")

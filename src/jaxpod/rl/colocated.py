@@ -21,25 +21,27 @@ Request seeds are fixed by the run seed, so a rerun from a checkpoint regenerate
 it would have trained on: the data state is the number of batches trained and the stream position of the batch not yet
 trained (invariant 5 for RL: nothing trained twice, nothing lost).
 
-`run.py` builds the `RolloutBuffer` and hands it to the GRPO task as its batch source; the buffer brings
-its hook (`ColocatedRollouts`), which samples with the trainer's weights when the trainer calls it.
+`run.py` builds the `BatchSlot` (the one batch the next step trains on) and hands it to the GRPO task as its batch
+source; the slot brings its hook (`ColocatedRollouts`), which fills it with the trainer's weights when the trainer
+calls it.
 """
 from __future__ import annotations
 
 import time
 
+from jaxpod.policy.engine import EngineOptions
+from jaxpod.policy.spec import PolicySpec
 from jaxpod.problems.rewards import VerifiedProblems
 from jaxpod.rl import grpo
-from jaxpod.rl.config import GRPOConfig, RolloutConfig
-from jaxpod.rl.policy import PolicySpec
-from jaxpod.rl.rollout.groups import Batcher, BatchSource
+from jaxpod.rl.batch import Batcher, BatchSource
+from jaxpod.rl.config import GRPOConfig
 from jaxpod.runtime import progress
 from jaxpod.runtime.hooks import Hook, StepInfo
 
 RL_STREAM = 2  # training stream of RL problems (the warm-up uses stream 1)
 
 
-def check_memory(state, mesh, rollout: RolloutConfig, model_cfg, available: int | None = None) -> dict[str, int]:
+def check_memory(state, mesh, rollout: EngineOptions, model_cfg, available: int | None = None) -> dict[str, int]:
   """The train state, the rollout and evaluation engines' KV caches and their one shared inference-layout weight
   copy, bytes per device, against device memory; a one-line ValueError naming the largest part's knob."""
   from jaxpod.sample.memory import (EngineMemory, check_train_and_engines, engine_knob, engine_weight_bytes,
@@ -66,15 +68,15 @@ def fill_batch(rounds, fill: grpo.BatchFill) -> list:
   raise RuntimeError("rl colocated: the rounds of a batch ran out")  # `rounds` is endless in a run
 
 
-class RolloutBuffer(BatchSource):
-  """The trainer's iterator: the next batch, put there by `ColocatedRollouts` with the latest weights."""
+class BatchSlot(BatchSource):
+  """The trainer's iterator: a slot for one batch, the one the next step trains on, filled by `ColocatedRollouts`
+  with the latest weights after every step."""
 
-  def __init__(self, problems: VerifiedProblems, policy: PolicySpec, rollout: RolloutConfig, grpo_cfg: GRPOConfig,
+  def __init__(self, problems: VerifiedProblems, policy: PolicySpec, rollout: EngineOptions, grpo_cfg: GRPOConfig,
                batcher: Batcher):
     self.problems, self.rollout, self.batcher = problems, rollout, batcher
     self.lora = policy.lora  # LoRA: the engine samples with the adapters on the trainer's frozen base
-    self.tokenizer = policy.tokenizer()
-    self.stop_ids = policy.stop_ids(self.tokenizer, policy.llama())
+    self.tokenizer, self.stop_ids = policy.tokenizer, policy.stop_ids
     g = grpo_cfg
     self.num_generations, self.sampled_prompts = g.num_generations, g.sampled_prompts
     self.grpo = g
@@ -83,9 +85,6 @@ class RolloutBuffer(BatchSource):
     self.ended: grpo.Solved | None = None  # the policy solved its problems: no batch `trained`, the run ends
     self.cursor: int | None = None  # stream position of the next round (None: the start of batch `trained`)
     self.ready_from = 0  # stream position the ready batch's first round sampled
-
-  def describe(self) -> str:
-    return f"colocated RolloutBuffer (stream {RL_STREAM}, {self.sampled_prompts} prompts per round)"
 
   def __next__(self) -> dict:
     if self.ended is not None:
@@ -117,8 +116,8 @@ class RolloutBuffer(BatchSource):
 class ColocatedRollouts(Hook):
   """After every step (and once at the start): sample the next batch with the weights just made."""
 
-  def __init__(self, buffer: RolloutBuffer, graphdef, mesh):
-    self.buffer, self.graphdef, self.mesh = buffer, graphdef, mesh
+  def __init__(self, slot: BatchSlot, graphdef, mesh):
+    self.slot, self.graphdef, self.mesh = slot, graphdef, mesh
     self.roller = None
     self.last_end: float | None = None  # when the previous call ended: the span since is the train step and hooks
 
@@ -127,44 +126,45 @@ class ColocatedRollouts(Hook):
 
   def on_start(self, info: StepInfo) -> dict:
     from flax import nnx
-    model = nnx.merge(self.graphdef, self.buffer.weights(info.state))
-    check_memory(info.state, self.mesh, self.buffer.rollout, model.cfg)
+    model = nnx.merge(self.graphdef, self.slot.weights(info.state))
+    check_memory(info.state, self.mesh, self.slot.rollout, model.cfg)
     return self(info)
 
   def __call__(self, info: StepInfo) -> dict:
     t0 = time.perf_counter()
     interval = t0 - self.last_end if self.last_end is not None else 0.0
-    buffer = self.buffer
-    problems = buffer.problems
-    params, version = buffer.weights(info.state), int(info.step)
+    slot = self.slot
+    problems = slot.problems
+    params, version = slot.weights(info.state), int(info.step)
     if self.roller is None:
-      from jaxpod.rl.rollout.episodes import samples_for
-      from jaxpod.rl.rollout.roller import Roller, make_sampler
-      sampler = make_sampler(self.graphdef, params, self.mesh, buffer.rollout, buffer.stop_ids, version=version)
-      self.roller = Roller(sampler, buffer.tokenizer, problems.scorer(), buffer.num_generations, problems.seed,
-                           samples_for(problems, buffer.rollout.max_prompt_len, buffer.rollout.keep_kv))
+      from jaxpod.policy.engine import make_sampler
+      from jaxpod.policy.rollout.episodes import samples_for
+      from jaxpod.policy.rollout.roller import Roller
+      sampler = make_sampler(self.graphdef, params, self.mesh, slot.rollout, slot.stop_ids, version=version)
+      self.roller = Roller(sampler, slot.tokenizer, problems.scorer(), slot.num_generations, problems.seed,
+                           samples_for(problems, slot.rollout.max_prompt_len, slot.rollout.keep_kv))
     else:
       self.roller.sampler.update_params(params, version)  # in memory; resharded once if the layouts differ
-    if buffer.cursor is None:
-      buffer.cursor = buffer.trained * buffer.sampled_prompts
-    buffer.ready_from = buffer.cursor
+    if slot.cursor is None:
+      slot.cursor = slot.trained * slot.sampled_prompts
+    slot.ready_from = slot.cursor
     before, sampled = self.roller.tokens, []
     prefilled, distinct = self.roller.prefill_tokens, self.roller.context_tokens
 
     def rounds():
       while True:
         progress.mark(f"rl rollout for step {version + 1}")  # the watchdog's phase: what a stuck host was doing
-        batch = problems.train_problems(RL_STREAM, buffer.cursor, buffer.sampled_prompts)
-        buffer.cursor += buffer.sampled_prompts
+        batch = problems.train_problems(RL_STREAM, slot.cursor, slot.sampled_prompts)
+        slot.cursor += slot.sampled_prompts
         sampled.extend(self.roller.run(batch))
         yield sampled[-len(batch):]
 
-    fill = buffer.grpo.batch_fill(version)
+    fill = slot.grpo.batch_fill(version)
     try:
       chosen = fill_batch(rounds(), fill)
-      buffer.ready = buffer.batcher(chosen)
+      slot.ready = slot.batcher(chosen)
     except grpo.Solved as e:  # raised to the trainer by the next batch it asks for: this step's hooks finish first
-      chosen, buffer.ended = [], e
+      chosen, slot.ended = [], e
     self.last_end = time.perf_counter()
     dt = self.last_end - t0
     tokens = self.roller.tokens - before

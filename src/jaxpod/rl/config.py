@@ -3,69 +3,32 @@
     jaxpod rl                                        # the built-in default (addition, colocated)
     jaxpod rl --grpo.num_generations 8 --trainer.steps 300 --topology disaggregated
 
-Sections: task (the problem set, `jaxpod.problems`: what the policy solves), rewards, model (architecture, or
-`model.hf` to start from a HF checkpoint), warmup (supervised steps on the problem set's own data before RL),
-grpo (the algorithm), lora (GRPO on adapters only, `--lora.rank 1`), rollout (the engine and the workers),
-transfer (weights between clusters when disaggregated), trainer / tracker / runtime / mesh (as in `jaxpod
-train`).
+Sections: problems (the problem set, `jaxpod.problems`: what the policy solves; `--task.*` before, still accepted),
+rewards, model (architecture, or `model.hf` to start from a HF checkpoint), warmup (supervised steps on the problem
+set's own data before RL), grpo (the algorithm), lora (GRPO on adapters only, `--lora.rank 1`), rollout (the engine
+and the workers), transfer (weights between clusters when disaggregated), trainer / tracker / runtime / mesh (as in
+`jaxpod train`).
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import ClassVar
 
-from jaxpod.models.llama.config import LlamaConfig
-from jaxpod.models.llama.lora import LoraConfig
+from jaxpod.policy.engine import EngineOptions
+from jaxpod.policy.lora import LoraSection
+from jaxpod.policy.spec import PolicyModelConfig
+from jaxpod.policy.warmup import WarmupConfig
 from jaxpod.problems import DatasetProblems, ProblemSet, SortProblems
 from jaxpod.problems.passk import EvalConfig
 from jaxpod.rl.grpo import LOSS_NORMS, MIS_LEVELS, SCALE_REWARDS, TIS_LEVELS, BatchFill
 from jaxpod.runtime.mesh import MeshConfig
 from jaxpod.runtime.state import RuntimeConfig
-from jaxpod.sample.config import EngineConfig, SamplingOptions, SamplingParams
 from jaxpod.train.config import TrackerConfig, TrainerConfig
 from jaxpod.transfer.config import TransferConfig
 
 TOPOLOGIES = ("colocated", "disaggregated")
 ROLES = ("auto", "trainer", "rollout")
 UPDATES = ("inflight", "drain")
-
-
-@dataclasses.dataclass(frozen=True)
-class RLModelConfig(LlamaConfig):
-  """The policy's architecture (byte-level vocabulary by default), or a HF checkpoint to start from."""
-
-  hf: str = ""  # HF Llama checkpoint (folder or URL) to start RL from: skips the warm-up; its config.json wins
-  vocab_size: int = 259  # ByteTokenizer: bytes 0..255, BOS 256, EOS 257, PAD 258
-  hidden_size: int = 128
-  intermediate_size: int = 384
-  num_hidden_layers: int = 2
-  num_attention_heads: int = 4
-  num_key_value_heads: int = 4
-  max_position_embeddings: int = 64
-  tie_word_embeddings: bool = True
-  bos_token_id: int | None = 256
-  eos_token_id: tuple[int, ...] = (257,)
-  pad_token_id: int | None = 258
-
-  def llama(self) -> LlamaConfig:
-    """The architecture alone (what the model and HF export take)."""
-    fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(LlamaConfig)}
-    return LlamaConfig(**fields)
-
-
-@dataclasses.dataclass(frozen=True)
-class WarmupConfig:
-  """Supervised fine-tuning on the problem set's own problems before RL (next-token loss on answer + EOS)."""
-
-  steps: int = 150  # optimizer steps (0: no warm-up; ignored when model.hf is set)
-  batch_size: int = 128  # problems per step over all hosts
-  lr: float = 1e-3  # peak learning rate (AdamW, linear warm-up over the first 10% of steps, then constant)
-  grad_clip: float = 1.0  # global-norm clip (0: none; the preference default's warm-up clips nothing)
-
-  def __post_init__(self):
-    if self.steps < 0 or self.batch_size < 1 or self.lr <= 0 or self.grad_clip < 0:
-      raise ValueError(f"rl.warmup: steps={self.steps} must be >= 0, batch_size={self.batch_size} >= 1, "
-                       f"lr={self.lr} > 0, grad_clip={self.grad_clip} >= 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,19 +114,14 @@ class GRPOConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class RolloutConfig(SamplingOptions):
-  """The engine's sampling options (`jaxpod.sample.SamplingOptions`, with RL's defaults) and the rollout workers.
+class RolloutConfig(EngineOptions):
+  """The policy's engine options (`jaxpod.policy.engine.EngineOptions`: `jaxpod.sample`'s sampling options with the
+  policy's defaults) and the rollout workers of the disaggregated topology.
 
   n and seed are not RL's to set here: samples per prompt are grpo.num_generations, request seeds come
   from trainer.seed."""
 
   section: ClassVar[str] = "rl.rollout"
-  temperature: float = 0.5  # sampling temperature > 0 (the trainer recomputes log-probs under the same distribution)
-  max_prompt_len: int = 16  # prompt tokens (BOS included); longer prompts are refused before compiling
-  max_new_tokens: int = 8  # tokens sampled per completion at most
-  batch_size: int = 128  # decode slots of the engine (rows decoded together)
-  steps_per_round: int = 4  # decode steps per device call between scheduling rounds
-  eval_slots: int = 128  # decode slots of the greedy held-out evaluation
   update: str = "inflight"  # disaggregated workers: inflight (swap weights between decode steps) | drain (finish, then swap)
   worker_id: int = 0  # this worker's number (role rollout)
   workers: int = 1  # rollout workers `--role auto` starts (disaggregated)
@@ -174,18 +132,10 @@ class RolloutConfig(SamplingOptions):
   heartbeat_s: float = 2.0  # how often a worker's leader writes its heartbeat
   worker_timeout_s: float = 15.0  # the trainer names a worker lost after this long without a heartbeat
   rollout_timeout_s: float = 900.0  # the trainer fails if no usable rollout arrives for this long
-  keep_kv: bool = True  # multi-turn episodes: the engine keeps each episode's KV between turns (false: re-prefills it)
 
   def __post_init__(self):
     super().__post_init__()
-    if self.temperature <= 0:
-      raise ValueError(f"rl.rollout.temperature={self.temperature}: RL samples at a temperature > 0 (its "
-                       "log-probs define pi_behaviour); use e.g. 1.0")
-    if self.n != 1:
-      raise ValueError(f"rl.rollout.n={self.n}: RL samples grpo.num_generations completions per prompt; set that")
-    if self.seed != 0:
-      raise ValueError(f"rl.rollout.seed={self.seed}: rollout seeds derive from trainer.seed; set that")
-    for name in ("eval_slots", "workers", "hosts", "groups_per_file", "max_queued_files"):
+    for name in ("workers", "hosts", "groups_per_file", "max_queued_files"):
       if getattr(self, name) < 1:
         raise ValueError(f"rl.rollout.{name}={getattr(self, name)} must be >= 1")
     if self.worker_id < 0:
@@ -196,31 +146,15 @@ class RolloutConfig(SamplingOptions):
       if getattr(self, name) <= 0:
         raise ValueError(f"rl.rollout.{name}={getattr(self, name)} must be > 0 seconds")
 
-  def engine(self, greedy: bool = False) -> EngineConfig:
-    """The engine's static shapes for rollouts (greedy: for the held-out evaluation, eval_slots rows)."""
-    return dataclasses.replace(super().engine(), batch_size=self.eval_slots if greedy else self.batch_size,
-                               min_prefill_len=min(16, self.max_prompt_len))  # RL prompts are short
-
-  def sampling(self, greedy: bool = False) -> SamplingParams:
-    """How rollout tokens are drawn (greedy: argmax, for the held-out evaluation)."""
-    return SamplingParams() if greedy else super().sampling()
-
-
 # Sections with RL's own defaults are subclasses, not default_factory values: draccus rebuilds a
 # section from its class defaults as soon as one of its fields is given on the command line.
 @dataclasses.dataclass(frozen=True)
-class RLLoraConfig(LoraConfig):
-  """LoRA for RL (`--lora.rank N` turns it on): the causal-LM adapters, and GRPO's learning rate scaled for them."""
+class RLLoraConfig(LoraSection):
+  """LoRA for RL (`--lora.rank N` turns it on): the causal-LM adapters, GRPO's learning rate scaled for them."""
 
+  section: ClassVar[str] = "rl.lora"
   lr_scale: float = 5.0  # GRPO trains the adapters at grpo.lr x this (measured best of 2.5-20 here; docs/lora.md)
   b_lr_ratio: float = 1.0  # LoRA+: B's lr / A's lr (1/4, 2, 4 no better at rank 1; 2 mixed at rank 16: docs/lora.md)
-
-  def __post_init__(self):
-    super().__post_init__()
-    if not self.lr_scale > 0:
-      raise ValueError(f"rl.lora.lr_scale={self.lr_scale} must be > 0 (1: the same lr as full fine-tuning)")
-    if not self.b_lr_ratio > 0:
-      raise ValueError(f"rl.lora.b_lr_ratio={self.b_lr_ratio} must be > 0 (1: B at A's lr)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,10 +184,12 @@ class RLTransferConfig(TransferConfig):
 class RLConfig:
   """`jaxpod rl`: warm-up, then GRPO with rollouts from the continuous engine (see the module docstring)."""
 
-  task: ProblemSet = dataclasses.field(default_factory=SortProblems)  # problem set: sort|addition|dataset|calculator|python
+  old_names: ClassVar[dict[str, str]] = {"task": "problems"}  # accepted, warned once (a task is the trainer's)
+
+  problems: ProblemSet = dataclasses.field(default_factory=SortProblems)  # sort|addition|dataset|calculator|python
   rewards: tuple[str, ...] = ("exact_match",)  # reward plugins (registered names or "module:function"), summed
   reward_weights: tuple[float, ...] = ()  # one weight per reward (empty: all 1.0)
-  model: RLModelConfig = dataclasses.field(default_factory=RLModelConfig)  # the policy (or model.hf)
+  model: PolicyModelConfig = dataclasses.field(default_factory=PolicyModelConfig)  # the policy (or model.hf)
   warmup: WarmupConfig = dataclasses.field(default_factory=WarmupConfig)  # supervised steps before RL
   grpo: GRPOConfig = dataclasses.field(default_factory=GRPOConfig)  # the algorithm
   rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)  # engine + workers
@@ -281,9 +217,9 @@ class RLConfig:
     if self.lora is not None and not self.model.hf and self.warmup.steps == 0:
       raise ValueError("rl.lora: adapters train on a frozen base, and a random base has nothing to adapt; set "
                        "--model.hf to a HF checkpoint or --warmup.steps > 0 (the warm-up trains every weight first)")
-    if isinstance(self.task, DatasetProblems) and not self.task.chat_template and self.model.hf:
+    if isinstance(self.problems, DatasetProblems) and not self.problems.chat_template and self.model.hf:
       # message prompts are rendered with the policy's own chat template unless another is named
-      object.__setattr__(self, "task", dataclasses.replace(self.task, chat_template=self.model.hf))
+      object.__setattr__(self, "problems", dataclasses.replace(self.problems, chat_template=self.model.hf))
     if self.topology == "disaggregated" and self.transfer.background and self.grpo.max_policy_lag < 1:
       raise ValueError("rl.transfer.background=true publishes version k while step k+1 trains, so workers sample "
                        f"one version behind; rl.grpo.max_policy_lag={self.grpo.max_policy_lag} admits none: set "

@@ -61,7 +61,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpod.models.llama.model import head_logits
 from jaxpod.sample.config import SamplingParams
 from jaxpod.sample.tokens import token_logprobs as sample_token_logprobs
 from jaxpod.train.task import EndOfData
@@ -70,7 +69,7 @@ SCALE_REWARDS = ("group", "batch", "none")
 LOSS_NORMS = ("token", "sequence", "constant")
 TIS_LEVELS = ("none", "token", "sequence")  # grpo.tis: truncate the weight of each token, or of each sample
 MIS_LEVELS = ("none", "token", "sequence", "geometric")  # grpo.mis: mask tokens, or samples (product or geometric mean)
-LOGPROB_CHUNK = 128  # positions per chunk of the vocab head in `policy_logprobs` ([B, 128, V] logits at a time)
+LOGPROB_CHUNK = 128  # positions per chunk of the vocab head in `policy_logprobs` (models/llama/loss.py: CHUNK)
 MAX_LOG_RATIO = 20.0  # |log s| is clipped to this before exp (as verl and Tunix): no inf from a long product
 
 
@@ -172,7 +171,7 @@ class BatchFill:
                   f"judged for step {self.version + 1} had every sample correct and {self.taken} of the {self.need} "
                   f"needed have rewards that differ (grpo.filter_groups; limit grpo.max_sampling_rounds x "
                   f"sample_prompts_per_step = {self.limit} groups), so the run ends at step {self.version}; for more "
-                  "to learn, a harder --task")
+                  "to learn, a harder --problems")
 
   def describe(self) -> str:
     """`3 of 32 groups taken; worker 0: 2 taken, dropped 61 uniform, 4 stale; ...` (the progress line)."""
@@ -193,7 +192,7 @@ class BatchFill:
                    f"{habit} almost every problem) and {self.taken} of the {self.need} needed have rewards that "
                    f"differ (limit grpo.max_sampling_rounds x sample_prompts_per_step = {self.limit} groups); train "
                    "the starting policy longer (warmup.steps, or a stronger model.hf), give partial credit "
-                   "(rewards), change the problem set (--task), set grpo.filter_groups false, or raise "
+                   "(rewards), change the problem set (--problems), set grpo.filter_groups false, or raise "
                    "grpo.max_sampling_rounds")
 
 
@@ -220,18 +219,14 @@ def token_logprobs(logits_BxTxV, targets_BxT, sampling: SamplingParams):
 
 def policy_logprobs(graphdef, weights, inputs_BxT, targets_BxT, sampling: SamplingParams,
                     chunk: int = LOGPROB_CHUNK):
-  """`token_logprobs` of the policy's logits on inputs_BxT, float32 [B, T], without its [B, T, V] logits: the decoder
-  runs to the final-normed hidden [B, T, D]; the vocab head and the log-prob (the target's logit minus a
-  logsumexp, no log-softmax) then run `chunk` positions at a time, each chunk rematerialised in the backward pass
-  (`jax.checkpoint`), so at most [B, chunk, V] logits exist in the forward or the backward pass."""
-  from flax import nnx
-  model = nnx.merge(graphdef, weights)
-  h_BxTxD = model(inputs_BxT, return_hidden=True).logits
-  w_DxV = model.head_weight()
-  piece = jax.checkpoint(lambda h, w, t: token_logprobs(head_logits(h, w), t, sampling))
-  t = inputs_BxT.shape[1]
-  parts = [piece(h_BxTxD[:, i:i + chunk], w_DxV, targets_BxT[:, i:i + chunk]) for i in range(0, t, max(chunk, 1))]
-  return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
+  """`token_logprobs` of the policy's logits on inputs_BxT, float32 [B, T], without its [B, T, V] logits
+  (`models/llama/loss.token_logps`): by vocabulary slices when the sampler filters nothing, else `chunk` positions at
+  a time, each chunk rematerialised in the backward pass."""
+  from jaxpod.models.llama.loss import token_logps
+  if sampling.top_k == 0 and sampling.top_p >= 1:  # no filter: log softmax(logits / T), by vocabulary slices
+    return token_logps(graphdef, weights, inputs_BxT, targets_BxT, temperature=sampling.temperature or 1.0)
+  return token_logps(graphdef, weights, inputs_BxT, targets_BxT,
+                     lambda logits, targets: token_logprobs(logits, targets, sampling), chunk)
 
 
 def is_correction(log_ratio_BxT, mask_BxT, *, tis: str, tis_cap: float, mis: str, mis_low: float, mis_high: float):

@@ -19,22 +19,23 @@ same command resumes it. Inside:
                    role auto: both, as `jaxpod launch` clusters on this machine.
 
 `RLConfig` is checked once (`checks.before_jax`) and resolved here into typed slices; each part gets
-only its own: the policy (`PolicySpec`), the problems and rewards (`VerifiedProblems`), `GRPOConfig`, the
-engine's sampling options (`RolloutConfig`, a `jaxpod.sample.SamplingOptions`), the queue (the run
-folder) and the transport (`TransferConfig`, its folder resolved in the run folder). The topology is
-decided here: the GRPO task is handed the batch source it trains from (`batch_source`).
+only its own: the policy (one `PolicySpec` per run, its tokenizer read once), the problems and rewards
+(`VerifiedProblems`), `GRPOConfig`, the engine's sampling options (`RolloutConfig`, the policy's
+`EngineOptions`), the queue (the run folder) and the transport (`TransferConfig`, its folder resolved in the
+run folder). The topology is decided here: the GRPO task is handed the batch source it trains from
+(`batch_source`), as an argument.
 """
 from __future__ import annotations
 
 import dataclasses
 
+from jaxpod.policy.spec import PolicySpec
 from jaxpod.problems import ProblemSet
 from jaxpod.problems.rewards import VerifiedProblems
 from jaxpod.rl.config import RLConfig
-from jaxpod.rl.policy import PolicySpec
 from jaxpod.runtime import storage
-from jaxpod.transfer.config import TransferConfig
 from jaxpod.runtime.log import get_logger
+from jaxpod.transfer.config import TransferConfig
 
 log = get_logger("rl")
 
@@ -49,7 +50,7 @@ def run_id(cfg: RLConfig) -> str:
   """`rl-<12 hex>`: a hash of the fields that differ from their defaults, without RUN_ID_IGNORES (the same for every
   job of one run, and across upgrades that add fields; `train.run_ids`)."""
   from jaxpod.train.run_ids import run_name
-  return run_name(cfg, "rl", RUN_ID_IGNORES, ProblemSet.get_choice_name(type(cfg.task)))
+  return run_name(cfg, "rl", RUN_ID_IGNORES, ProblemSet.get_choice_name(type(cfg.problems)), choice="problems")
 
 
 def run_dir(cfg: RLConfig) -> str:
@@ -58,15 +59,16 @@ def run_dir(cfg: RLConfig) -> str:
   runs = storage.absolute(cfg.trainer.runs_dir)
   if cfg.trainer.run_name:
     return storage.join(runs, cfg.trainer.run_name)
-  kind = ProblemSet.get_choice_name(type(cfg.task))
+  kind = ProblemSet.get_choice_name(type(cfg.problems))
   return find_run(runs, run_id(cfg), legacy_run_id(cfg, "rl", RUN_ID_IGNORES, "rl", kind))
 
 
 def run(cfg: RLConfig) -> dict | None:
   """Run `jaxpod rl` as configured; returns the summary on the leader of the trainer (else None)."""
   from jaxpod.rl import checks
-  checks.before_jax(cfg)  # invariant 7: everything that can fail does so here, in one line
   folder = run_dir(cfg)
+  policy = policy_spec(cfg, folder)  # the run's one policy: every part below reads its tokenizer from it
+  checks.before_jax(cfg, policy)  # invariant 7: everything that can fail does so here, in one line
   if cfg.topology == "disaggregated" and cfg.role == "auto":
     from jaxpod.rl.disaggregated.launch import run_clusters
     return run_clusters(cfg, folder)
@@ -75,29 +77,28 @@ def run(cfg: RLConfig) -> dict | None:
   if cfg.role == "rollout":
     from jaxpod.rl.disaggregated.worker import run_worker
     with runtime.guard():
-      run_worker(policy_spec(cfg, cfg.model.hf or None, base=start_url(cfg, folder)), verified_problems(cfg),
-                 cfg.rollout, num_generations=cfg.grpo.num_generations, mesh=cfg.mesh,
-                 transfer=transfer_config(cfg, folder), run_dir=folder)
+      run_worker(policy, verified_problems(cfg), cfg.rollout, num_generations=cfg.grpo.num_generations,
+                 mesh=cfg.mesh, transfer=transfer_config(cfg, folder), run_dir=folder)
     return None
   with runtime.guard():
-    return train_policy(cfg, folder)
+    return train_policy(cfg, folder, policy)
 
 
-def train_policy(cfg: RLConfig, folder: str) -> dict | None:
+def train_policy(cfg: RLConfig, folder: str, policy: PolicySpec) -> dict | None:
   """Warm-up (unless model.hf), GRPO, summary; every host of the trainer job calls it."""
   import time
   from jaxpod import runtime
   from jaxpod.rl import summary as summary_lib
+  from jaxpod.rl.grpo_task import GRPOTask
   from jaxpod.train.trainer import train
   t0 = time.monotonic()
   runtime.broadcast_call(lambda: storage.makedirs(folder), "rl.run_dir")
-  start = cfg.model.hf or None
   warm = None
-  if not start and cfg.warmup.steps > 0:
-    warm = train(warmup_config(cfg, folder))
-    start = storage.join(folder, "warmup", "hf")
+  if not cfg.model.hf and cfg.warmup.steps > 0:
+    warm = train(warmup_config(cfg, folder, policy))
   t_warm = time.monotonic() - t0
-  rl_summary = train(grpo_config(cfg, folder, start, batch_source(cfg, folder, start)))
+  grpo = grpo_config(cfg, folder, policy)
+  rl_summary = train(grpo, task=GRPOTask(grpo, batch_source(cfg, folder, policy)))
   out = None
   if runtime.is_leader():
     workers = None
@@ -110,12 +111,10 @@ def train_policy(cfg: RLConfig, folder: str) -> dict | None:
   return out
 
 
-def policy_spec(cfg: RLConfig, start_from: str | None, base: str | None = None) -> PolicySpec:
-  """The policy slice: the model section, starting from `start_from` (None: random init); with `lora`, adapters on
-  the frozen `base` (default start_from; the warm-up, which starts from None, trains every weight)."""
-  base = base or start_from
-  lora = cfg.lora if base else None
-  return PolicySpec(cfg.model, start_from, lora, base if lora else None)
+def policy_spec(cfg: RLConfig, folder: str) -> PolicySpec:
+  """The run's policy: the model section, starting from model.hf or the warm-up's export in `folder` (None: neither,
+  random init), with `lora`'s adapters on that start (the warm-up itself trains every weight of a fresh model)."""
+  return PolicySpec(cfg.model, start_url(cfg, folder), cfg.lora)
 
 
 def start_url(cfg: RLConfig, folder: str) -> str | None:
@@ -126,8 +125,8 @@ def start_url(cfg: RLConfig, folder: str) -> str | None:
 
 
 def verified_problems(cfg: RLConfig) -> VerifiedProblems:
-  """The problems slice: the problem set (`task`), its rewards, the run seed, the held-out evaluation."""
-  return VerifiedProblems(cfg.task, tuple(cfg.rewards), tuple(cfg.reward_weights), cfg.trainer.seed, cfg.eval)
+  """The problems slice: the problem set (`problems`), its rewards, the run seed, the held-out evaluation."""
+  return VerifiedProblems(cfg.problems, tuple(cfg.rewards), tuple(cfg.reward_weights), cfg.trainer.seed, cfg.eval)
 
 
 def transfer_config(cfg: RLConfig, folder: str) -> TransferConfig:
@@ -136,41 +135,32 @@ def transfer_config(cfg: RLConfig, folder: str) -> TransferConfig:
   return resolve(cfg.transfer, folder)
 
 
-def batch_source(cfg: RLConfig, folder: str, start_from: str | None):
+def batch_source(cfg: RLConfig, folder: str, policy: PolicySpec):
   """What the GRPO task trains from, by topology: this job's engine between steps (colocated), or the rollout
   queue the workers fill (disaggregated); every host of the trainer builds its own."""
-  from jaxpod.rl.rollout.groups import Batcher
-  policy = policy_spec(cfg, start_from)
-  batcher = Batcher(cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens, policy.tokenizer().pad_id,
-                    cfg.grpo.scale_rewards, cfg.grpo.trim_rows)
+  from jaxpod.rl.batch import Batcher
+  batcher = Batcher(cfg.rollout.cache_len, policy.tokenizer.pad_id, cfg.grpo.scale_rewards, cfg.grpo.trim_rows)
   if cfg.topology == "colocated":
-    from jaxpod.rl.colocated import RolloutBuffer
-    return RolloutBuffer(verified_problems(cfg), policy, cfg.rollout, cfg.grpo, batcher)
+    from jaxpod.rl.colocated import BatchSlot
+    return BatchSlot(verified_problems(cfg), policy, cfg.rollout, cfg.grpo, batcher)
   from jaxpod.rl.disaggregated.queue_source import QueueSource
   return QueueSource(folder, transfer_config(cfg, folder), cfg.grpo, cfg.rollout, batcher)
 
 
-def _trainer_cfg(cfg: RLConfig, folder: str, name: str, **changes):
-  from jaxpod.train.config import TrainConfig
-  trainer = dataclasses.replace(cfg.trainer, runs_dir=folder, run_name=name, **changes)
-  return trainer, dict(runtime=cfg.runtime, mesh=cfg.mesh, tracker=cfg.tracker), TrainConfig
-
-
-def warmup_config(cfg: RLConfig, folder: str):
+def warmup_config(cfg: RLConfig, folder: str, policy: PolicySpec):
   """The TrainConfig of the supervised warm-up (`<run>/warmup`, exported to `<run>/warmup/hf`)."""
-  from jaxpod.rl.train_tasks import warmup_run
-  return warmup_run(cfg.trainer, folder, policy_spec(cfg, None), verified_problems(cfg), cfg.warmup, cfg.rollout,
+  from jaxpod.policy.warmup import warmup_run
+  return warmup_run(cfg.trainer, folder, policy, verified_problems(cfg), cfg.warmup, cfg.rollout,
                     runtime=cfg.runtime, mesh=cfg.mesh, tracker=cfg.tracker)
 
 
-def grpo_config(cfg: RLConfig, folder: str, start_from: str | None, source):
-  """The TrainConfig of the GRPO run (`<run>/train`, exported to `<run>/hf`), training from `source`."""
-  from jaxpod.rl.train_tasks import GRPOTaskConfig
-  from jaxpod.train.config import DataConfig
-  trainer, common, TrainConfig = _trainer_cfg(cfg, folder, "train")
+def grpo_config(cfg: RLConfig, folder: str, policy: PolicySpec):
+  """The TrainConfig of the GRPO run (`<run>/train`, exported to `<run>/hf`); its task is `GRPOTask(config, source)`."""
+  from jaxpod.rl.grpo_task import GRPOTaskConfig
+  from jaxpod.train.config import DataConfig, TrainConfig
+  trainer = dataclasses.replace(cfg.trainer, runs_dir=folder, run_name="train")
   rows = cfg.grpo.rows
   data = DataConfig(global_batch_size=rows, eval_batch_size=rows, seed=cfg.trainer.seed)
-  task = GRPOTaskConfig(data=data, policy=policy_spec(cfg, start_from), problems=verified_problems(cfg), grpo=cfg.grpo,
-                        rollout=cfg.rollout, source=source,
+  task = GRPOTaskConfig(data=data, policy=policy, problems=verified_problems(cfg), grpo=cfg.grpo, rollout=cfg.rollout,
                         export_to=storage.join(folder, "hf") if cfg.export_hf else None)
-  return TrainConfig(task=task, trainer=trainer, **common)
+  return TrainConfig(task=task, trainer=trainer, runtime=cfg.runtime, mesh=cfg.mesh, tracker=cfg.tracker)

@@ -58,6 +58,11 @@ class MeshConfig:
     return d * f
 
 
+def data_parallel(mesh) -> int:
+  """How many ways a batch splits over `mesh` (a jax Mesh): data x fsdp (an axis it lacks counts 1)."""
+  return mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1)
+
+
 def make_mesh(data: int = -1, fsdp: int = 1, model: int = 1, devices=None):
   """A `jax.sharding.Mesh` with axes (data, fsdp, model), auto axis types, data spanning hosts."""
   import jax

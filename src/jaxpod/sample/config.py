@@ -34,7 +34,7 @@ def check_engine(o, where: str) -> None:
   prefill_batch = getattr(o, "prefill_batch", None)
   if prefill_batch is not None and prefill_batch < 1:
     raise ValueError(f"{where}.prefill_batch={prefill_batch} must be >= 1 (or unset: batch_size)")
-  cache_len = o.max_prompt_len + o.max_new_tokens
+  cache_len = o.cache_len
   pages = -(-cache_len // o.page_size)
   if o.num_pages is not None and o.num_pages - 1 < pages:
     raise ValueError(f"{where}.num_pages={o.num_pages} is too small for one sequence: max_prompt_len + "
@@ -55,12 +55,13 @@ class SamplingParams:
 
 
 @dataclasses.dataclass(frozen=True)
-class EngineConfig:
-  """Static shapes of the compiled prefill + decode program; the same on every host."""
+class EngineShape:
+  """The engine's knobs a user sets, declared once: `EngineConfig` adds the engine's own sizes, `SamplingOptions`
+  the sampling ones (and `jaxpod rl`'s rollout section is a `SamplingOptions`)."""
 
   batch_size: int = 8  # decode slots (lock-step engine: rows per chunk); global: whole mesh, replicated: per host
-  kv_layout: str = "slots"  # slots: a [slots, capacity] row per slot, read in place | paged: shared page pool
-  max_prompt_len: int = 128  # longest prompt in tokens; longer prompts are an error
+  kv_layout: str = "slots"  # slots: a [slots, capacity] row per slot, read in place (fast) | paged: a shared page pool
+  max_prompt_len: int = 128  # longest prompt in tokens (static shape); longer prompts are an error
   max_new_tokens: int = 64  # tokens generated per completion at most
   stop_token_ids: tuple[int, ...] = ()  # extra stop ids besides the tokenizer's EOS
   memory_fraction: float = 0.9  # share of device memory the memory check allows
@@ -68,16 +69,23 @@ class EngineConfig:
   page_size: int = 16  # paged: tokens per KV page
   num_pages: int | None = None  # paged: pages in the pool (page 0 is scratch); None: every slot at full length
   steps_per_round: int = 8  # decode steps per device call between two scheduling rounds
+
+  @property
+  def cache_len(self) -> int:
+    """Tokens of one sequence at most, prompt and completion: a KV row (and an RL training row)."""
+    return self.max_prompt_len + self.max_new_tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig(EngineShape):
+  """Static shapes of the compiled prefill + decode program; the same on every host."""
+
   prefill_batch: int | None = None  # prompts per prefill call; None: batch_size
   min_prefill_len: int = 16  # smallest prefill bucket (and slot KV capacity); buckets double up to the maximum
   decode_row_classes: int = 3  # slots: decode computes the live slots' class of all, 1/2, 1/4 ... (this many) slots
 
   def __post_init__(self):
     check_engine(self, "sample")
-
-  @property
-  def cache_len(self) -> int:
-    return self.max_prompt_len + self.max_new_tokens
 
   @property
   def pages_per_seq(self) -> int:
@@ -129,27 +137,15 @@ def _doubling(start: int, end: int) -> tuple[int, ...]:
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplingOptions:
-  """Every sampling knob a user sets, declared once: `jaxpod sample`, `SampleHook`, the LM task and `jaxpod rl`'s
-  rollout section (a subclass) use it. Errors name `<section>.<field>`, the option the user typed."""
+class SamplingOptions(SamplingParams, EngineShape):
+  """Every sampling knob a user sets (the engine's `EngineShape` and the draw's `SamplingParams`, each declared
+  once): `jaxpod sample`, `SampleHook`, the LM task and the policy engine (`jaxpod rl`'s rollout section) use it.
+  Errors name `<section>.<field>`, the option the user typed."""
 
   section: ClassVar[str] = "sample"  # the config section these fields sit in (error messages)
 
-  max_new_tokens: int = 64  # tokens generated per prompt at most
-  max_prompt_len: int = 128  # longest prompt in tokens (static shape)
-  batch_size: int = 8  # decode slots
-  kv_layout: str = "slots"  # slots: a row per decode slot, read in place (fast) | paged: a shared page pool (memory)
   n: int = 1  # completions per prompt (they share the prompt's prefill); sample j of a prompt is its own request
-  page_size: int = 16  # paged: tokens per KV page
-  num_pages: int | None = None  # paged: KV pool size in pages; None: every slot at full length
-  steps_per_round: int = 8  # decode steps per device call between two scheduling rounds
-  temperature: float = 0.0  # 0: greedy
-  top_k: int = 0  # keep the k most likely tokens (0: all)
-  top_p: float = 1.0  # keep the smallest set whose probability reaches top_p (1: all)
   seed: int = 0  # request i uses seed + i (jaxpod sample: unless its JSONL line sets "seed")
-  stop_token_ids: tuple[int, ...] = ()  # extra stop ids besides EOS
-  memory_fraction: float = 0.9  # share of device memory the memory check allows
-  device_memory_bytes: int | None = None  # override the per-device memory the check compares with
 
   def __post_init__(self):
     if self.n < 1:
@@ -159,10 +155,8 @@ class SamplingOptions:
 
   def engine(self) -> EngineConfig:
     """The engine's static shapes."""
-    return EngineConfig(batch_size=self.batch_size, kv_layout=self.kv_layout, max_prompt_len=self.max_prompt_len,
-                        max_new_tokens=self.max_new_tokens, stop_token_ids=tuple(self.stop_token_ids),
-                        memory_fraction=self.memory_fraction, device_memory_bytes=self.device_memory_bytes,
-                        page_size=self.page_size, num_pages=self.num_pages, steps_per_round=self.steps_per_round)
+    shape = {f.name: getattr(self, f.name) for f in dataclasses.fields(EngineShape)}
+    return EngineConfig(**{**shape, "stop_token_ids": tuple(self.stop_token_ids)})
 
   def sampling(self) -> SamplingParams:
     """How the next token is chosen."""
@@ -173,20 +167,22 @@ class SamplingOptions:
 class SampleConfig(SamplingOptions):
   """`jaxpod sample`: a checkpoint, a prompt file, an output JSONL (and the `SamplingOptions` fields)."""
 
-  model: str = ""  # HF checkpoint folder or fsspec URL (config.json + safetensors + tokenizer files)
+  old_names: ClassVar[dict[str, str]] = {"model": "hf"}  # accepted, warned once
+
+  hf: str = ""  # HF checkpoint folder or fsspec URL (config.json + safetensors + tokenizer files)
   prompts: str = ""  # .txt (one prompt per line) or .jsonl ({"prompt": ..., optional "seed": ...})
   out: str = ""  # JSONL written once by the leader
   mode: str = "global"  # global: model sharded over all hosts | replicated: a full copy per host
   dtype: str | None = None  # compute dtype override: float32 | bfloat16 (None: the checkpoint's)
   weight_version: str = ""  # recorded with each output; "" means the checkpoint path
-  adapter: str = ""  # PEFT LoRA adapter folder or URL (adapter_config.json + adapter_model.safetensors) on model
+  adapter: str = ""  # PEFT LoRA adapter folder or URL (adapter_config.json + adapter_model.safetensors) on hf
   mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)  # over all devices (global) or a host's
   runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)  # how this process joins the job
 
   def __post_init__(self):
     if self.mode not in MODES:
       raise ValueError(f"sample.mode={self.mode!r}; use one of {MODES}")
-    for name in ("model", "prompts", "out"):
+    for name in ("hf", "prompts", "out"):
       if not getattr(self, name):
         raise ValueError(f"sample.{name} is required (--{name.replace('_', '-')} ...)")
     super().__post_init__()
@@ -197,17 +193,17 @@ class SampleConfig(SamplingOptions):
     import json
     import fsspec
     from jaxpod.models.llama.config import LlamaConfig
-    for field, path in (("model", f"{self.model.rstrip('/')}/config.json"), ("prompts", self.prompts)):
+    for field, path in (("hf", f"{self.hf.rstrip('/')}/config.json"), ("prompts", self.prompts)):
       fs, p = fsspec.core.url_to_fs(path)
       if not fs.exists(p):
         raise FileNotFoundError(f"sample.{field}: {path} does not exist; point --{field} at "
-                                f"{'a HF checkpoint folder' if field == 'model' else 'a .txt or .jsonl file'}")
-    with fsspec.open(f"{self.model.rstrip('/')}/config.json", "r") as f:
+                                f"{'a HF checkpoint folder' if field == 'hf' else 'a .txt or .jsonl file'}")
+    with fsspec.open(f"{self.hf.rstrip('/')}/config.json", "r") as f:
       hf = json.load(f)
     try:
       LlamaConfig.from_hf_config(hf)
     except (ValueError, KeyError) as e:
-      raise ValueError(f"sample.model={self.model}: {e}") from None
+      raise ValueError(f"sample.hf={self.hf}: {e}") from None
     if self.adapter:  # its shapes against the base's, in one line naming what does not fit
       from jaxpod.models.llama import peft_io
       peft_io.check_adapter(self.adapter, LlamaConfig.from_hf_config(hf))

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from typing import Any, Callable, Sequence
 
 import jax
@@ -37,7 +36,7 @@ from jaxpod.runtime import storage
 from jaxpod.models.llama.model import Llama
 from jaxpod.models.llama.tokenizer import Tokenizer
 from jaxpod.runtime.hooks import Hook, StepInfo
-from jaxpod.runtime.mesh import MeshConfig
+from jaxpod.runtime.mesh import MeshConfig, data_parallel
 from jaxpod.runtime.sharding import state_shardings
 from jaxpod.sample.config import MODES, SamplingOptions
 from jaxpod.sample.sampler import Sampler, make_sample_mesh
@@ -105,7 +104,7 @@ def sample_hooks(task_cfg, tokenizer: Tokenizer, graphdef, mesh, **hook_kwargs) 
   ([] without prompts): the task config of a Llama task of `jaxpod train`."""
   if not task_cfg.prompts:
     return []
-  dp = math.prod(mesh.shape[a] for a in mesh.axis_names if a in ("data", "fsdp"))
+  dp = data_parallel(mesh)
   rows = -(-len(task_cfg.prompts) // dp) * dp
   options = dataclasses.replace(task_cfg.sample, batch_size=rows)
   hook = SampleHook(task_cfg.sample_every, task_cfg.prompts, tokenizer, graphdef, options=options, **hook_kwargs)

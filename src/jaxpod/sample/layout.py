@@ -6,7 +6,9 @@ round. The engine instead holds its own copy, laid out by `INFERENCE` (the defau
 `embed` replicated): replicated over the data axes, tensor-parallel over `model` (heads, mlp
 width, vocab). `to_inference` moves a weight version there once (a jitted identity with
 `out_shardings`: one all-gather per version, none per step); a tree already laid out so is
-returned as it is (no copy).
+returned as it is (no copy). The engine keeps a block per layer (`models/llama/stack.py` says why): a model's
+stacked block weights [L, ...] are split into per-layer arrays by the same move, leaf by leaf, so a leaf that did
+not change between versions (a LoRA run's frozen base) is not moved again while its copy lives.
 
 `collective_bytes(hlo_text, trips)` reads an optimized HLO module (`compiled.as_text()`) and adds
 up the result bytes of every collective of a kind, each one counted as often as it runs: once
@@ -20,6 +22,9 @@ import re
 import weakref
 
 import jax
+from flax import nnx
+
+from jaxpod.models.llama import stack
 from jaxpod.runtime.sharding import INFERENCE, state_shardings
 
 
@@ -28,55 +33,86 @@ def inference_shardings(params, mesh):
   return state_shardings(params, mesh, INFERENCE)
 
 
-def to_inference(params, mesh):
-  """`params` resharded into the inference layout on `mesh` (no copy where a leaf already is so laid out)."""
-  return _move(params, jax.tree.leaves(inference_shardings(params, mesh)))
+def engine_tree(params, layers: int):
+  """The engine's tree of a weight version: stacked block weights split per layer (abstract: no memory)."""
+  return jax.eval_shape(lambda p: stack.unstack_state(p, layers), params)
 
 
-def place_like(new, old):
-  """`new` (another weight version: same tree, shapes and dtypes) laid out as `old`, in one program per layout;
+def to_inference(params, mesh, layers: int):
+  """`params` split per layer (`stack.unstack_state`) and resharded into the inference layout on `mesh` (no copy
+  where a leaf already is so laid out)."""
+  want = inference_shardings(engine_tree(params, layers), mesh)
+  return _split_move(params, dict(nnx.to_flat_state(want)), layers)
+
+
+def place_like(new, old, layers: int):
+  """`new` (another weight version of the same model, stacked or per layer) laid out as `old` (the engine's tree);
   leaves that differ from `old`'s in tree, shape, dtype or devices are left as they are (the caller's check names
   them)."""
-  old_leaves, new_leaves = jax.tree.leaves(old), jax.tree.leaves(new)
-  if jax.tree.structure(old) != jax.tree.structure(new) or len(old_leaves) != len(new_leaves):
+  if not isinstance(new, nnx.State):
     return new
-  return _move(new, [a.sharding if _movable(b, a) else None for a, b in zip(old_leaves, new_leaves)])
+  target, current = nnx.to_flat_state(engine_tree(new, layers)), dict(nnx.to_flat_state(old))
+  if {p for p, _ in target} != set(current):
+    return new
+  devices = {d for x in jax.tree.leaves(new) if isinstance(x, jax.Array) for d in x.sharding.device_set}
+  want = {p: current[p].get_value().sharding if _movable(v, current[p].get_value(), devices) else None
+          for p, v in target}
+  return _split_move(new, want, layers)
 
 
-def _movable(b, a) -> bool:
-  return (isinstance(b, jax.Array) and tuple(b.shape) == tuple(a.shape) and b.dtype == a.dtype
-          and b.sharding.device_set == a.sharding.device_set)
+def _movable(b, a, devices) -> bool:
+  return tuple(b.shape) == tuple(a.shape) and b.dtype == a.dtype and devices <= set(a.sharding.device_set)
 
 
-_recent: dict = {}  # (input leaf ids, shardings) -> (weak refs to the inputs, weak refs to their copies)
+_recent: dict = {}  # (input leaf id, shardings) -> (weak ref to the input, weak refs to its copies)
 
 
-def _move(tree, want):
-  """Leaves of `tree` placed with the shardings `want` (None: left as it is); one cached jit per layout. The same
-  arrays moved to the same layout again while the first copy lives (two engines over one weight version: rollout
-  and evaluation) share that copy."""
-  leaves, treedef = jax.tree.flatten(tree)
-  todo = [i for i, (x, s) in enumerate(zip(leaves, want))
-          if s is not None and not (isinstance(x, jax.Array) and x.sharding.is_equivalent_to(s, x.ndim))]
-  if not todo:
-    return tree
-  key = (tuple(id(leaves[i]) for i in todo), tuple(want[i] for i in todo))
-  ins, outs = _recent.get(key, ((), ()))
+def _split_move(params, want: dict, layers: int):
+  """The engine's tree of `params` with each leaf moved to its sharding in `want` (path -> sharding, None: as it
+  is): a stacked leaf split into its layers, a plain one resharded, one cached jit per (leaf shape, layout). The
+  same array moved to the same layout again while its copy lives (a frozen base across versions; two engines over
+  one weight version: rollout and evaluation) shares that copy."""
+  out, live = [], {}
+  for path, var in nnx.to_flat_state(params):
+    x = var.get_value()
+    split = stack.is_stacked_path(path)
+    if split:
+      names, var = [("layers", i, *path[1:]) for i in range(layers)], stack.without_layers_axis(var)
+    else:
+      names = [path]
+    pieces = _moved(x, tuple(want[n] for n in names), split, live) if isinstance(x, jax.Array) else None
+    if pieces is None:
+      pieces = [x[i] for i in range(layers)] if split else [x]
+    out += [(n, var.replace(p)) for n, p in zip(names, pieces)]
+  _recent.clear()  # what this version moved: the next one reuses copies of leaves that did not change
+  _recent.update(live)
+  return nnx.from_flat_state(out)
+
+
+def _moved(x: jax.Array, targets: tuple, split: bool, live: dict):
+  """x's copies on `targets` (split: one per layer of a stacked leaf), reused while the last move's copy of x lives;
+  None when nothing is to be done (no target)."""
+  if all(t is None for t in targets):
+    return None
+  if not split and x.sharding.is_equivalent_to(targets[0], x.ndim):
+    return [x]
+  key = (id(x), targets)
+  ref, outs = _recent.get(key, (None, ()))
   moved = [r() for r in outs]
-  if not ins or any(r() is not leaves[i] for r, i in zip(ins, todo)) or any(x is None or x.is_deleted()
-                                                                         for x in moved):
-    moved = _identity(key[1])(*[leaves[i] for i in todo])
-    _recent.clear()  # one entry: the latest version
-    _recent[key] = (tuple(weakref.ref(leaves[i]) for i in todo), tuple(weakref.ref(x) for x in moved))
-  for i, x in zip(todo, moved):
-    leaves[i] = x
-  return jax.tree.unflatten(treedef, leaves)
+  if ref is None or ref() is not x or any(y is None or y.is_deleted() for y in moved):
+    with jax.set_mesh(targets[0].mesh):  # the caller's context mesh may be another one (a trainer's global mesh)
+      moved = list(_mover(x.shape, str(x.dtype), targets, split)(x))
+  live[key] = (weakref.ref(x), tuple(weakref.ref(y) for y in moved))
+  return moved
 
 
-@functools.lru_cache(maxsize=16)
-def _identity(shardings: tuple):
-  """A jitted identity onto `shardings`: the reshard of one weight version (compiled once per layout)."""
-  return jax.jit(lambda *xs: xs, out_shardings=shardings)
+@functools.lru_cache(maxsize=64)
+def _mover(shape, dtype: str, targets: tuple, split: bool):
+  """A jitted split (a stacked leaf: one output per layer) or identity onto `targets` (compiled once per layout)."""
+  del dtype
+  if not split:
+    return jax.jit(lambda x: (x,), out_shardings=targets)
+  return jax.jit(lambda x: tuple(x[i] for i in range(shape[0])), out_shardings=targets)
 
 
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,

@@ -21,7 +21,7 @@ from jax.sharding import NamedSharding
 
 from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.models.llama.kv import PAGE_AXES, SLOT_AXES
-from jaxpod.runtime.mesh import device_memory_bytes
+from jaxpod.runtime.mesh import data_parallel, device_memory_bytes
 from jaxpod.runtime.sharding import DEFAULT, INFERENCE, state_shardings
 from jaxpod.sample.config import EngineConfig
 
@@ -32,7 +32,7 @@ def _per_device(shape, dtype, sharding) -> int:
 
 def data_shards(mesh) -> int:
   """N: the mesh's data-parallel size (data x fsdp), the number of page pools."""
-  return mesh.shape["data"] * mesh.shape["fsdp"]
+  return data_parallel(mesh)
 
 
 def pool_shape(cfg: LlamaConfig, ec: EngineConfig, mesh) -> tuple[int, ...]:

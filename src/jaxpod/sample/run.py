@@ -42,12 +42,12 @@ def render_messages(cfg: SampleConfig, prompts: list) -> list[tuple[str, bool]]:
   if all(isinstance(p, str) for p in prompts):
     return [(p, False) for p in prompts]
   from jaxpod.data.chat import load_chat_template, load_special_tokens, render_chat
-  template = load_chat_template(cfg.model)
+  template = load_chat_template(cfg.hf)
   if template is None:
-    raise ValueError(f"sample.prompts={cfg.prompts} gives message lists but sample.model={cfg.model} carries no "
+    raise ValueError(f"sample.prompts={cfg.prompts} gives message lists but sample.hf={cfg.hf} carries no "
                      "chat template (chat_template.jinja, or chat_template in tokenizer_config.json); add one or "
                      "give the prompts as text")
-  specials = load_special_tokens(cfg.model)
+  specials = load_special_tokens(cfg.hf)
   return [(p, False) if isinstance(p, str) else
           (render_chat(template, p, add_generation_prompt=True, special_tokens=specials,
                        where=f"{cfg.prompts} prompt {i}"), True) for i, p in enumerate(prompts)]
@@ -81,9 +81,9 @@ def _digest(ids: list[list[int]], seeds: list[int]) -> str:
 
 def _leader_plan(cfg: SampleConfig, mesh_for_check):
   """On the leader: model config, stop ids and the digest of the tokenized prompts; raises on any problem."""
-  model_cfg = hf_io.load_config(cfg.model, **({"dtype": cfg.dtype} if cfg.dtype else {}))
+  model_cfg = hf_io.load_config(cfg.hf, **({"dtype": cfg.dtype} if cfg.dtype else {}))
   check_memory(model_cfg, cfg.engine(), mesh_for_check)
-  tok = load_tokenizer(cfg.model)
+  tok = load_tokenizer(cfg.hf)
   prompts, ids, seeds = tokenized_prompts(cfg, tok)
   plan = {"model_cfg": model_cfg.to_hf_config() | {"dtype": model_cfg.dtype}, "num_prompts": len(ids),
           "digest": _digest(ids, seeds), "stop_ids": sorted(set(tok.eos_ids) | set(cfg.stop_token_ids))}
@@ -96,7 +96,7 @@ def _same_prompts_everywhere(cfg: SampleConfig, plan: dict, mine):
   problem = None
   if mine is None:
     try:
-      tok = load_tokenizer(cfg.model)
+      tok = load_tokenizer(cfg.hf)
       mine = (tok, *tokenized_prompts(cfg, tok))
       if _digest(mine[2], mine[3]) != plan["digest"]:
         problem = (f"sample.prompts={cfg.prompts} gives {len(mine[2])} prompts whose token ids differ from the "
@@ -131,7 +131,7 @@ def run(cfg: SampleConfig) -> list[dict[str, Any]] | None:
   plan = runtime.broadcast_call(plan_fn, "sample.plan")
   tok, prompts, ids, seeds = _same_prompts_everywhere(cfg, plan, leader_box[0] if leader_box else None)
   model_cfg = LlamaConfig.from_hf_config(plan["model_cfg"], dtype=plan["model_cfg"]["dtype"])
-  model = hf_io.load(cfg.model, mesh, cfg=model_cfg)
+  model = hf_io.load(cfg.hf, mesh, cfg=model_cfg)
   if cfg.adapter:  # LoRA: the adapters on the base, applied unmerged by the engine
     from jaxpod.models.llama import peft_io
     peft_io.load_adapter(model, cfg.adapter, mesh=mesh)
@@ -144,7 +144,7 @@ def run(cfg: SampleConfig) -> list[dict[str, Any]] | None:
     bar.close()
   records = None
   if runtime.is_leader():
-    version = cfg.weight_version or (f"{cfg.model}+{cfg.adapter}" if cfg.adapter else cfg.model)
+    version = cfg.weight_version or (f"{cfg.hf}+{cfg.adapter}" if cfg.adapter else cfg.hf)
     n = cfg.n
     records = [{"index": c.request, **({"sample": c.sample} if n > 1 else {}), "prompt": prompts[c.request],
                 "completion": tok.decode(c.tokens), "token_ids": c.tokens, "finish_reason": c.finish_reason,

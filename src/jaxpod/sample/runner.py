@@ -26,6 +26,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxpod.models.llama import stack
 from jaxpod.models.llama.model import Llama
 from jaxpod.runtime.sharding import DEFAULT as DEFAULT_RULES
 from jaxpod.sample import layout, steps
@@ -37,9 +38,9 @@ class Runner:
 
   def __init__(self, model: Llama, mesh, ec: EngineConfig, sp: SamplingParams, stop_ids: tuple[int, ...],
                global_mode: bool, version: int = 0):
-    (self.graphdef, params), self.mesh, self.ec, self.sp = nnx.split(model), mesh, ec, sp
-    self.params = layout.to_inference(params, mesh)  # once per weight version, never per step
-    self.cfg, self.version = model.cfg, version
+    self.mesh, self.ec, self.sp, self.cfg, self.version = mesh, ec, sp, model.cfg, version
+    self.graphdef = stack.engine_graphdef(model)  # a block per layer (models/llama/stack.py says why)
+    self.params = self._inference(nnx.state(model))  # once per weight version, never per step
     self.stop_ids, self.global_mode = stop_ids, global_mode
     self._rows = DEFAULT_RULES.spec(("batch",), mesh)[0]
     axes = () if self._rows is None else (self._rows,) if isinstance(self._rows, str) else self._rows
@@ -84,8 +85,12 @@ class Runner:
   def update_params(self, params, version: int) -> None:
     """New weights (same tree, shapes and dtypes, on the mesh's devices, any layout) labelled `version`: resharded
     into the engine's inference layout here, once per version (the compiled programs are reused as they are)."""
-    self.params = same_layout(self.params, layout.place_like(params, self.params))
+    self.params = same_layout(self.params, layout.place_like(params, self.params, self.cfg.num_hidden_layers))
     self.version = int(version)
+
+  def _inference(self, params):
+    """A weight version in the engine's tree (a block per layer) and the inference layout."""
+    return layout.to_inference(params, self.mesh, self.cfg.num_hidden_layers)
 
   def _decode(self, cache, tok_B, pos_B, gen_B, limit_B, seeds_B, samples_B, live_B, eager, kv_len,
               program: steps.Program = steps.DECODE, **static):

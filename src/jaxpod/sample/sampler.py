@@ -24,7 +24,7 @@ from jaxpod import runtime
 from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.models.llama.model import Llama, PagedKVCache
 from jaxpod.runtime import mesh as mesh_lib
-from jaxpod.runtime.mesh import device_memory_bytes
+from jaxpod.runtime.mesh import data_parallel, device_memory_bytes
 from jaxpod.sample import memory
 from jaxpod.sample.config import MODES, EngineConfig, SamplingParams
 from jaxpod.sample.paged import PagedRunner, PagedScheduler
@@ -93,7 +93,7 @@ def check_memory(cfg: LlamaConfig, ec: EngineConfig, mesh, available: int | None
 def check_batch(ec: EngineConfig, mesh) -> None:
   """The decode slots and the prefill rows split evenly over the mesh's data-parallel axes; paged: each data
   shard's pool holds one sequence at least."""
-  dp = mesh.shape["data"] * mesh.shape["fsdp"]
+  dp = data_parallel(mesh)
   for name, value in (("batch_size", ec.batch_size), ("prefill_batch", ec.prefill_rows)):
     if value % dp:
       raise ValueError(f"sample.{name}={value} is not divisible by the mesh's data*fsdp={dp}; "

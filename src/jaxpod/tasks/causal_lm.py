@@ -12,11 +12,12 @@
 - Tokenizer (`data.tokenizer`): `byte` (ids 0..255, BOS 256, EOS 257, PAD 258) or a folder holding a
   `tokenizer.json` trained offline (`jaxpod.models.llama.load_tokenizer`).
 - Model: `task.model` (random init; any family's switches, see `models/llama/families/`), or
-  `task.init_from`, a HF checkpoint of any family whose config.json and weights the run starts from.
+  `task.hf`, a HF checkpoint of any family whose config.json and weights the run starts from.
 - LoRA (`task.lora`, e.g. `--task.lora.rank 8`): adapters (`models/llama/lora.py`) on the attention and
   MLP projections are the state's `params` (the only gradients, optimizer state and EMA); the base is
-  frozen in its `buffers`, held once, sharded by its logical axes. Off (None) by default.
-  `task.adapter_from` starts them from a PEFT adapter folder (with `init_from`, its base); the run's
+  frozen in its `buffers`, held once, sharded by its logical axes, trained at LoRA's rule (`jaxpod.policy.lora`:
+  task.optim.lr x `task.lora.lr_scale`, B's x `task.lora.b_lr_ratio`; both 1 by default). Off (None) by default.
+  `task.adapter` starts them from a PEFT adapter folder (with `task.hf`, its base); the run's
   final EMA adapters are written as PEFT's files to `<run>/adapter` (`peft` loads them on the HF base).
 - Loss: mean next-token cross-entropy over the global batch (`models/llama/loss.py`);
   logged as loss and perplexity. AdamW with warmup + cosine, global-norm clipping.
@@ -32,12 +33,15 @@ import hashlib
 import math
 from typing import Callable, Iterator
 
+from typing import ClassVar
+
 import numpy as np
 
 from jaxpod.models.llama.config import LlamaConfig
-from jaxpod.models.llama.lora import LoraConfig
 from jaxpod.models.llama.tokenizer import tokenizer_from
-from jaxpod.models.llama.training import AdamWConfig, LlamaTask, byte_llama
+from jaxpod.policy.llama_task import AdamWConfig, LlamaTask, byte_llama
+from jaxpod.policy.lora import LoraSection, from_adapter
+from jaxpod.policy.spec import start_config
 from jaxpod.runtime import storage
 from jaxpod.sample.config import SamplingOptions
 from jaxpod.train.config import DataConfig, TaskConfig, TrainConfig
@@ -76,52 +80,39 @@ class CausalLMConfig(TaskConfig):
   plot_metrics: tuple[str, ...] = ("loss", "perplexity")
   data: TextData = dataclasses.field(default_factory=TextData)
   model: LlamaConfig = dataclasses.field(default_factory=byte_llama)
-  init_from: str = ""  # HF checkpoint (folder or URL, any family) to start from; its config.json replaces model
-  lora: LoraConfig | None = None  # train LoRA adapters only (base frozen); None: train every weight
-  adapter_from: str = ""  # PEFT adapter (folder or URL) the adapters start from; sets lora; needs init_from
+  hf: str = ""  # HF checkpoint (folder or URL, any family) to start from; its config.json replaces model
+  lora: LoraSection | None = None  # train LoRA adapters only (base frozen), at optim.lr x lora.lr_scale; None: all
+  adapter: str = ""  # PEFT adapter (folder or URL) the adapters start from; sets lora's; needs task.hf (its base)
   optim: AdamWConfig = dataclasses.field(default_factory=AdamWConfig)
   sample: SamplingOptions = dataclasses.field(default_factory=SamplingOptions)  # SampleHook's options
   sample_every: int = 0  # SampleHook cadence in steps (0: only at the end; no prompts: no sampling)
   prompts: tuple[str, ...] = ()  # prompts completed by SampleHook into <run>/samples.jsonl
 
   prefix = "lm"
+  old_names: ClassVar[dict[str, str]] = {"init_from": "hf", "adapter_from": "adapter"}  # accepted, warned once
 
   def model_config(self) -> LlamaConfig:
-    """The architecture trained: init_from's config.json (read through its family; no JAX), else `model`."""
-    if not self.init_from:
-      return self.model
-    url = storage.join(self.init_from, "config.json")
-    if not storage.exists(url):
-      raise FileNotFoundError(f"task.init_from={self.init_from}: no config.json there; point it at a HF checkpoint")
-    return LlamaConfig.from_json_file(url)
+    """The architecture trained: task.hf's config.json (read through its family; no JAX), else `model`."""
+    return start_config(self.hf, self.model, "task.hf")
+
+  def lora_section(self) -> LoraSection | None:
+    """The LoRA the run trains (None: every weight): task.lora, or task.adapter's files at task.lora's rates."""
+    return from_adapter(self.lora, self.adapter, self.model_config(), base=self.hf, where="task", section=LoraSection)
 
   def __post_init__(self):
     d, m, smp = self.data, self.model_config(), self.sample
     if d.seq_len > m.max_position_embeddings:
       raise ValueError(f"task.data.seq_len={d.seq_len} exceeds task.model.max_position_embeddings="
                        f"{m.max_position_embeddings}; lower seq_len or raise max_position_embeddings")
-    if smp.max_prompt_len + smp.max_new_tokens > m.max_position_embeddings:
-      raise ValueError(f"task.sample.max_prompt_len + task.sample.max_new_tokens = "
-                       f"{smp.max_prompt_len + smp.max_new_tokens} exceeds task.model.max_position_embeddings="
-                       f"{m.max_position_embeddings}; lower one of them")
-    if self.adapter_from:
-      self._adapter_lora(m)
+    if smp.cache_len > m.max_position_embeddings:
+      raise ValueError(f"task.sample.max_prompt_len + task.sample.max_new_tokens = {smp.cache_len} exceeds "
+                       f"task.model.max_position_embeddings={m.max_position_embeddings}; lower one of them")
+    self.lora_section()  # task.adapter's files against the model: one line naming what does not fit
     if self.sample_every < 0:
       raise ValueError(f"task.sample_every={self.sample_every}: expected >= 0 (0: only at the end)")
     if d.tokenizer == "byte" and m.vocab_size < 259:
       raise ValueError(f"task.model.vocab_size={m.vocab_size} is too small for the byte tokenizer; "
                        "set it to at least 259")
-
-  def _adapter_lora(self, model: LlamaConfig) -> None:
-    """task.lora from adapter_from's files, checked against the model (one line naming what does not fit)."""
-    from jaxpod.models.llama import peft_io
-    if not self.init_from:
-      raise ValueError(f"task.adapter_from={self.adapter_from} needs task.init_from: the base it was trained on")
-    lcfg = peft_io.check_adapter(self.adapter_from, model)
-    if self.lora is not None and self.lora != lcfg:
-      raise ValueError(f"task.lora={self.lora} differs from task.adapter_from's adapter_config.json ({lcfg}); "
-                       "drop task.lora (the adapter's files set it)")
-    object.__setattr__(self, "lora", lcfg)
 
   def check(self, cfg: TrainConfig) -> None:
     if self.optim.warmup_steps >= cfg.trainer.steps:
@@ -137,13 +128,14 @@ class LMTask(LlamaTask):
 
   name = CausalLMConfig.prefix
   headline = "loss"  # the eval metric logged first
+  loss_normalizer = "tokens"  # the loss is a mean over the batch's real tokens
   batch_ndims = {"tokens": 2, "mask": 2}  # mask: real tokens (all ones in training; eval pads its last batch)
 
   def __init__(self, cfg: TrainConfig):
     self.cfg, self.lm = cfg, cfg.task
-    self.lora, self.adapter_from = self.lm.lora, self.lm.adapter_from  # LlamaTask's LoRA hooks
+    self.lora, self.adapter = self.lm.lora_section(), self.lm.adapter  # LlamaTask's LoRA hooks
     self.llama = self.model_cfg = self.lm.model_config()
-    self.start_url = self.lm.init_from or None  # task.init_from's weights; None: random init
+    self.start_url = self.lm.hf or None  # task.hf's weights; None: random init
     self.tokenizer = tokenizer_from(self.lm.data.tokenizer)
     self.loader = None
 
@@ -236,7 +228,8 @@ class LMTask(LlamaTask):
 
   # ---------------------------------------------------------------- model and loss
   def optimizer(self):
-    return self.lm.optim.build(self.cfg.trainer.steps)
+    o = self.lm.optim
+    return self.optimizer_for(o.lr, lambda lr: o.build(self.cfg.trainer.steps, lr))
 
   def loss_fn(self, graphdef) -> Callable:
     import jax.numpy as jnp
@@ -281,7 +274,7 @@ class LMTask(LlamaTask):
 
   def hooks(self, graphdef, mesh, tcfg) -> list:
     from jaxpod.sample.hook import sample_hooks
-    if self.lm.lora is None:
+    if self.lora is None:
       return sample_hooks(self.lm, self.tokenizer, graphdef, mesh)
     return [*sample_hooks(self.lm, self.tokenizer, graphdef, mesh,
                           params_of=lambda state: self.weights(state.params, state.buffers)),

@@ -3,7 +3,7 @@
     jaxpod train --task.type preference                          # built-in default: SimPO on sort pairs, minutes here
     jaxpod train --task.type preference --task.loss.kind dpo --task.loss.beta 0.1
     jaxpod train --config_path configs/preference_hf.yaml        # a HF checkpoint and a chat-format pair file
-    jaxpod train --task.type preference --task.lora.rank 8       # LoRA: adapters only, lr by loss (lora_lr_scale)
+    jaxpod train --task.type preference --task.lora.rank 8       # LoRA: adapters only, lr by loss (task.lora.lr_scale)
 
 - Pairs: one row per pair, `tokens` and `answer` [P, 2, L] (chosen, rejected side by side, so both sides
   of a pair live on one host and go through the model in ONE forward of [2P, L]). `answer` marks the
@@ -13,8 +13,8 @@
   the leader, tokenized once into shared storage (`jaxpod.data.preference_files`) as a row store
   (chunks with a sha256 each, `jaxpod.io.rows`); every host reads only its rows of each batch, by
   byte range, and checks them against their chunk's hash (invariant 10). Without `data.path`, the built-in default makes its
-  pairs itself (`preference_start.py`): a small Llama imitates a flawed digit-sorting teacher (`jaxpod rl`'s
-  WarmupTask, a trainer run in the data cache: a preempted rerun resumes it), then
+  pairs itself (`preference_start.py`): a small Llama imitates a flawed digit-sorting teacher (the policy's
+  warm-up, `jaxpod rl`'s too: a trainer run in the data cache, a preempted rerun resumes it), then
   its own wrong samples become the rejected answers and the verifier's answers the chosen ones.
 - Reference (DPO, IPO): `reference: in_step` (default) keeps the starting weights as a frozen copy
   in the state's `buffers` (sharded exactly like the policy, rebuilt from the starting weights on resume
@@ -39,13 +39,16 @@ from typing import Callable
 import numpy as np
 
 from jaxpod.data.pairs import open_pairs, write_pairs
+from typing import ClassVar
+
 from jaxpod.models.llama.config import LlamaConfig
-from jaxpod.models.llama.lora import LoraConfig
 from jaxpod.models.llama.tokenizer import tokenizer_from
-from jaxpod.models.llama.training import AdamWConfig, LlamaTask, byte_llama
+from jaxpod.policy.llama_task import AdamWConfig, LlamaTask, byte_llama
+from jaxpod.policy.spec import start_config
 from jaxpod.runtime import storage
 from jaxpod.sample.config import SamplingOptions
 from jaxpod.tasks import preference_lora
+from jaxpod.tasks.preference_lora import PreferenceLora
 from jaxpod.tasks.preference_loss import METRICS, LossConfig
 from jaxpod.train.config import DataConfig, TaskConfig, TrainConfig
 
@@ -118,10 +121,8 @@ class PreferenceConfig(TaskConfig):
   hf: str = ""  # HF Llama checkpoint (folder or URL) the policy (and the reference) start from; "": sort warm-up / init
   loss: LossConfig = dataclasses.field(default_factory=LossConfig)
   reference: str = "in_step"  # DPO/IPO reference: in_step (frozen copy in the state) | precomputed (once, stored)
-  lora: LoraConfig | None = None  # train LoRA adapters only (base frozen, reference = adapters off); None: every weight
-  adapter_from: str = ""  # PEFT adapter (folder or URL) the adapters start from; sets lora; needs task.hf (its base)
-  lora_lr_scale: float = 0.0  # with lora, AdamW peak lr = task.optim.lr x this; 0: by loss (SimPO 2.5, DPO/IPO 3.25)
-  lora_b_lr_ratio: float = 0.0  # with lora, B's lr / A's lr (LoRA+); 0: by loss (SimPO 2, DPO/IPO 3)
+  lora: PreferenceLora | None = None  # train LoRA adapters only (base frozen, reference = adapters off); None: all
+  adapter: str = ""  # PEFT adapter (folder or URL) the adapters start from; sets lora's; needs task.hf (its base)
   optim: AdamWConfig = dataclasses.field(default_factory=lambda: AdamWConfig(lr=3e-4, warmup_steps=10,
                                                                              weight_decay=0.0))
   sort: SortPairs = dataclasses.field(default_factory=SortPairs)
@@ -131,6 +132,8 @@ class PreferenceConfig(TaskConfig):
   prompts: tuple[str, ...] = ()  # prompts completed by SampleHook into <run>/samples.jsonl
 
   prefix = "pref"
+  old_names: ClassVar[dict[str, str]] = {"adapter_from": "adapter", "lora_lr_scale": "lora.lr_scale",
+                                         "lora_b_lr_ratio": "lora.b_lr_ratio"}  # accepted, warned once
 
   def __post_init__(self):
     if self.reference not in REFERENCE_MODES:
@@ -156,7 +159,7 @@ class PreferenceConfig(TaskConfig):
   def shared_urls(self) -> dict[str, str]:
     """The data cache and the starting checkpoint: every host reads them (invariant 8: a bucket with several hosts)."""
     urls = {**super().shared_urls(), **({"task.hf": self.hf} if self.hf else {})}
-    return {**urls, **({"task.adapter_from": self.adapter_from} if self.adapter_from else {})}
+    return {**urls, **({"task.adapter": self.adapter} if self.adapter else {})}
 
   @property
   def in_step_reference(self) -> bool:
@@ -171,22 +174,19 @@ def _sha(obj) -> str:
   return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-class PreferenceTask(preference_lora.LoraParts, LlamaTask):
+class PreferenceTask(LlamaTask):
   """Pairs through one forward, the configured preference loss, held-out pair metrics (+ exact match)."""
 
   name = PreferenceConfig.prefix
   headline = "loss"
+  loss_normalizer = "pairs"  # the loss is a mean over the batch's valid pairs
 
   def __init__(self, cfg: TrainConfig):
     self.cfg, self.pc = cfg, cfg.task
-    self.lora, self.adapter_from = self.pc.lora, self.pc.adapter_from  # LlamaTask's LoRA hooks
+    self.lora, self.adapter = preference_lora.section(self.pc), self.pc.adapter  # LlamaTask's LoRA hooks
     self.tokenizer_dir = self.pc.data.tokenizer or self.pc.hf or "byte"
     self.tokenizer = tokenizer_from(self.tokenizer_dir)
-    if self.pc.hf:
-      from jaxpod.models.llama import hf_io
-      self.llama = hf_io.load_config(self.pc.hf)
-    else:
-      self.llama = self.pc.model
+    self.llama = start_config(self.pc.hf, self.pc.model, "task.hf")
     self.batch_ndims = {"tokens": 3, "answer": 3}
     if self.pc.loss.needs_reference and self.pc.reference == "precomputed":
       self.batch_ndims["ref"] = 2  # [P, 2] reference log-probs stored beside the pairs
@@ -204,7 +204,7 @@ class PreferenceTask(preference_lora.LoraParts, LlamaTask):
     d = self.pc.data
     if d.path is None:
       return {"sort_key": _sha([dataclasses.asdict(self.pc.sort), dataclasses.asdict(self.pc.model), d.max_length,
-                                d.max_prompt_length, self.cfg.trainer.seed, "rl_warmup"])}  # rl's WarmupTask run
+                                d.max_prompt_length, self.cfg.trainer.seed, "rl_warmup"])}  # the warm-up run (key kept)
     from jaxpod.data.preference_files import read_pair_file
     from jaxpod.io.rows import manifest_sha256
     if not storage.exists(d.path):
@@ -289,10 +289,10 @@ class PreferenceTask(preference_lora.LoraParts, LlamaTask):
       raise ValueError("task.reference=precomputed needs starting weights (task.hf, or the built-in default's "
                        "warm-up); with a random init use task.reference=in_step")
     shape = (rows.num_rows, *rows.dtype["tokens"].shape)
-    url = storage.join(self._cache(), f"pref-ref-{_sha([key_url, self.start_url, shape, self.pc.adapter_from])}.npy")
+    url = storage.join(self._cache(), f"pref-ref-{_sha([key_url, self.start_url, shape, self.pc.adapter])}.npy")
     if not runtime.broadcast_call(lambda: storage.exists(url), "pref.has_reference"):
       mesh = self._mesh()
-      graphdef, params = self.start_weights(mesh)
+      graphdef, params = preference_lora.start_weights(self, mesh)
       ref = reference_logps(graphdef, params, rows.read_all(), mesh, self.pc.data.global_batch_size)
       buf = io.BytesIO()
       np.save(buf, ref, allow_pickle=False)
@@ -303,6 +303,11 @@ class PreferenceTask(preference_lora.LoraParts, LlamaTask):
     return self.loader.train_iter()
 
   # ---------------------------------------------------------------- model and loss
+  def optimizer(self):
+    """AdamW of task.optim over trainer.steps, with LoRA at its rule (lr x lora.lr_scale, B's x lora.b_lr_ratio)."""
+    o = self.pc.optim
+    return self.optimizer_for(o.lr, lambda lr: o.build(self.cfg.trainer.steps, lr))
+
   def _buffers(self, params) -> dict:
     return {"ref": params} if self.pc.in_step_reference else {}
 
@@ -314,12 +319,12 @@ class PreferenceTask(preference_lora.LoraParts, LlamaTask):
   def loss_fn(self, graphdef) -> Callable:
     import jax
     import jax.numpy as jnp
-    from jaxpod.models.llama import forward
+    from jaxpod.models.llama.loss import token_logps
     from jaxpod.tasks.preference_loss import answer_logps, pair_loss
     lc, in_step = self.pc.loss, self.pc.in_step_reference
 
     def sequence_logps(gdef, weights, tokens_2PxL, answer_2PxL):
-      total, count = answer_logps(forward(gdef, weights, tokens_2PxL[:, :-1]).logits, tokens_2PxL[:, 1:],
+      total, count = answer_logps(token_logps(gdef, weights, tokens_2PxL[:, :-1], tokens_2PxL[:, 1:]),
                                   answer_2PxL[:, 1:])
       return total.reshape(-1, 2), count.reshape(-1, 2)  # [P, 2]: chosen, rejected
 
@@ -329,7 +334,7 @@ class PreferenceTask(preference_lora.LoraParts, LlamaTask):
       logp, count = sequence_logps(graphdef, self.weights(params, buffers), tokens, answer)
       refs = ()
       if lc.needs_reference:
-        ref = (jax.lax.stop_gradient(sequence_logps(*self.reference_model(graphdef, params, buffers), tokens, answer)[0])
+        ref = (jax.lax.stop_gradient(sequence_logps(*self.reference(graphdef, buffers), tokens, answer)[0])
                if in_step else batch["ref"])
         refs = (ref[:, 0], ref[:, 1])
       per_pair, stats = pair_loss(lc, logp[:, 0], logp[:, 1], count[:, 0], count[:, 1], *refs)
@@ -380,7 +385,7 @@ class PreferenceTask(preference_lora.LoraParts, LlamaTask):
 
   def hooks(self, graphdef, mesh, tcfg) -> list:
     from jaxpod.sample.hook import sample_hooks
-    if self.pc.lora is None:
+    if self.lora is None:
       return sample_hooks(self.pc, self.tokenizer, graphdef, mesh)
     return [*sample_hooks(self.pc, self.tokenizer, graphdef, mesh,
                           params_of=lambda state: self.weights(state.params, state.buffers)),
@@ -394,7 +399,7 @@ class PreferenceTask(preference_lora.LoraParts, LlamaTask):
     end = acc[-1][1] if acc else None
     return {"accuracy.start": start, "accuracy.end": end, "accuracy": {"start": start, "end": end},
             "loss_kind": self.pc.loss.kind, "pairs": self.pair_counts,
-            "lora": None if self.pc.lora is None else dataclasses.asdict(self.pc.lora)}
+            "lora": None if self.lora is None else dataclasses.asdict(self.lora)}
 
   def eval_summary(self, ev: dict) -> list[tuple[str, str]]:
     rows = [("eval loss", f"{ev.get('loss', float('nan')):.4f} on {ev.get('count', 0)} held-out pairs"),

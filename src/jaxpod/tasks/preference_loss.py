@@ -1,6 +1,6 @@
 """Preference losses (SimPO, DPO with cDPO label smoothing, IPO) on per-sequence log-probs: pure math, no model.
 
-    logp, count = answer_logps(logits_BxTxV, targets_BxT, answer_mask_BxT)    # [B] each
+    logp, count = answer_logps(token_logp_BxT, answer_mask_BxT)    # [B] each (token_logp: models.llama.loss)
     per_pair, stats = pair_loss(LossConfig(kind="simpo"), logp_c, logp_r, n_c, n_r)            # [P] each
     per_pair, stats = pair_loss(LossConfig(kind="dpo"), logp_c, logp_r, n_c, n_r, ref_c, ref_r)
 
@@ -49,12 +49,10 @@ class LossConfig:
     return self.gamma_beta_ratio * self.beta
 
 
-def answer_logps(logits_BxTxV: jax.Array, targets_BxT: jax.Array, mask_BxT: jax.Array):
-  """(sum of log p(target) over masked positions [B], masked positions [B]) in float32."""
-  logp_BxTxV = jax.nn.log_softmax(logits_BxTxV.astype(jnp.float32), axis=-1)
-  picked_BxT = jnp.take_along_axis(logp_BxTxV, targets_BxT[..., None], axis=-1)[..., 0]
+def answer_logps(token_logp_BxT: jax.Array, mask_BxT: jax.Array):
+  """(sum of the tokens' log p(target) over masked positions [B], masked positions [B]) in float32."""
   mask = mask_BxT.astype(jnp.float32)
-  return jnp.sum(picked_BxT * mask, axis=-1), jnp.sum(mask, axis=-1)
+  return jnp.sum(token_logp_BxT.astype(jnp.float32) * mask, axis=-1), jnp.sum(mask, axis=-1)
 
 
 def _smoothed_sigmoid_loss(logits_P: jax.Array, eps: float) -> jax.Array:

@@ -1,9 +1,10 @@
 """What the preference task does before its first step, on every host (SPMD): the built-in default's warm-up run
-(`jaxpod rl`'s `WarmupTask`) and on-policy pairs, precomputed reference log-probs, and the default's exact-match
-evaluator. The engine is set up and the held-out problems are evaluated as RL does (`rl.rollout.roller.make_sampler`,
-`rl.policy.Accuracy` on the `sort` problem set: the same problems as `jaxpod.data.sort_digits.held_out`).
+(the policy's `WarmupTask`, `jaxpod rl`'s too) and on-policy pairs, precomputed reference log-probs, and the default's
+exact-match evaluator. The engine is set up and the held-out problems are evaluated as RL does (`jaxpod.policy`:
+`engine.make_sampler`, `evaluate.Accuracy` on the `sort` problem set: the same problems as
+`jaxpod.data.sort_digits.held_out`).
 
-    train(warmup_config(cfg, folder))                             # rl's WarmupTask: imitation of the flawed teacher
+    train(warmup_config(cfg, folder))                             # the policy's warm-up: imitating the flawed teacher
     arrays, counts = sort_pairs(graphdef, params, mesh, sort, tokenizer, seed, max_length)  # chosen: correct
     ref_NxP = reference_logps(graphdef, params, arrays, mesh, batch)                 # [N, 2] summed answer log-probs
     accuracy = held_out_accuracy(graphdef, mesh, sort, tokenizer, seed)(params, {})  # held-out greedy exact match
@@ -44,33 +45,34 @@ def _share(rows: np.ndarray) -> np.ndarray:
 
 
 def warmup_config(cfg, folder: str):
-  """The TrainConfig of the default's supervised warm-up (`rl.train_tasks.WarmupTask`, the one `jaxpod rl` runs) in
+  """The TrainConfig of the default's supervised warm-up (`policy.warmup.WarmupTask`, the one `jaxpod rl` runs) in
   `<folder>/warmup`, exported to `<folder>/warmup/hf`: a fresh `task.model` imitating the flawed teacher
   (`SortProblems(teacher_dedup=...)`) on `task.sort.warmup_*`; a preempted rerun resumes it from its checkpoint."""
+  from jaxpod.policy.engine import EngineOptions
+  from jaxpod.policy.spec import PolicyModelConfig, PolicySpec
+  from jaxpod.policy.warmup import WarmupConfig, warmup_run
   from jaxpod.problems import SortProblems
   from jaxpod.problems.rewards import VerifiedProblems
-  from jaxpod.rl.config import RLModelConfig, RolloutConfig, WarmupConfig
-  from jaxpod.rl.policy import PolicySpec
-  from jaxpod.rl.train_tasks import warmup_run
   pc, sort = cfg.task, cfg.task.sort
-  model = RLModelConfig(**dataclasses.asdict(pc.model))
+  model = PolicyModelConfig(**dataclasses.asdict(pc.model))
   problems = SortProblems(length=sort.length, eval_size=sort.eval_size, teacher_dedup=sort.teacher_dedup)
   warmup = WarmupConfig(steps=sort.warmup_steps, batch_size=sort.warmup_batch, lr=sort.warmup_lr,
                         grad_clip=sort.warmup_grad_clip)
-  rollout = RolloutConfig(max_prompt_len=pc.data.max_prompt_length,
-                          max_new_tokens=pc.data.max_length - pc.data.max_prompt_length)  # rows of max_length
+  engine = EngineOptions(max_prompt_len=pc.data.max_prompt_length,
+                         max_new_tokens=pc.data.max_length - pc.data.max_prompt_length)  # rows of max_length
   trainer = dataclasses.replace(cfg.trainer, resume="auto")  # its own checkpoint, never one named for this run
   return warmup_run(trainer, folder, PolicySpec(model), VerifiedProblems(problems, ("exact_match",), (),
-                    cfg.trainer.seed), warmup, rollout, runtime=cfg.runtime, mesh=cfg.mesh, tracker=cfg.tracker)
+                    cfg.trainer.seed), warmup, engine, runtime=cfg.runtime, mesh=cfg.mesh, tracker=cfg.tracker)
 
 
 def engine_options(mesh, prompts: int, temperature: float, max_prompt_len: int, max_new_tokens: int):
   """The engine's options for sampling (or, greedy, evaluating) the default's sort problems on the training mesh: up
   to 128 decode slots (a multiple of data x fsdp), prompts up to the longest one."""
-  from jaxpod.rl.config import RolloutConfig
-  dp = mesh.shape["data"] * mesh.shape["fsdp"]
+  from jaxpod.policy.engine import EngineOptions
+  from jaxpod.runtime.mesh import data_parallel
+  dp = data_parallel(mesh)
   rows = -(-min(128, prompts) // dp) * dp
-  return RolloutConfig(temperature=temperature or 1.0, max_prompt_len=max_prompt_len, max_new_tokens=max_new_tokens,
+  return EngineOptions(temperature=temperature or 1.0, max_prompt_len=max_prompt_len, max_new_tokens=max_new_tokens,
                        batch_size=rows, eval_slots=rows, steps_per_round=8)  # temperature 0: make_sampler(greedy=True)
 
 
@@ -80,9 +82,9 @@ def sort_pairs(graphdef, params, mesh, sort, tokenizer, seed: int, max_length: i
   problems = sort_digits.training_problems(seed, 10_000, sort.prompts, sort.eval_size, sort.length)
   prompt_ids = [tokenizer.encode(p) for _, p, _ in problems]
   longest = max(len(i) for i in prompt_ids)
-  from jaxpod.rl.rollout.roller import make_sampler
-  rollout = engine_options(mesh, len(prompt_ids), sort.temperature, longest, sort.length + 2)
-  sampler = make_sampler(graphdef, params, mesh, rollout, tokenizer.eos_ids, greedy=sort.temperature == 0)
+  from jaxpod.policy.engine import make_sampler
+  options = engine_options(mesh, len(prompt_ids), sort.temperature, longest, sort.length + 2)
+  sampler = make_sampler(graphdef, params, mesh, options, tokenizer.eos_ids, greedy=sort.temperature == 0)
   outs = sampler.generate(prompt_ids, [seed * 100_003 + i for i, _, _ in problems])
   rows, counts = [], {"on_policy": 0, "teacher": 0, "skipped": 0}
   for (index, _, answer), ids, c in zip(problems, prompt_ids, outs):
@@ -112,12 +114,12 @@ def reference_logps(graphdef, params, arrays: dict, mesh, batch: int) -> np.ndar
   """[N, 2] summed answer log-probs of every pair's chosen and rejected answers under `params`."""
   from jax.sharding import NamedSharding, PartitionSpec
   from jaxpod import runtime
-  from jaxpod.models.llama import forward
+  from jaxpod.models.llama.loss import token_logps
   from jaxpod.tasks.preference_loss import answer_logps
 
   def logps(params, tokens_Bx2xL, answer_Bx2xL):
     tokens, answer = tokens_Bx2xL.reshape(-1, tokens_Bx2xL.shape[-1]), answer_Bx2xL.reshape(-1, answer_Bx2xL.shape[-1])
-    total, _ = answer_logps(forward(graphdef, params, tokens[:, :-1]).logits, tokens[:, 1:], answer[:, 1:])
+    total, _ = answer_logps(token_logps(graphdef, params, tokens[:, :-1], tokens[:, 1:]), answer[:, 1:])
     return total.reshape(-1, 2)
 
   fn = runtime.jit(logps, name="preference_reference_logps", out_shardings=NamedSharding(mesh, PartitionSpec()))
@@ -134,12 +136,12 @@ def reference_logps(graphdef, params, arrays: dict, mesh, batch: int) -> np.ndar
 
 
 def held_out_accuracy(graphdef, mesh, sort, tokenizer, seed: int):
-  """The RL evaluator (`rl.policy.Accuracy`: greedy exact match by the `sort` problem set's verifier) on the default's
-  held-out sort problems (a metric the loss never sees); called with (params, buffers)."""
+  """The policy's evaluator (`policy.evaluate.Accuracy`: greedy exact match by the `sort` problem set's verifier) on
+  the default's held-out sort problems (a metric the loss never sees); called with (params, buffers)."""
+  from jaxpod.policy.evaluate import Accuracy
   from jaxpod.problems import SortProblems
   from jaxpod.problems.rewards import VerifiedProblems
-  from jaxpod.rl.policy import Accuracy
   problems = VerifiedProblems(SortProblems(length=sort.length, eval_size=sort.eval_size), ("exact_match",), (), seed)
   longest = max(len(tokenizer.encode(p.prompt)) for p in problems.eval_set())
-  rollout = engine_options(mesh, sort.eval_size, 0.0, longest, sort.length + 2)
-  return Accuracy(problems, rollout, graphdef, mesh, tokenizer, tuple(tokenizer.eos_ids))
+  options = engine_options(mesh, sort.eval_size, 0.0, longest, sort.length + 2)
+  return Accuracy(problems, options, graphdef, mesh, tokenizer, tuple(tokenizer.eos_ids))

@@ -98,10 +98,13 @@ class TrainerConfig:
   preemption_check_every: int = 10  # hosts compare SIGTERM notices every N steps (a KV round trip), then save and exit
   progress: bool = True  # rich progress bar on the leader
   plot: bool = True  # write metrics.png into the run folder at the end
+  microbatches: int = 1  # gradient accumulation: each step's batch in this many microbatches, one update (train/step.py)
 
   def __post_init__(self):
     if not isinstance(self.steps, int) or self.steps < 1:
       raise ValueError(f"trainer.steps={self.steps!r}: expected a positive integer")
+    if not isinstance(self.microbatches, int) or self.microbatches < 1:
+      raise ValueError(f"trainer.microbatches={self.microbatches!r}: expected a positive integer (1: no accumulation)")
     if self.preemption_check_every < 1:
       raise ValueError(f"trainer.preemption_check_every={self.preemption_check_every}: expected >= 1")
     for name in ("eval_every", "checkpoint_every", "log_every"):
@@ -196,6 +199,10 @@ def validate_for_hosts(cfg: TrainConfig, hosts: HostInfo, num_devices: int | Non
     if value % hosts.process_count:
       raise ValueError(f"task.data.{name}={value} is not divisible by the {hosts.process_count} hosts; "
                        f"use a multiple of {hosts.process_count} (each host loads an equal share)")
+  k = cfg.trainer.microbatches
+  if cfg.task.data.global_batch_size % (k * hosts.process_count):
+    raise ValueError(f"trainer.microbatches={k} does not divide each host's {cfg.task.data.global_batch_size} / "
+                     f"{hosts.process_count} rows of task.data.global_batch_size; use a divisor of them")
   if num_devices is None:
     return
   if num_devices % hosts.process_count:
@@ -210,3 +217,7 @@ def validate_for_hosts(cfg: TrainConfig, hosts: HostInfo, num_devices: int | Non
       lcm = math.lcm(dp, hosts.process_count)
       raise ValueError(f"task.data.{name}={value} is not divisible by the data-parallel size {dp} "
                        f"(mesh data*fsdp over {num_devices} devices); use a multiple of {lcm}")
+  rows = cfg.task.data.global_batch_size // dp  # each data-parallel shard's rows, split in k microbatches
+  if rows % k:
+    raise ValueError(f"trainer.microbatches={k} does not divide the {rows} rows per data-parallel shard of "
+                     f"task.data.global_batch_size={cfg.task.data.global_batch_size}; use a divisor of {rows}")

@@ -79,11 +79,11 @@ def _digest(tree: dict) -> str:
   return hashlib.sha256(json.dumps(tree, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def run_name(cfg, prefix: str, ignores: tuple[str, ...], kind: str) -> str:
-  """`<prefix>-<12 hex>`: a hash of the fields that differ from their defaults (without `ignores`) and of the task's
-  registry name `kind` (two tasks with equal fields are different runs)."""
+def run_name(cfg, prefix: str, ignores: tuple[str, ...], kind: str, choice: str = "task") -> str:
+  """`<prefix>-<12 hex>`: a hash of the fields that differ from their defaults (without `ignores`) and of the
+  registry name `kind` of section `choice` (two tasks with equal fields are different runs)."""
   tree = changed(cfg, ignores)
-  tree["task"] = {**tree.get("task", {}), "type": kind}
+  tree[choice] = {**tree.get(choice, {}), "type": kind}
   return f"{prefix}-{_digest(tree)}"
 
 
@@ -98,26 +98,58 @@ def _unchanged(value, default) -> bool:
   return default is not _MISSING and _json(value) == _json(default)
 
 
-def _old_tree(cfg, old: dict, ignores: tuple[str, ...], base=None, at: str = "") -> dict | None:
+def _at(obj, dotted: str):
+  for name in dotted.split("."):
+    obj = getattr(obj, name, None) if obj is not None else None
+  return obj
+
+
+def _old_tree(cfg, old: dict, ignores: tuple[str, ...], base=None, at: str = "", moved: frozenset = frozenset()
+              ) -> dict | None:
   """The tree the old rule hashed for `cfg`'s command: `old` (its defaults then) with `cfg`'s changes; None when
-  `cfg` sets a field the old code did not have."""
+  `cfg` sets a field the old code did not have. A field renamed since (a section's `old_names`, the ones the CLI
+  still accepts: `task.init_from` -> `task.hf`, rl's `task` -> `problems`, `lora_lr_scale` -> `lora.lr_scale`)
+  goes under its old name; `moved`: the dotted paths a parent section already put under their old names."""
   out = dict(old)
+  renames = {old_name: new for old_name, new in getattr(type(cfg), "old_names", {}).items() if old_name in old}
+  was = {new: old_name for old_name, new in renames.items() if "." not in new}
+  moved = moved | {at + new for new in renames.values() if "." in new}
   for f in dataclasses.fields(cfg):
     path = at + f.name
-    if path in ignores:
+    if path in ignores or path in moved:
       continue
+    key = was.get(f.name, f.name)
     value, default = getattr(cfg, f.name), _default(f, base)
-    if f.name not in old:  # added since: only its default can have been the old command's
+    if key not in old:  # added since: only its default can have been the old command's
       if not _unchanged(value, default):
         return None
-    elif dataclasses.is_dataclass(value) and isinstance(old[f.name], dict):
-      sub = _old_tree(value, old[f.name], ignores, _section_base(value, default), path + ".")
+    elif dataclasses.is_dataclass(value) and isinstance(old[key], dict):
+      sub = _old_tree(value, old[key], ignores, _section_base(value, default), path + ".", moved)
       if sub is None:
         return None
-      out[f.name] = sub
+      out[key] = sub
     elif not _unchanged(value, default):
-      out[f.name] = _json(value)
+      out[key] = _json(value)
+      if isinstance(out[key], dict):  # a section None by default, given: without what moved into it since
+        for new in (m[len(path) + 1:] for m in moved if m.startswith(path + ".")):
+          out[key].pop(new, None)
+  for old_name, new in renames.items():  # a field moved into a sub-section since: its value, if given
+    if "." in new:
+      value = _at(cfg, new)
+      if value is not None and not _unchanged(value, _at(base, new) if base is not None else _new_default(cfg, new)):
+        out[old_name] = _json(value)
   return out
+
+
+def _new_default(cfg, dotted: str):
+  """The class default of the field at `dotted` under section `cfg` (through sections None by default: their
+  class's defaults)."""
+  *parents, name = dotted.split(".")
+  obj = cfg
+  for p in parents:
+    obj = getattr(obj, p)
+  f = next(f for f in dataclasses.fields(obj) if f.name == name)
+  return _default(f, None)
 
 
 def legacy_run_id(cfg, prefix: str, ignores: tuple[str, ...], root: str, kind: str) -> str | None:

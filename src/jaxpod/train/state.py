@@ -10,7 +10,7 @@
     carry       the task's state carried across steps (TRM: the ACT carry, as the reference keeps it; LM: ())
 
 The state is built from abstract shapes: `abstract_state` traces init without allocating,
-`state_shardings` derives a NamedSharding per leaf from the parameters' logical axes (optimizer
+`train_state_shardings` derives a NamedSharding per leaf from the parameters' logical axes (optimizer
 and EMA leaves follow the parameter they mirror; the carry splits its batch axis), and
 `init_state` runs the jitted init straight into those shardings.
 """
@@ -88,7 +88,7 @@ def batch_sharding(mesh, ndim: int, rules: ShardingRules = DEFAULT_RULES) -> Nam
   return rules.sharding(mesh, ("batch",) + (None,) * (ndim - 1))
 
 
-def state_shardings(abstract: TrainState, mesh, rules: ShardingRules = DEFAULT_RULES) -> TrainState:
+def train_state_shardings(abstract: TrainState, mesh, rules: ShardingRules = DEFAULT_RULES) -> TrainState:
   """A TrainState of NamedShardings: params by logical axes, mirrors follow them, carry by batch."""
   replicated = NamedSharding(mesh, PartitionSpec())
   params_sh = param_shardings(abstract.params, mesh, rules)  # one sharding per Variable

@@ -6,6 +6,12 @@ k is `fold_in(state.rng, k)`, so a resumed run draws exactly what an uninterrupt
 A task may ask for several updates on each batch (`updates`, GRPO's num_iterations): still one step, one
 batch, one checkpointable unit, the updates looped inside the jitted call.
 
+Gradient accumulation (`trainer.microbatches` k): the batch's rows split in k microbatches (microbatch j holds rows
+j, j + k, ...: every device keeps its own rows), each one's loss and gradient in a scan, one update. A task's loss
+is a mean; `loss_normalizer` names the metric sum it divides by (LM: "tokens"; None: the microbatch's rows), so the
+gradients are summed weighted by each microbatch's share of it: the update equals the whole batch's, and only one
+microbatch's activations live at a time.
+
 Metrics come back as raw sums (replicated global scalars). The loop reads step N-1's metrics
 after dispatching step N (`host_metrics`), so the host never waits on the device in between.
 """
@@ -29,13 +35,17 @@ def ema_update(ema, params, decay: float):
 
 
 def train_step_fn(loss_fn: Callable, tx: optax.GradientTransformation, ema_decay: float,
-                  lr_fn: Callable | None = None, updates: int = 1):
+                  lr_fn: Callable | None = None, updates: int = 1, microbatches: int = 1,
+                  loss_normalizer: str | None = None):
   """The pure step function (unjitted): the task's loss and grads, one update, EMA, metrics.
 
   loss_fn: `(params, buffers, batch, rng, carry) -> (loss, (carry, metric sums))` (`Task.loss_fn`).
   updates > 1: that many loss evaluations and optimizer updates on the same batch (`repeated`).
+  microbatches > 1: the gradient accumulated over that many microbatches (`accumulated`).
   """
   grad_fn = jax.value_and_grad(loss_fn, argnums=0, has_aux=True)
+  if microbatches > 1:
+    grad_fn = accumulated(grad_fn, microbatches, loss_normalizer)
 
   def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     rng = jax.random.fold_in(state.rng, state.step)
@@ -52,6 +62,49 @@ def train_step_fn(loss_fn: Callable, tx: optax.GradientTransformation, ema_decay
     return new_state, metrics
 
   return train_step if updates == 1 else repeated(train_step, updates, lr_fn)
+
+
+_EXTREMES = {"_max": jnp.maximum, "_min": jnp.minimum}  # metrics that are extremes (GRPO's ratio_max), not sums
+
+
+def accumulated(grad_fn: Callable, k: int, loss_normalizer: str | None) -> Callable:
+  """`grad_fn` (value_and_grad of a task's loss, has_aux) over k microbatches of the batch and the carry, the
+  gradients summed in float32, each weighted by its microbatch's share of the normalizer (see the module docstring):
+  ((loss, (carry, metric sums)), grads) as of the whole batch."""
+  from jaxpod.runtime.sharding import constrain
+
+  def split(x):  # [B, ...] -> [k, B / k, ...]: microbatch j is rows j, j + k, ... (no row leaves its device)
+    x = x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
+    return constrain(x, (None, "batch") + (None,) * (x.ndim - 2))
+
+  def join(x):  # the inverse of split
+    return x.swapaxes(0, 1).reshape(-1, *x.shape[2:])
+
+  def fn(params, buffers, batch, rng, carry):
+    micro, micro_carry = jax.tree.map(split, batch), jax.tree.map(split, carry)
+    one = jax.tree.map(lambda x: x[0], (micro, micro_carry))
+    (_, (_, like)), _ = jax.eval_shape(lambda b, c: grad_fn(params, buffers, b, rng, c), *one)
+
+    def body(acc, xs):
+      grads_sum, loss_sum, weight_sum, sums = acc
+      mb, mc, j = xs
+      (loss, (mc, metrics)), grads = grad_fn(params, buffers, mb, jax.random.fold_in(rng, j), mc)
+      rows = jax.tree.leaves(mb)[0].shape[0]
+      w = metrics[loss_normalizer].astype(jnp.float32) if loss_normalizer else jnp.float32(rows)
+      grads_sum = jax.tree.map(lambda a, g: a + w * g.astype(jnp.float32), grads_sum, grads)
+      sums = {n: _EXTREMES.get(n[-4:], jnp.add)(sums[n], v) for n, v in metrics.items()}
+      return (grads_sum, loss_sum + w * loss, weight_sum + w, sums), mc
+
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    first = {n: jnp.full(v.shape, -jnp.inf if n.endswith("_max") else jnp.inf if n.endswith("_min") else 0, v.dtype)
+             for n, v in like.items()}
+    (grads_sum, loss_sum, weight, sums), carries = jax.lax.scan(
+        body, (zeros, jnp.float32(0), jnp.float32(0), first), (micro, micro_carry, jnp.arange(k)))
+    weight = jnp.maximum(weight, 1e-30)
+    grads = jax.tree.map(lambda g, p: (g / weight).astype(p.dtype), grads_sum, params)
+    return (loss_sum / weight, (jax.tree.map(join, carries), sums)), grads
+
+  return fn
 
 
 def repeated(train_step: Callable, updates: int, lr_fn: Callable | None) -> Callable:

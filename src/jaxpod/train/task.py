@@ -24,6 +24,8 @@ shardings, optimizer step, EMA, checkpoints, hooks, tracker. A task supplies:
     summary_fields(run_dir)        optional: extra keys for summary.json (leader, after the run; e.g. accuracy.start)
     name, headline                 run-folder prefix; the eval metric logged first (optional)
     updates_per_batch              optional: optimizer updates per batch, in one step (GRPO's num_iterations; 1)
+    loss_normalizer                optional: the metric sum the loss is a mean over ("tokens"); None: the batch's
+                                   rows (what gradient accumulation weights each microbatch by: train/step.py)
 
 A task is two classes in one module of `jaxpod.tasks` (or any module imported before parsing):
 its config, registered with `@TaskConfig.register_subclass("name")`, whose `build(cfg)` returns

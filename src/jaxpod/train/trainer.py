@@ -110,8 +110,9 @@ class Loop:
   global_batch: int  # rows per step over all hosts
 
 
-def train(cfg: TrainConfig, extra_hooks: Sequence[Hook] = ()) -> RunSummary:
-  """Run training as configured; every host calls this. Returns the run summary."""
+def train(cfg: TrainConfig, extra_hooks: Sequence[Hook] = (), task=None) -> RunSummary:
+  """Run training as configured; every host calls this. Returns the run summary. `task`: the Task, when the caller
+  builds it with what is no config (RL's batch source); None: `cfg.task.build(cfg)`."""
   hosts = cfg.runtime.hosts()
   validate_for_hosts(cfg, hosts)  # invariant 7: before JAX initialises
   validate_storage(cfg, hosts)  # invariant 8: shared storage with several hosts
@@ -121,7 +122,7 @@ def train(cfg: TrainConfig, extra_hooks: Sequence[Hook] = ()) -> RunSummary:
   validate_for_hosts(cfg, hosts, jax.device_count())
   from jaxpod.train.task import make_task
   with runtime.guard():
-    task = make_task(cfg)
+    task = make_task(cfg) if task is None else task
     run_dir = runtime.broadcast_call(lambda: run_url(cfg, task.name), "train.run_dir")
     mark_progress("train: preparing the data")
     prepared = runtime.broadcast_call(task.prepare, "train.dataset", timeout_s=3600)
@@ -153,7 +154,7 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
   abstract = st.abstract_state(init_fn)
   sizes = {k: sum(x.size for x in jax.tree.leaves(getattr(abstract, k))) for k in ("params", "buffers")}
   log.info("parameters: %s trained, %s frozen", f"{sizes['params']:,}", f"{sizes['buffers']:,}")
-  shardings = st.state_shardings(abstract, mesh)
+  shardings = st.train_state_shardings(abstract, mesh)
   batch_sh = sp.batch_shardings(mesh, task.batch_ndims)
 
   ckpt = Checkpointer(CheckpointConfig(dir=storage.join(run_dir, "checkpoints"), keep_last=tcfg.keep_last,
@@ -186,7 +187,8 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
 
   with jax.set_mesh(mesh):
     step_fn = sp.jit_train_step(sp.train_step_fn(task.loss_fn(graphdef), tx, tcfg.ema, lr_fn,
-                                                 getattr(task, "updates_per_batch", 1)), shardings, batch_sh, mesh)
+                                                 getattr(task, "updates_per_batch", 1), tcfg.microbatches,
+                                                 getattr(task, "loss_normalizer", None)), shardings, batch_sh, mesh)
     evaluator = task.evaluator(graphdef, mesh, shardings.eval_params, shardings.buffers, batch_sh)
     progress = ProgressDisplay(tcfg.steps, start, host.is_leader and tcfg.progress, start_time=t_start,
                                metrics=cfg.task.bar_metrics)

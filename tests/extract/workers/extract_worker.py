@@ -19,7 +19,7 @@ data, fsdp, model_axis, batch = map(int, sys.argv[4:8])
 forward, memory = sys.argv[8], int(sys.argv[9])
 action, at_host, at_batch = ((sys.argv[10], int(sys.argv[11]), int(sys.argv[12])) if len(sys.argv) > 10
                               else (None, -1, -1))
-cfg = extract.ExtractConfig(model=model, prompts=prompts, layers=(0, 2), out=out, points=("resid", "attn_out", "mlp_out"),
+cfg = extract.ExtractConfig(hf=model, prompts=prompts, layers=(0, 2), out=out, points=("resid", "attn_out", "mlp_out"),
                             batch_size=batch, max_seq_len=48, mesh=MeshConfig(data, fsdp, model_axis), progress=False,
                             forward=forward, device_memory_bytes=memory or None)
 

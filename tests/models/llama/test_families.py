@@ -141,7 +141,7 @@ def test_unknown_model_type_is_one_line_naming_the_supported_ones_before_jax(tmp
   args = {"extract": ["--layers", "0", "--out", str(tmp_path / "out")],
           "sample": ["--out", str(tmp_path / "o.jsonl")]}.get(command, [])
   model = ["--model.hf", str(tmp_path), "--trainer.runs_dir", str(tmp_path / "runs")] if command == "rl" else [
-      "--model", str(tmp_path), "--prompts", str(tmp_path / "p.txt")]
+      "--hf", str(tmp_path), "--prompts", str(tmp_path / "p.txt")]
   out = subprocess.run([sys.executable, "-c", _NO_BACKEND, command, *model, *args], capture_output=True, text=True,
                        timeout=120, cwd=tmp_path)
   text = out.stdout + out.stderr

@@ -35,7 +35,8 @@ def test_adapters_start_at_zero_and_are_the_only_gradients():
   np.testing.assert_array_equal(_logits(model, tokens), base)
   adapters = nnx.state(model, nnx.LoRAParam)
   paths = [p for p, _ in nnx.to_flat_state(adapters)]
-  assert len(paths) == 2 * 7 * cfg.num_hidden_layers and all(p[-1] in ("lora_a", "lora_b") for p in paths)
+  assert len(paths) == 2 * 7 and all(p[-1] in ("lora_a", "lora_b") for p in paths)  # A and B per projection
+  assert all(v.shape[0] == cfg.num_hidden_layers for _, v in nnx.to_flat_state(adapters))  # stacked like the blocks
 
   graphdef, trained, frozen = nnx.split(model, nnx.LoRAParam, ...)  # the train step's split: grads on `trained`
 
@@ -58,7 +59,7 @@ def test_scale_and_merge_match_the_formula():
   plain = lora.merged(model)
   assert lora.lora_config(plain) is None and not nnx.state(plain, nnx.LoRAParam)
   a, b = lora.adapters(model)[(1, "o_proj")]
-  w, w2 = model.layers[1].self_attn.o_proj[...], plain.layers[1].self_attn.o_proj[...]
+  w, w2 = model.layers.self_attn.o_proj[...][1], plain.layers.self_attn.o_proj[...][1]
   np.testing.assert_allclose(w2, w + 4.0 * (a @ b).reshape(w.shape), atol=1e-6)
   tokens = _tokens(t=12)
   np.testing.assert_allclose(_logits(plain, tokens), _logits(model, tokens), atol=TOL)
@@ -85,13 +86,13 @@ def test_adapters_are_sharded_like_their_base_dims():
   """On a (fsdp 2, model 2) mesh: A's input dim follows the base's input dim, B's output its output, rank whole."""
   mesh = make_mesh(devices=jax.devices()[:4], data=1, fsdp=2, model=2)
   model = lora.attach(init(tiny()), lora.LoraConfig(rank=4), mesh=mesh)
-  attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
-  q_spec = lora.adapters(model)[(0, "q_proj")]
+  attn, mlp = model.layers.self_attn, model.layers.mlp
+  q_spec = (attn.q_proj_lora.lora.lora_a[...], attn.q_proj_lora.lora.lora_b[...])
   from jaxpod.runtime.sharding import DEFAULT
-  assert q_spec[0].sharding.spec == DEFAULT.spec(("embed", None), mesh)
-  assert q_spec[1].sharding.spec == DEFAULT.spec((None, "heads"), mesh)
-  assert attn.o_proj_lora.lora.lora_a[...].sharding.spec == DEFAULT.spec(("heads", None), mesh)
-  assert mlp.down_proj_lora.lora.lora_b[...].sharding.spec == DEFAULT.spec((None, "embed"), mesh)
+  assert q_spec[0].sharding.spec == DEFAULT.spec(("layers", "embed", None), mesh)
+  assert q_spec[1].sharding.spec == DEFAULT.spec(("layers", None, "heads"), mesh)
+  assert attn.o_proj_lora.lora.lora_a[...].sharding.spec == DEFAULT.spec(("layers", "heads", None), mesh)
+  assert mlp.down_proj_lora.lora.lora_b[...].sharding.spec == DEFAULT.spec(("layers", None, "embed"), mesh)
   assert any(s is not None for s in q_spec[1].sharding.spec)  # the rules do shard something here
 
 

@@ -33,15 +33,15 @@ def test_lora_state_holds_adapters_only_and_the_base_once(tmp_path):
   from jaxpod.runtime import make_mesh
   mesh = make_mesh(devices=jax.devices()[:4], data=1, fsdp=2, model=2)
   want = {jax.tree_util.keystr(p): s.spec for p, s in
-          jax.tree_util.tree_flatten_with_path(st.state_shardings(full, mesh).params)[0]}
+          jax.tree_util.tree_flatten_with_path(st.train_state_shardings(full, mesh).params)[0]}
   got = {jax.tree_util.keystr(p): s.spec for p, s in
-         jax.tree_util.tree_flatten_with_path(st.state_shardings(lora_state, mesh).buffers)[0]}
+         jax.tree_util.tree_flatten_with_path(st.train_state_shardings(lora_state, mesh).buffers)[0]}
   assert got == want and any(any(a is not None for a in spec) for spec in got.values())
 
 
 @pytest.mark.slow
 def test_lora_causal_lm_learns_and_trains_only_adapters(tmp_path):
-  """20 steps of rank-8 LoRA (lr 3e-2) from a tiny HF Llama (init_from; initializer_range 0.2, so the frozen
+  """20 steps of rank-8 LoRA (lr 3e-2) from a tiny HF Llama (task.hf; initializer_range 0.2, so the frozen
   head can express more than near-uniform logits) on the built-in text: the loss falls by more than 1 nat, and
   the end-of-run SampleHook samples with the adapters; the checkpointed base is bit-identical to the HF weights (never updated)."""
   import json
@@ -52,7 +52,7 @@ def test_lora_causal_lm_learns_and_trains_only_adapters(tmp_path):
   from tests.models.llama.hf_checkpoints import write_hf_checkpoint
   write_hf_checkpoint(tmp_path / "base", initializer_range=0.2)
   cfg = _lm_config(tmp_path, "lora", steps=20, task__lora__rank=8, task__optim__lr=3e-2, task__prompts='["The old"]',
-                   task__init_from=str(tmp_path / "base"))
+                   task__hf=str(tmp_path / "base"))
   result = train(cfg)
   losses = [loss for _, loss, _ in _losses(result.run_dir)]
   first, last = np.mean(losses[:3]), np.mean(losses[-3:])
@@ -64,39 +64,41 @@ def test_lora_causal_lm_learns_and_trains_only_adapters(tmp_path):
     saved = mgr.restore(20, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
   base = st.to_nested(nnx.state(hf_io.load(str(tmp_path / "base"), make_mesh(devices=jax.devices()[:1]))))
   stored, want = jax.tree_util.tree_flatten_with_path(saved["buffers"])[0], jax.tree.leaves(base)
-  assert len(stored) == len(want) == 2 + 9 * 2 + 1  # embed, norm, lm_head + 9 per block (7 linear, 2 norms)
+  assert len(stored) == len(want) == 2 + 9 + 1  # embed, norm, lm_head + 9 block weights (7 linear, 2 norms) [L, ...]
   from jaxpod.models.llama import lora
   llama = hf_io.load_config(str(tmp_path / "base"))  # the summary counts the adapters as trained, the base as frozen
   adapters = llama.num_hidden_layers * sum(8 * (n_in + n_out) for n_in, n_out, *_ in lora.shapes(llama).values())
   assert (result.trained_params, result.frozen_params) == (adapters, sum(np.asarray(w).size for w in want))
   for (path, x), w in zip(stored, want):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(w), err_msg=jax.tree_util.keystr(path))
-  # the run wrote its EMA adapters as PEFT's files; a new run starts from them (adapter_from), well below the start
+  # the run wrote its EMA adapters as PEFT's files; a new run starts from them (task.adapter), well below the start
   adapter = Path(result.run_dir, "adapter")
   assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 8
   again = train(_lm_config(tmp_path, "again", steps=2, task__optim__warmup_steps=1, task__prompts="[]",
-                           task__init_from=str(tmp_path / "base"), task__adapter_from=str(adapter)))
+                           task__hf=str(tmp_path / "base"), task__adapter=str(adapter)))
   resumed = _losses(again.run_dir)[0][1]
   print(f"from the exported adapter: first loss {resumed:.3f}")
   assert resumed < first - 2.0, (resumed, first)
 
 
-def test_adapter_from_is_checked_before_jax(tmp_path, capsys):
-  """task.adapter_from without init_from, or with a task.lora that differs from its files: one line, at parse."""
+def test_an_adapter_is_checked_before_jax(tmp_path, capsys):
+  """task.adapter without task.hf, or with a task.lora that differs from its files: one line, at parse; the config
+  keeps what was given (the adapter's LoRA is the task's, built once from the files)."""
   from jaxpod.cli.args import UsageError
   from jaxpod.models.llama import init, lora, peft_io, tiny
   from tests.models.llama.hf_checkpoints import write_hf_checkpoint
   write_hf_checkpoint(tmp_path / "base")
   peft_io.save_adapter(lora.attach(init(tiny()), lora.LoraConfig(rank=2)), str(tmp_path / "adapter"))
   capsys.readouterr()
-  both = dict(task__adapter_from=str(tmp_path / "adapter"), task__init_from=str(tmp_path / "base"))
-  for overrides, msg in (({"task__adapter_from": both["task__adapter_from"]}, "needs task.init_from"),
-                         ({**both, "task__lora__rank": 4}, "differs from task.adapter_from's adapter_config.json")):
+  both = dict(task__adapter=str(tmp_path / "adapter"), task__hf=str(tmp_path / "base"))
+  for overrides, msg in (({"task__adapter": both["task__adapter"]}, "needs task.hf"),
+                         ({**both, "task__lora__rank": 4}, "differs from task.adapter's adapter_config.json")):
     with pytest.raises(UsageError):
       _lm_config(tmp_path, "x", **overrides)
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(err) == 1 and msg in err[0], err
-  assert _lm_config(tmp_path, "x", **both).task.lora == lora.LoraConfig(rank=2)
+  cfg = _lm_config(tmp_path, "x", **both)
+  assert cfg.task.lora is None and cfg.task.lora_section().adapters() == lora.LoraConfig(rank=2)
 
 
 @pytest.mark.slow
@@ -117,7 +119,7 @@ def test_lora_on_two_hosts_matches_one_host(launch_hosts, bucket, tmp_path):
   worker = Path(__file__).parents[2] / "train" / "workers" / "train_worker.py"
   runs, adapters = {}, {}
   for hosts, dph, mesh in ((1, 1, []), (2, 2, ["--mesh.fsdp=2"])):
-    args = _lm_args(storage.join(bucket, "runs"), f"h{hosts}", steps=4, task__lora__rank=4, task__init_from=base,
+    args = _lm_args(storage.join(bucket, "runs"), f"h{hosts}", steps=4, task__lora__rank=4, task__hf=base,
                     task__prompts="[]", task__optim__lr=3e-2) + mesh
     r = launch_hosts(worker, hosts=hosts, devices_per_host=dph, args=["run", *args])
     assert r.returncode == 0, r.transcript

@@ -1,11 +1,11 @@
-"""Smoke test of the TRM step benchmark (`jaxpod.bench.trm_step.run`): runs, prints, writes JSON."""
+"""Smoke test of the TRM step benchmark (`jaxpod.bench.trm.step.run`): runs, prints, writes JSON."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from jaxpod.bench import trm_step
+from jaxpod.bench.trm import step as trm_step
 
 
 @pytest.mark.slow

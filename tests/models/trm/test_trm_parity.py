@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from jaxpod.bench import trm_parity
+from jaxpod.bench.trm import parity as trm_parity
 from jaxpod.models.trm import TRMConfig
 
 
@@ -19,7 +19,7 @@ def _batches(cfg: TRMConfig, rng, n: int, b: int) -> dict:
 def test_reference_trains_on_the_given_batches_and_reports_each_evaluation(trm_reference):
   """The default recipe's shape (mlp_t, puzzle embedding, softmax loss, fp32) runs in the reference as
   the bench drives it: one curve point per eval step, accuracies in [0, 1], EMA weights restored after."""
-  from jaxpod.bench.trm_reference import train_curve
+  from jaxpod.bench.trm.reference import train_curve
   cfg = dataclasses.replace(TRMConfig.tiny(), seq_len=16, vocab_size=6, mlp_t=True, pos_encodings="none",
                             halt_max_steps=2, loss_type="softmax_cross_entropy")
   rng = np.random.default_rng(0)

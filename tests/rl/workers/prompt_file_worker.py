@@ -6,7 +6,7 @@ import sys
 
 from jaxpod import runtime
 from jaxpod.problems.dataset import DatasetProblems
-from jaxpod.rl.policy import check_same_problems
+from jaxpod.policy.spec import check_same_problems
 
 host = runtime.init(runtime.RuntimeConfig(control_timeout_s=60))
 rows = [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(20)]

@@ -15,7 +15,7 @@ host = runtime.init(runtime.RuntimeConfig(control_timeout_s=90))
 
 from jaxpod.models.llama import ByteTokenizer, abstract, init, tiny  # noqa: E402
 from jaxpod.problems.base import Problem  # noqa: E402
-from jaxpod.rl.rollout.episodes import TurnByTurn, run_episodes  # noqa: E402
+from jaxpod.policy.rollout.episodes import TurnByTurn, run_episodes  # noqa: E402
 from jaxpod.runtime import make_mesh, state_shardings  # noqa: E402
 from jaxpod.sample import EngineConfig, Sampler, SamplingParams  # noqa: E402
 

@@ -27,7 +27,7 @@ host = runtime.init(runtime.RuntimeConfig(control_timeout_s=90))
 from jaxpod.runtime import MeshConfig, make_mesh  # noqa: E402
 from jaxpod.sample import SampleConfig, SamplingOptions, run  # noqa: E402
 
-BASE = SampleConfig(model=ckpt, prompts=prompts, out=f"{out_dir}/x.jsonl", batch_size=4, max_prompt_len=32,
+BASE = SampleConfig(hf=ckpt, prompts=prompts, out=f"{out_dir}/x.jsonl", batch_size=4, max_prompt_len=32,
                     max_new_tokens=8, temperature=0.8, top_k=20, top_p=0.9, seed=11, n=2, page_size=4)
 GLOBAL_MESH = MeshConfig(data=2, model=2) if jax.device_count() == 4 else MeshConfig(data=-1)
 
@@ -94,10 +94,10 @@ for scenario in scenarios:
     run(dataclasses.replace(BASE, mode="global", out=f"{out_dir}/global.jsonl", mesh=GLOBAL_MESH))
     run(dataclasses.replace(BASE, mode="replicated", out=f"{out_dir}/replicated.jsonl"))
   elif scenario == "family":
-    run(dataclasses.replace(BASE, model=family_ckpt, mode="global", out=f"{out_dir}/family.jsonl", mesh=GLOBAL_MESH,
+    run(dataclasses.replace(BASE, hf=family_ckpt, mode="global", out=f"{out_dir}/family.jsonl", mesh=GLOBAL_MESH,
                             temperature=0.0, n=1))
   elif scenario == "fail":
-    fail("tokenizer", dataclasses.replace(BASE, model=bad_ckpt))
+    fail("tokenizer", dataclasses.replace(BASE, hf=bad_ckpt))
     fail("memory", dataclasses.replace(BASE, batch_size=4096, max_new_tokens=1_000_000))  # TBs of KV cache
     mine = f"{out_dir}/prompts_{host.process_index}.txt"  # host 1's copy of the prompt file differs
     with open(mine, "w") as f:

@@ -1,5 +1,6 @@
 """Attention math of the static paths: `context` (masked softmax over given keys: a static-cache call), and
-`attend_own_keys`, attention over one call's own keys (training, a forward without a cache) block by block of queries.
+`self_attention`, attention over one call's own keys (training, scoring, a forward without a cache): on XLA by
+`attend_own_keys`, block by block of queries.
 
 Without a cache a query in slot q sees key slots s <= q only. The plain form scores every query against every key
 [B, K, G, T, T] and masks half of it away; here the queries go in blocks of `query_block(T)` rows and each block
@@ -20,6 +21,25 @@ MAX_BLOCKS = 8  # at most this many blocks (each is its own matmuls: the program
 def query_block(t: int) -> int:
   """Query rows per block for a call of T new tokens: T itself (one block) below 2 x MIN_BLOCK."""
   return t if t < 2 * MIN_BLOCK else max(MIN_BLOCK, -(-t // MAX_BLOCKS))
+
+
+def visible(q_pos, k_pos, window):
+  """Sliding-window visibility of keys at k_pos from queries at q_pos (broadcast): all when window is None.
+  window may be traced (a scan over layers of both kinds passes `stack.NO_WINDOW` for full ones)."""
+  return True if window is None else (q_pos - k_pos < window)
+
+
+def self_attention(cfg, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, kv_mask_BxT, positions_BxT, window):
+  """Context [B, T, H, E] of a call's T tokens over their own keys: causal, keys where kv_mask_BxT is False hidden,
+  and with a window only keys at positions within it (on positions)."""
+  b, t, h, e = q_BxTxHxE.shape
+  kvh = k_BxKxTxE.shape[1]
+  slots_T = jnp.arange(t)
+  mask_BxTxT = ((slots_T[None, None, :] <= slots_T[None, :, None]) & kv_mask_BxT[:, None, :]
+                & visible(positions_BxT[:, :, None], positions_BxT[:, None, :], window))
+  q_BxTxKxGxE = q_BxTxHxE.reshape(b, t, kvh, h // kvh, e)
+  ctx = attend_own_keys(q_BxTxKxGxE, k_BxKxTxE, v_BxKxTxE, mask_BxTxT, cfg.attn_scale)
+  return ctx.reshape(b, t, h, e)
 
 
 def context(q_BxTxKxGxE, keys_BxKxSxE, values_BxKxSxE, mask_BxTxS, scale: float):

@@ -20,6 +20,7 @@ from jaxpod.models.llama import families
 
 ROPE_TYPES = ("default", "linear", "llama3")
 DTYPES = ("float32", "bfloat16")
+REMATS = ("none", "full", "dots", "offload")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 LAYER_KINDS = ("full_attention", "sliding_attention")
 
@@ -47,7 +48,7 @@ class LlamaConfig:
   bos_token_id: int | None = 1
   eos_token_id: tuple[int, ...] = (2,)  # HF allows one id or a list; always a tuple here
   pad_token_id: int | None = None
-  dtype: str = "float32"  # compute and parameter dtype: float32 | bfloat16
+  dtype: str = "float32"  # compute dtype (and the parameters' unless param_dtype is set): float32 | bfloat16
   model_type: str = "llama"  # family (config.json model_type): how config.json is read and written
   qkv_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
   qk_norm: bool = False  # RMSNorm over head_dim on every query and key head before RoPE (Qwen3, Gemma 3)
@@ -59,6 +60,9 @@ class LlamaConfig:
   sliding_window: int | None = None  # a sliding layer's query at i sees keys j with i - window < j <= i
   layer_types: tuple[str, ...] = ()  # per layer: full_attention | sliding_attention; () = all full
   rope_local_theta: float | None = None  # RoPE base of sliding layers (Gemma 3 local layers); None: rope_theta
+  # How jaxpod computes (not in config.json):
+  param_dtype: str | None = None  # storage dtype of the weights (float32: master weights for bf16 compute); None: dtype
+  remat: str = "none"  # activations kept for the backward pass: none | full | dots | offload (models/llama/stack.py)
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -78,6 +82,10 @@ class LlamaConfig:
       raise ValueError(f"LlamaConfig.rope_type={self.rope_type!r} is not supported; use one of {ROPE_TYPES}")
     if self.dtype not in DTYPES:
       raise ValueError(f"LlamaConfig.dtype={self.dtype!r}; use one of {DTYPES}")
+    if self.param_dtype is not None and self.param_dtype not in DTYPES:
+      raise ValueError(f"LlamaConfig.param_dtype={self.param_dtype!r}; use one of {DTYPES} (or leave it unset: dtype)")
+    if self.remat not in REMATS:
+      raise ValueError(f"LlamaConfig.remat={self.remat!r}; use one of {REMATS}")
     if not isinstance(self.eos_token_id, tuple):
       raise ValueError(f"LlamaConfig.eos_token_id must be a tuple of ints, got {self.eos_token_id!r}")
     families.family(self.model_type)
@@ -114,8 +122,19 @@ class LlamaConfig:
 
   @property
   def jnp_dtype(self):
+    """The compute dtype."""
     import jax.numpy as jnp
     return jnp.dtype(self.dtype)
+
+  @property
+  def param_dtype_(self) -> str:
+    """The weights' storage dtype actually used."""
+    return self.param_dtype or self.dtype
+
+  @property
+  def jnp_param_dtype(self):
+    import jax.numpy as jnp
+    return jnp.dtype(self.param_dtype_)
 
   def num_params(self) -> int:
     """Parameter count (embedding counted once when tied)."""

@@ -16,7 +16,9 @@ from shapes) and receives each of their tensors whole, one at a time (`io/owner_
 host holds the model. The hosts then wait for the slowest upload with a deadline that scales with bytes.
 
 Layout: HF linear weights are [out, in]; jaxpod keeps [in..., out...] so einsums read
-naturally (q_proj [D, H, E], o_proj [H, E, D], gate_proj [D, I], lm_head [D, V]).
+naturally (q_proj [D, H, E], o_proj [H, E, D], gate_proj [D, I], lm_head [D, V]). A block weight is stacked
+[L, ...] over the layers (`stack.py`): HF's `model.layers.{i}.<name>` is its slice i, loaded one layer at a time
+(each placed like the stack's slice, then stacked on device) and exported one layer per tensor.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxpod.io import owner_gather, safetensors_io
 from jaxpod.models.llama import model as model_lib
 from jaxpod.models.llama.config import LlamaConfig
+from jaxpod.models.llama.stack import is_stacked_path
 from jaxpod.runtime import control
 from jaxpod.runtime.sharding import DEFAULT as DEFAULT_RULES, ShardingRules, state_shardings
 
@@ -49,13 +52,23 @@ _BIAS_OF = {"q_bias": "q_proj", "k_bias": "k_proj", "v_bias": "v_proj"}
 _DERIVED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def hf_name(path: tuple) -> str:
-  """jaxpod state path -> HF tensor name, e.g. ('layers', 0, 'mlp', 'up_proj') -> model.layers.0.mlp.up_proj.weight."""
+def hf_name(path: tuple, layer: int | None = None) -> str:
+  """jaxpod state path (and layer of a stacked block weight) -> HF tensor name, e.g. ('layers', 'mlp', 'up_proj')
+  at layer 0 -> model.layers.0.mlp.up_proj.weight."""
+  if layer is not None:
+    path = (path[0], layer, *path[1:])
   if path == ("lm_head",):
     return "lm_head.weight"
   if path[-1] in _BIAS_OF:
     return "model." + ".".join(str(p) for p in path[:-1]) + f".{_BIAS_OF[path[-1]]}.bias"
   return "model." + ".".join(str(p) for p in path) + ".weight"
+
+
+def per_layer(path: tuple, shape: tuple[int, ...]) -> list[tuple[str, int | None, tuple[int, ...]]]:
+  """(HF name, layer or None, jaxpod shape of that tensor) of every HF tensor a state leaf holds."""
+  if is_stacked_path(path):
+    return [(hf_name(path, i), i, tuple(shape[1:])) for i in range(shape[0])]
+  return [(hf_name(path), None, tuple(shape))]
 
 
 def hf_shape(path: tuple, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -251,7 +264,7 @@ def load(url: str, mesh, cfg: LlamaConfig | None = None, rules: ShardingRules = 
   shardings = nnx.to_flat_state(state_shardings(abs_state, mesh, rules))
   flat = nnx.to_flat_state(abs_state)
   where = _headers(url)
-  wanted = {hf_name(p) for p, _ in flat}
+  wanted = {name for p, v in flat for name, _, _ in per_layer(p, tuple(v.shape))}
   stored = set(where)
   if cfg.tie_word_embeddings and "lm_head.weight" in stored and _tied_copy(url, where, mesh):
     stored.discard("lm_head.weight")  # some exports store the tied head too: a copy of the embedding is no loss
@@ -259,20 +272,36 @@ def load(url: str, mesh, cfg: LlamaConfig | None = None, rules: ShardingRules = 
   fs, _ = _root(url)
   leaves = []
   for (path, var), (_, sharding) in zip(flat, shardings):
-    name, shape = hf_name(path), tuple(var.shape)
-    fpath, info = where[name]
-    if info.shape != hf_shape(path, shape):
-      raise ValueError(f"tensor {name} in {fpath.rsplit('/', 1)[-1]}: expected shape {hf_shape(path, shape)} from "
-                       f"config.json, found {info.shape}")
-    direct = all(hf_rows(path, shape, idx) is not None for idx in sharding.devices_indices_map(shape).values())
-    place = _place_rows if direct else _place_resharded
-    leaves.append(place(fs, fpath, info, path, shape, sharding, np.dtype(var.dtype)))
+    dtype, pieces = np.dtype(var.dtype), []
+    one = NamedSharding(mesh, PartitionSpec(*sharding.spec[1:])) if is_stacked_path(path) else sharding
+    for name, _, shape in per_layer(path, tuple(var.shape)):
+      fpath, info = where[name]
+      if info.shape != hf_shape(path, shape):
+        raise ValueError(f"tensor {name} in {fpath.rsplit('/', 1)[-1]}: expected shape {hf_shape(path, shape)} "
+                         f"from config.json, found {info.shape}")
+      direct = all(hf_rows(path, shape, idx) is not None for idx in one.devices_indices_map(shape).values())
+      pieces.append((_place_rows if direct else _place_resharded)(fs, fpath, info, path, shape, one, dtype))
+    leaves.append(_stacked(pieces, sharding) if is_stacked_path(path) else pieces[0])
   state = nnx.from_flat_state([(p, v.replace(a)) for (p, v), a in zip(flat, leaves)])
   return nnx.merge(graphdef, state)
 
 
-def _hf_layout(leaf: str, dtype, w):
-  """jaxpod parameter -> HF tensor layout in `dtype` (jittable; `to_hf` for arrays on device)."""
+def _stacked(layers: list, sharding) -> jax.Array:
+  """One layer's arrays (each placed as a slice of `sharding`) stacked into `sharding` on device, then freed."""
+  key = ("stack", len(layers), layers[0].shape, str(layers[0].dtype), sharding)
+  if key not in _RESHARD:
+    _RESHARD[key] = jax.jit(lambda *xs: jax.numpy.stack(xs), out_shardings=sharding)
+  out = _RESHARD[key](*layers)
+  for x in layers:
+    x.delete()
+  return out
+
+
+def _hf_layout(leaf: str, dtype, layer: int | None, w):
+  """jaxpod parameter (its slice `layer` of a stacked one) -> HF tensor layout in `dtype` (jittable; `to_hf` for
+  arrays on device)."""
+  if layer is not None:
+    w = w[layer]
   if leaf in _BIAS_OF:
     w = w.reshape(-1)
   elif leaf in _LINEAR_IN_DIMS:
@@ -288,16 +317,19 @@ def save(model: model_lib.Llama, url: str, dtype: str | None = None,
   from jaxpod.models.llama import lora
   if lora.lora_config(model) is not None:  # LoRA adapters: export the merged W + s * A B (a plain HF checkpoint)
     model = lora.merged(model)
-  params = [(hf_name(p), p, v.get_value()) for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))]
-  out_dtype = {n: np.dtype(jax.numpy.dtype(dtype or x.dtype)) for n, _, x in params}
-  shapes = {n: hf_shape(p, tuple(x.shape)) for n, p, x in params}
-  sizes = [(n, math.prod(shapes[n]) * out_dtype[n].itemsize) for n, _, _ in params]
+  leaves = [(p, v.get_value()) for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))]
+  tensors = [(n, p, layer, x) for p, x in leaves for n, layer, _ in per_layer(p, tuple(x.shape))]
+  save_dtype = dtype or model.cfg.dtype  # float32 master weights export in the model's dtype (config.json's)
+  out_dtype = {n: np.dtype(jax.numpy.dtype(save_dtype)) for n, _, _, _ in tensors}
+  shapes = {n: hf_shape(p, tuple(x.shape[1:] if layer is not None else x.shape)) for n, p, layer, x in tensors}
+  sizes = [(n, math.prod(shapes[n]) * out_dtype[n].itemsize) for n, _, _, _ in tensors]
+  params = [(p, x) for p, x in leaves]
   files = safetensors_io.group_files(sizes, max_shard_bytes, SINGLE_FILE)
   nbytes = dict(sizes)
-  spread = not all(getattr(x, "is_fully_addressable", True) for _, _, x in params)
+  spread = not all(getattr(x, "is_fully_addressable", True) for _, x in params)
   if not spread and jax.process_index() != 0:
     return  # each host holds the whole model (single-host arrays): the leader writes it
-  mesh = next(x.sharding.mesh for _, _, x in params if not x.is_fully_addressable) if spread else None
+  mesh = next(x.sharding.mesh for _, x in params if not x.is_fully_addressable) if spread else None
   hosts = owner_gather.hosts_of(mesh) if spread else [0]
   owners = {f: hosts[h] for f, h in safetensors_io.assign_files(
       {f: sum(nbytes[n] for n in names) for f, names in files.items()}, len(hosts)).items()}
@@ -312,12 +344,12 @@ def save(model: model_lib.Llama, url: str, dtype: str | None = None,
   if spread:
     control.barrier("hf_io.save.folder")  # the folder exists before any host opens a file in it
   jobs, file_of = [], []
-  arrays = {n: (p, x) for n, p, x in params}
+  arrays = {n: (p, layer, x) for n, p, layer, x in tensors}
   for fname in sorted(files):
     for n in files[fname]:
-      p, x = arrays[n]
-      jobs.append(owner_gather.Job(x, owners[fname], functools.partial(_hf_layout, p[-1], out_dtype[n]),
-                                   ("hf_layout", p[-1], str(out_dtype[n]))))
+      p, layer, x = arrays[n]
+      jobs.append(owner_gather.Job(x, owners[fname], functools.partial(_hf_layout, p[-1], out_dtype[n], layer),
+                                   ("hf_layout", p[-1], str(out_dtype[n]), layer)))
       file_of.append(fname)
   if jax.process_index() in hosts:
     _write_files(fs, root, jobs, file_of, files, shapes, out_dtype, mesh)

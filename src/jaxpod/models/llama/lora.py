@@ -14,7 +14,9 @@ A target projection `W` (jaxpod layout [in..., out...]) gains `<name>_lora`, an 
 at zero (the adapted model equals the base at init); A is drawn like PEFT's (Kaiming-uniform, a=sqrt(5):
 U(+-1/sqrt(in))). Adapters are float32 whatever the model's dtype (they compute in the model's dtype),
 and carry logical axes: A's input dim is sharded like the base's input dim, B's output dim like its
-output dim, the rank replicated. The base stays where it is: attaching allocates only the adapters.
+output dim, the rank replicated. The base stays where it is: attaching allocates only the adapters. Like the
+blocks' weights, every adapter is stacked over the layers (A [L, in, r], B [L, r, out]; `stack.py`), drawn layer
+by layer in the order of a model with a block per layer.
 
 Why `nnx.LoRA` rather than qwix's LoRA provider: jaxpod's projections are raw einsums on `nnx.Param`
 arrays (not `nnx.Linear`), so qwix would have to intercept those einsums by module path and name its
@@ -32,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxpod.models.llama import model as model_lib
+from jaxpod.models.llama import model as model_lib, stack
 from jaxpod.models.llama.config import LlamaConfig
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -106,11 +108,13 @@ def _build(model: model_lib.Llama, lcfg: LoraConfig, seed: int, traced: bool) ->
   def a_init(_, shape, dtype):
     return jnp.asarray(rng.uniform(-1, 1, shape) / math.sqrt(shape[0]), dtype)
   table = shapes(cfg)
-  for block in model.layers:
-    for name in lcfg.target_modules:
-      n_in, n_out, a_in, a_out = table[name]
-      setattr(getattr(block, owner(name)), f"{name}_lora",
-              Adapter(n_in, n_out, (a_in, a_out), lcfg, cfg.jnp_dtype, rngs=rngs, a_init=None if traced else a_init))
+
+  def adapter(name):
+    n_in, n_out, a_in, a_out = table[name]
+    return Adapter(n_in, n_out, (a_in, a_out), lcfg, cfg.jnp_dtype, rngs=rngs, a_init=None if traced else a_init)
+  made = [{name: adapter(name) for name in lcfg.target_modules} for _ in range(cfg.num_hidden_layers)]
+  for name in lcfg.target_modules:  # drawn layer by layer, stored stacked like the blocks' weights
+    setattr(getattr(model.layers, owner(name)), f"{name}_lora", stack.stack_modules([m[name] for m in made]))
 
 
 def attach(model: model_lib.Llama, lcfg: LoraConfig, seed: int = 0, mesh=None, rules=None,
@@ -158,26 +162,37 @@ def adapters(model: model_lib.Llama) -> dict[tuple[int, str], tuple[jax.Array, j
   if lcfg is None:
     return {}
   out = {}
-  for i, block in enumerate(model.layers):
-    for name in lcfg.target_modules:
-      lora = getattr(getattr(block, owner(name)), f"{name}_lora").lora
-      out[(i, name)] = (lora.lora_a[...], lora.lora_b[...])
+  for name in lcfg.target_modules:
+    lora = _stacked_lora(model, name)
+    a, b = lora.lora_a[...], lora.lora_b[...]
+    out.update({(i, name): (a[i], b[i]) for i in range(model.cfg.num_hidden_layers)})
   return out
+
+
+def _stacked_lora(model: model_lib.Llama, name: str) -> nnx.LoRA:
+  """The `nnx.LoRA` of projection `name`, its A [L, in, r] and B [L, r, out] stacked over the layers."""
+  return getattr(getattr(model.layers, owner(name)), f"{name}_lora").lora
 
 
 def set_adapters(model: model_lib.Llama, values: Mapping[tuple[int, str], tuple]) -> None:
   """Overwrite adapters in place from (layer, projection) -> (A [in, r], B [r, out]) host arrays (the same on
-  every host), keeping each one's dtype and sharding."""
-  for (i, name), (a, b) in values.items():
-    lora = getattr(getattr(model.layers[i], owner(name)), f"{name}_lora").lora
-    for var, w in ((lora.lora_a, a), (lora.lora_b, b)):
+  every host, every layer of each projection named), keeping each one's dtype and sharding."""
+  n = model.cfg.num_hidden_layers
+  for name in sorted({name for _, name in values}):
+    missing = [i for i in range(n) if (i, name) not in values]
+    if missing:
+      raise ValueError(f"set_adapters: {name} has no value for layer(s) {missing}; give every layer's (A, B)")
+    lora = _stacked_lora(model, name)
+    for var, which in ((lora.lora_a, 0), (lora.lora_b, 1)):
       old = var[...]
-      var.set_value(_place(np.asarray(w, old.dtype), old.sharding))
+      w = np.stack([np.asarray(values[(i, name)][which], old.dtype) for i in range(n)])
+      var.set_value(_place(w, old.sharding))
 
 
 def _folded(w: jax.Array, a: jax.Array, b: jax.Array, scale: float) -> jax.Array:
-  """W + s * A B in W's dtype (computed in float32): one projection with its adapter merged."""
-  delta = (a.astype(jnp.float32) @ b.astype(jnp.float32)) * scale
+  """W + s * A B in W's dtype (computed in float32): one projection with its adapter merged (stacked: W [L, ...],
+  A [L, in, r], B [L, r, out])."""
+  delta = jnp.matmul(a.astype(jnp.float32), b.astype(jnp.float32)) * scale
   return (w.astype(jnp.float32) + delta.reshape(w.shape)).astype(w.dtype)
 
 
@@ -185,12 +200,13 @@ def merged(model: model_lib.Llama) -> model_lib.Llama:
   """A plain model (no adapters; `model` untouched) whose projections are W + s * A B: what `hf_io.save` exports
   as a HF checkpoint."""
   lcfg = lora_config(model)
-  deltas = {(i, owner(name), name): (a, b) for (i, name), (a, b) in adapters(model).items()}
+  deltas = {(owner(name), name): (lambda lora: (lora.lora_a[...], lora.lora_b[...]))(_stacked_lora(model, name))
+            for name in (lcfg.target_modules if lcfg else ())}
 
   def value(path, w):
-    if len(path) != 4 or (path[1], path[2], path[3]) not in deltas:
+    if len(path) != 3 or (path[1], path[2]) not in deltas:
       return w
-    return _folded(w, *deltas[(path[1], path[2], path[3])], lcfg.scale)
+    return _folded(w, *deltas[(path[1], path[2])], lcfg.scale)
   flat = nnx.to_flat_state(nnx.state(model, nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))))
   graphdef, _ = nnx.split(model_lib.abstract(model.cfg))
   return nnx.merge(graphdef, nnx.from_flat_state([(p, v.replace(value(p, v.get_value()))) for p, v in flat]))
@@ -203,13 +219,12 @@ def merge_in_place(model: model_lib.Llama) -> model_lib.Llama:
   lcfg = lora_config(model)
   if lcfg is None:
     return model
-  for block in model.layers:
-    for name in lcfg.target_modules:
-      module = getattr(block, owner(name))
-      adapter, var = getattr(module, f"{name}_lora").lora, getattr(module, name)
-      w = var[...]
-      var.set_value(jax.device_put(_folded(w, adapter.lora_a[...], adapter.lora_b[...], lcfg.scale), w.sharding))
-      delattr(module, f"{name}_lora")
+  for name in lcfg.target_modules:
+    module = getattr(model.layers, owner(name))
+    adapter, var = getattr(module, f"{name}_lora").lora, getattr(module, name)
+    w = var[...]
+    var.set_value(jax.device_put(_folded(w, adapter.lora_a[...], adapter.lora_b[...], lcfg.scale), w.sharding))
+    delattr(module, f"{name}_lora")
   del model.lora_config
   return model
 

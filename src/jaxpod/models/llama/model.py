@@ -45,10 +45,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxpod.models.llama.attention import attend_own_keys, context
+from jaxpod.models.llama import params as table, stack
+from jaxpod.models.llama.attention import context, self_attention, visible
 from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.models.llama.kv import CACHE_AXES, PAGE_AXES, SLOT_AXES, KVCache, PagedKVCache, SlotKVCache  # noqa: F401
-from jaxpod.runtime.sharding import constrain
+from jaxpod.runtime.sharding import DEFAULT as DEFAULT_RULES, constrain
 
 CAPTURE_POINTS = ("resid", "attn_out", "mlp_out")
 _ACT = ("batch", "seq", "act_embed")
@@ -62,8 +63,21 @@ class Output(NamedTuple):
   captures: dict[str, jax.Array]
 
 
-def _param(rngs: nnx.Rngs, shape, axes, dtype, scale: float = 0.02) -> nnx.Param:
-  return nnx.Param(scale * jax.random.normal(rngs.params(), shape, jnp.float32).astype(dtype), logical_axes=axes)
+def make_param(cfg: LlamaConfig, t: table.Tensor, rngs: nnx.Rngs) -> nnx.Param:
+  """The parameter `t` of the table (`params.py`) in the storage dtype: normal(0.02) matrices (a draw from `rngs`),
+  zero biases, identity norms (ones, or zeros for (1 + w) norms)."""
+  dt = cfg.jnp_param_dtype
+  if t.init == "normal":
+    value = (0.02 * jax.random.normal(rngs.params(), t.shape, jnp.float32)).astype(dt)
+  else:
+    value = (jnp.zeros if t.init == "zeros" or cfg.norm_plus_one else jnp.ones)(t.shape, dt)
+  return nnx.Param(value, logical_axes=t.axes)
+
+
+def read(var, dtype):
+  """A parameter's value in the compute dtype (float32 master weights are cast where they are used)."""
+  w = var[...]
+  return w if w.dtype == dtype else w.astype(dtype)
 
 
 def rms_norm(x, w, eps: float, plus_one: bool = False):
@@ -72,44 +86,25 @@ def rms_norm(x, w, eps: float, plus_one: bool = False):
   y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
   if plus_one:
     return (y * (1.0 + w.astype(jnp.float32))).astype(x.dtype)
-  return w * y.astype(x.dtype)
+  return w.astype(x.dtype) * y.astype(x.dtype)
 
 
-def _norm_param(cfg: LlamaConfig, dim: int, axes) -> nnx.Param:
-  """A norm weight at identity: ones, or zeros for (1 + w) norms."""
-  return nnx.Param((jnp.zeros if cfg.norm_plus_one else jnp.ones)((dim,), cfg.jnp_dtype), logical_axes=axes)
-
-
-def _bias_param(shape, axes, dtype) -> nnx.Param:
-  return nnx.Param(jnp.zeros(shape, dtype), logical_axes=axes)
-
-
-NO_WINDOW = 2 ** 30  # a traced layer window that hides nothing (a full-attention layer in a loop over layers)
-
-
-def visible(q_pos, k_pos, window):
-  """Sliding-window visibility of keys at k_pos from queries at q_pos (broadcast): all when window is None.
-  window may be traced (a loop over layers of both kinds passes NO_WINDOW for full ones)."""
-  return True if window is None else (q_pos - k_pos < window)
-
-
-def layer_tables(cfg: LlamaConfig):
-  """(RoPE inverse frequencies [L, E/2] float32, windows [L] int32 with NO_WINDOW for full layers): what a
-  loop over the layers with a traced index reads (`Llama.__call__` unrolls and uses the config directly)."""
-  import numpy as np
-  inv = np.stack([cfg.inv_freq(cfg.window(i) is not None) for i in range(cfg.num_hidden_layers)])
-  windows = [cfg.window(i) or NO_WINDOW for i in range(cfg.num_hidden_layers)]
-  return jnp.asarray(inv, jnp.float32), jnp.asarray(windows, jnp.int32)
+_BY_DATA = DEFAULT_RULES.replace(batch="data")  # rows over `data` only: every fsdp shard looks up every token
 
 
 def embed(cfg: LlamaConfig, table_VxD, tokens_BxT):
-  """Token embeddings [B, T, D] (times sqrt(D) in the compute dtype for Gemma), the table gathered over FSDP first.
+  """Token embeddings [B, T, D] (times sqrt(D) in the compute dtype for Gemma); the table is never gathered.
 
-  The table stays split over `model` on its vocab dimension (XLA looks up each shard's rows locally and sums
-  them over `model`: no whole-table gather). In the engine's inference layout (`jaxpod.sample.layout`) the
-  table is already whole over fsdp, so the constraint moves nothing per step."""
-  table = constrain(table_VxD, ("vocab", "act_embed"))
-  x = constrain(jnp.take(table, tokens_BxT, axis=0), _ACT)
+  Each device looks up its rows' tokens in its own slice of the table: the vocab split over `model` (each shard's
+  rows looked up locally and summed over `model`), the hidden dim over `fsdp` (each fsdp shard looks up the
+  tokens of every fsdp shard's rows, [B/data, T, D/fsdp], then an all-to-all puts the rows back over fsdp). The
+  gradient is scattered into the slice the same way. Gathering the table over fsdp instead held the whole
+  [V, D] table and its [V, D] gradient on every device (Llama-3-8B: 1 GiB each in bf16, on v5p's compiler); a
+  lookup whose output kept the rows over fsdp made XLA rematerialise the table whole on fsdp x model meshes. In
+  the engine's inference layout the table is whole over fsdp already, so nothing moves."""
+  tokens_BxT = constrain(tokens_BxT, ("batch", "seq"), _BY_DATA)
+  x = constrain(jnp.take(table_VxD, tokens_BxT, axis=0), ("batch", "seq", "embed"), _BY_DATA)
+  x = constrain(x.astype(cfg.jnp_dtype), _ACT)
   return x * jnp.asarray(math.sqrt(cfg.hidden_size), x.dtype) if cfg.scale_embeddings else x
 
 
@@ -151,25 +146,16 @@ class Attention(nnx.Module):
   """Grouped-query attention; query head j uses kv head j // G."""
 
   def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
-    d, h, k, e, dt = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim_, cfg.jnp_dtype
     self.cfg = cfg
-    self.q_proj = _param(rngs, (d, h, e), ("embed", "heads", "head_dim"), dt)
-    self.k_proj = _param(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"), dt)
-    self.v_proj = _param(rngs, (d, k, e), ("embed", "kv_heads", "head_dim"), dt)
-    self.o_proj = _param(rngs, (h, e, d), ("heads", "head_dim", "embed"), dt)
-    if cfg.qkv_bias:
-      self.q_bias = _bias_param((h, e), ("heads", "head_dim"), dt)
-      self.k_bias = _bias_param((k, e), ("kv_heads", "head_dim"), dt)
-      self.v_bias = _bias_param((k, e), ("kv_heads", "head_dim"), dt)
-    if cfg.qk_norm:
-      self.q_norm = _norm_param(cfg, e, ("head_dim",))
-      self.k_norm = _norm_param(cfg, e, ("head_dim",))
+    for t in table.attention_tensors(cfg):  # q, k, v, o projections; biases (Qwen2); q/k norms (Qwen3, Gemma 3)
+      setattr(self, t.leaf, make_param(cfg, t, rngs))
 
   def _project(self, x_BxTxD, name: str, axes):
     """x @ {q,k,v}_proj (+ bias): [B, T, heads, E]."""
-    y = adapted(self, f"{name}_proj", x_BxTxD, dense(x_BxTxD, getattr(self, f"{name}_proj")[...]))
+    dt = self.cfg.jnp_dtype
+    y = adapted(self, f"{name}_proj", x_BxTxD, dense(x_BxTxD, read(getattr(self, f"{name}_proj"), dt)))
     if self.cfg.qkv_bias:
-      y = y + getattr(self, f"{name}_bias")[...]
+      y = y + read(getattr(self, f"{name}_bias"), dt)
     return constrain(y, ("batch", "seq", axes, "head_dim"))
 
   def __call__(self, x_BxTxD, positions_BxT, kv_mask_BxS, cache, cache_index, layer: int, rope_cs, kv_len=None,
@@ -194,7 +180,7 @@ class Attention(nnx.Module):
       ctx, cache = self._attend_static(q, k_BxKxTxE, v_BxKxTxE, kv_mask_BxS, cache, cache_index, layer, kv_len,
                                        positions_BxT, window)
     # one flat contraction over H*E: with two contracting dims XLA CPU transposed all of o_proj every step
-    o_FxD = self.o_proj[...].reshape(cfg.num_attention_heads * e, -1)
+    o_FxD = read(self.o_proj, cfg.jnp_dtype).reshape(cfg.num_attention_heads * e, -1)
     ctx_BxTxF = ctx.reshape(b, t, -1)
     return constrain(adapted(self, "o_proj", ctx_BxTxF, dense(ctx_BxTxF, o_FxD)), _ACT), cache
 
@@ -205,27 +191,23 @@ class Attention(nnx.Module):
     cfg = self.cfg
     b, t, h, e = q_BxTxHxE.shape
     kvh = cfg.num_key_value_heads
-    if cache is None:
-      keys_BxKxSxE, values_BxKxSxE = k_BxKxTxE, v_BxKxTxE
-      q_slots_BxT = jnp.broadcast_to(jnp.arange(t), (b, t))
-      k_pos_BxS = positions_BxT
-    else:
-      start = (layer, 0, 0, cache_index, 0)
-      cache = cache._replace(k=jax.lax.dynamic_update_slice(cache.k, k_BxKxTxE[None].astype(cache.k.dtype), start),
-                             v=jax.lax.dynamic_update_slice(cache.v, v_BxKxTxE[None].astype(cache.v.dtype), start))
-      keys_BxKxSxE, values_BxKxSxE = cache.k[layer, :, :, :kv_len], cache.v[layer, :, :, :kv_len]
-      kv_mask_BxS = kv_mask_BxS[:, :kv_len]
-      q_slots_BxT = jnp.broadcast_to(cache_index + jnp.arange(t), (b, t))
-      k_pos_BxS = cache.pos[:, :kv_len]
+    if cache is None:  # training, scoring: causal over the call's own keys, by the platform's kernel
+      with jax.named_scope("attention"):
+        ctx = self_attention(cfg, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, kv_mask_BxS, positions_BxT, window)
+      return constrain(ctx, ("batch", "seq", "heads", "head_dim")), None
+    start = (layer, 0, 0, cache_index, 0)
+    cache = cache._replace(k=jax.lax.dynamic_update_slice(cache.k, k_BxKxTxE[None].astype(cache.k.dtype), start),
+                           v=jax.lax.dynamic_update_slice(cache.v, v_BxKxTxE[None].astype(cache.v.dtype), start))
+    keys_BxKxSxE, values_BxKxSxE = cache.k[layer, :, :, :kv_len], cache.v[layer, :, :, :kv_len]
+    kv_mask_BxS = kv_mask_BxS[:, :kv_len]
+    q_slots_BxT = jnp.broadcast_to(cache_index + jnp.arange(t), (b, t))
+    k_pos_BxS = cache.pos[:, :kv_len]
     s = keys_BxKxSxE.shape[2]
     mask_BxTxS = ((jnp.arange(s)[None, None, :] <= q_slots_BxT[:, :, None]) & kv_mask_BxS[:, None, :]
                   & visible(positions_BxT[:, :, None], k_pos_BxS[:, None, :], window))
     with jax.named_scope("attention"):
       q_BxTxKxGxE = q_BxTxHxE.reshape(b, t, kvh, h // kvh, e)
-      if cache is None:  # causal over the call's own keys: query blocks skip the keys after them
-        ctx = attend_own_keys(q_BxTxKxGxE, keys_BxKxSxE, values_BxKxSxE, mask_BxTxS, cfg.attn_scale)
-      else:
-        ctx = context(q_BxTxKxGxE, keys_BxKxSxE, values_BxKxSxE, mask_BxTxS, cfg.attn_scale)
+      ctx = context(q_BxTxKxGxE, keys_BxKxSxE, values_BxKxSxE, mask_BxTxS, cfg.attn_scale)
     return constrain(ctx.reshape(b, t, h, e), ("batch", "seq", "heads", "head_dim")), cache
 
 
@@ -264,16 +246,16 @@ class MLP(nnx.Module):
   """Gated MLP: down(act(gate(x)) * up(x)); act silu (SwiGLU) or tanh-approximated GELU (Gemma)."""
 
   def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
-    d, i, dt = cfg.hidden_size, cfg.intermediate_size, cfg.jnp_dtype
+    self.dtype = cfg.jnp_dtype
     self.act = jax.nn.silu if cfg.hidden_act == "silu" else functools.partial(jax.nn.gelu, approximate=True)
-    self.gate_proj = _param(rngs, (d, i), ("embed", "mlp"), dt)
-    self.up_proj = _param(rngs, (d, i), ("embed", "mlp"), dt)
-    self.down_proj = _param(rngs, (i, d), ("mlp", "embed"), dt)
+    for t in table.mlp_tensors(cfg):  # gate, up, down
+      setattr(self, t.leaf, make_param(cfg, t, rngs))
 
   def __call__(self, x_BxTxD):
-    gate, up = (adapted(self, n, x_BxTxD, dense(x_BxTxD, getattr(self, n)[...])) for n in ("gate_proj", "up_proj"))
+    gate, up = (adapted(self, n, x_BxTxD, dense(x_BxTxD, read(getattr(self, n), self.dtype)))
+                for n in ("gate_proj", "up_proj"))
     h = constrain(self.act(gate) * up, ("batch", "seq", "mlp"))
-    return constrain(adapted(self, "down_proj", h, dense(h, self.down_proj[...])), _ACT)
+    return constrain(adapted(self, "down_proj", h, dense(h, read(self.down_proj, self.dtype))), _ACT)
 
 
 class Block(nnx.Module):
@@ -285,12 +267,10 @@ class Block(nnx.Module):
 
   def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
     self.eps, self.plus_one, self.sandwich = cfg.rms_norm_eps, cfg.norm_plus_one, cfg.sandwich_norms
-    self.input_layernorm = _norm_param(cfg, cfg.hidden_size, ("act_embed",))
+    for t in table.block_tensors(cfg):
+      if "." not in t.name:  # the block's own norms; the attention's and MLP's parameters are theirs
+        setattr(self, t.name, make_param(cfg, t, rngs))
     self.self_attn = Attention(cfg, rngs=rngs)
-    self.post_attention_layernorm = _norm_param(cfg, cfg.hidden_size, ("act_embed",))
-    if cfg.sandwich_norms:
-      self.pre_feedforward_layernorm = _norm_param(cfg, cfg.hidden_size, ("act_embed",))
-      self.post_feedforward_layernorm = _norm_param(cfg, cfg.hidden_size, ("act_embed",))
     self.mlp = MLP(cfg, rngs=rngs)
 
   def _norm(self, x, name: str):
@@ -313,15 +293,18 @@ class Llama(nnx.Module):
 
   def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
-    self.embed_tokens = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), cfg.jnp_dtype)
-    self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
-    self.norm = _norm_param(cfg, cfg.hidden_size, ("act_embed",))
+    top = {t.name: t for t in table.tensors(cfg) if not t.name.startswith("layers.")}
+    self.embed_tokens = make_param(cfg, top["embed_tokens"], rngs)
+    # built one by one (the random draws of a loop over blocks), stored stacked [L, ...] and run by a scan
+    self.layers = stack.stack_modules([Block(cfg, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
+    self.norm = make_param(cfg, top["norm"], rngs)
     if not cfg.tie_word_embeddings:
-      self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), cfg.jnp_dtype)
+      self.lm_head = make_param(cfg, top["lm_head"], rngs)
 
   def head_weight(self):
-    """The LM head's matrix [D, V] (the embedding's transpose when tied)."""
-    return self.embed_tokens[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
+    """The LM head's matrix [D, V] in the compute dtype (the embedding's transpose when tied)."""
+    return read(self.embed_tokens, self.cfg.jnp_dtype).T if self.cfg.tie_word_embeddings else \
+        read(self.lm_head, self.cfg.jnp_dtype)
 
   def head(self, h_BxTxD):
     """Final-normed hidden -> float32 logits [B, T, V]."""
@@ -330,13 +313,16 @@ class Llama(nnx.Module):
   def __call__(self, tokens_BxT, positions_BxT=None, *, kv_mask_BxS=None,
                cache: KVCache | PagedKVCache | SlotKVCache | None = None,
                cache_index=0, capture_layers: Sequence[int] = (), capture_points: Sequence[str] = (),
-               logits_at_B=None, return_hidden: bool = False, kv_len: int | None = None) -> Output:
+               logits_at_B=None, return_hidden: bool = False, kv_len: int | None = None,
+               stop_at: int | None = None) -> Output:
     """Run the decoder (see module docstring for slots, masks and captures).
 
     logits_at_B: if given, logits only at token index `logits_at_B[b]` of each row ([B, 1, V]).
     return_hidden: return final-normed hidden states instead of logits.
     kv_len: with a cache, attend only to its first kv_len slots (static; e.g. prefill of P prompt slots;
       paged: a multiple of the page size, default the whole table; paged or slots: 0 = read no cached slot).
+    stop_at: run blocks 0..stop_at only, for their captures (logits None); stacked layers only.
+    A cache needs the engine's form (`stack.unstacked`: a block per layer); the stacked layers run by a scan.
     """
     cfg = self.cfg
     b, t = tokens_BxT.shape
@@ -351,6 +337,17 @@ class Llama(nnx.Module):
     kinds = {cfg.window(i) is not None for i in range(cfg.num_hidden_layers)}  # sliding layers may rotate differently
     tables = {local: rope_tables(positions_BxT, jnp.asarray(cfg.inv_freq(local), jnp.float32)) for local in kinds}
     x = embed(cfg, self.embed_tokens[...], tokens_BxT)
+    if stack.is_stacked(self.layers):
+      if cache is not None:
+        raise ValueError("Llama: the stacked layers run without a KV cache; decode with the engine's form "
+                         "(jaxpod.models.llama.stack.unstacked(model): a block per layer)")
+      x, captures = stack.run(self.layers, cfg, x, positions_BxT, kv_mask_BxS, tables, capture_layers,
+                              capture_points, stop_at)
+      if stop_at is not None:
+        return Output(None, None, captures)
+      return self._finish(x, logits_at_B, return_hidden, None, captures)
+    if stop_at is not None:
+      raise ValueError("Llama: stop_at needs the stacked layers")
     captures = {}
     for i, block in enumerate(self.layers):
       with jax.named_scope(f"layer_{i}"):
@@ -359,6 +356,11 @@ class Llama(nnx.Module):
       if i in capture_layers:
         got = {"resid": x, "attn_out": attn_out, "mlp_out": mlp_out}
         captures.update({f"{p}.{i}": got[p] for p in capture_points})
+    return self._finish(x, logits_at_B, return_hidden, cache, captures)
+
+  def _finish(self, x, logits_at_B, return_hidden: bool, cache, captures) -> Output:
+    """The final norm, then logits (at `logits_at_B` only, if given) or the hidden states."""
+    cfg = self.cfg
     h = rms_norm(x, self.norm[...], cfg.rms_norm_eps, cfg.norm_plus_one)
     if logits_at_B is not None:
       h = jnp.take_along_axis(h, logits_at_B[:, None, None].astype(jnp.int32), axis=1)  # [B, 1, D]
@@ -380,15 +382,20 @@ def _check_captures(cfg: LlamaConfig, layers: Sequence[int], points: Sequence[st
 
 
 def weight_decay_mask(params):
-  """True for the parameters AdamW's weight decay applies to: the matrices, not norm weights nor biases."""
+  """True for the parameters AdamW's weight decay applies to: the matrices, not norm weights nor biases (a stacked
+  block weight [L, ...] counts its dimensions without L)."""
   def decays(path, x) -> bool:
-    return x.ndim > 1 and "bias" not in jax.tree_util.keystr(path)
+    keys = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
+    per_layer = x.ndim - (1 if keys[:1] == ["layers"] and not isinstance(keys[1], int) else 0)
+    return per_layer > 1 and "bias" not in jax.tree_util.keystr(path)
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
 def init(cfg: LlamaConfig, seed: int = 0, shardings=None) -> Llama:
   """A random model: normal(0.02) matrices and biases, identity norms, drawn with numpy (no compile) per parameter.
 
+  The draws go in the order of a model with a block per layer (its flat state: embed_tokens, layer 0's parameters,
+  layer 1's, ..., lm_head, norm), so a seed gives the weights it gave before the layers were stacked.
   shardings: optional `runtime.state_shardings(...)` tree; parameters are then placed sharded.
   `Llama(cfg, rngs=nnx.Rngs(seed))` gives the same distribution inside a jit.
   """
@@ -396,16 +403,28 @@ def init(cfg: LlamaConfig, seed: int = 0, shardings=None) -> Llama:
   graphdef, abs_state = nnx.split(abstract(cfg))
   rng = np.random.default_rng(seed)
   flat = nnx.to_flat_state(abs_state)
+
+  def draw(shape):
+    if len(shape) == 1:  # norms: identity
+      return np.zeros(shape, np.float32) if cfg.norm_plus_one else np.ones(shape, np.float32)
+    return 0.02 * rng.standard_normal(shape, np.float32)
+  values = {}
+  stacked = [p for p, _ in flat if p[0] == "layers"]
+  for p, var in flat:
+    if p[0] == "layers":
+      if p == stacked[0]:  # every stacked leaf, layer by layer
+        bufs = {q: np.zeros(tuple(v.shape), np.float32) for q, v in flat if q[0] == "layers"}
+        for i in range(cfg.num_hidden_layers):
+          for q in stacked:
+            bufs[q][i] = draw(bufs[q].shape[1:])
+        values.update(bufs)
+      continue
+    values[p] = draw(tuple(var.shape))
   shard_leaves = jax.tree.leaves(shardings) if shardings is not None else [None] * len(flat)
   leaves = []
-  for (_, var), sh in zip(flat, shard_leaves):
-    shape = tuple(var.shape)
-    if len(shape) == 1:  # norms: identity
-      w = np.zeros(shape, np.float32) if cfg.norm_plus_one else np.ones(shape, np.float32)
-    else:
-      w = 0.02 * rng.standard_normal(shape, np.float32)
-    w = w.astype(var.dtype)
-    leaves.append(jnp.asarray(w) if sh is None else jax.make_array_from_callback(shape, sh, lambda i, w=w: w[i]))
+  for (p, var), sh in zip(flat, shard_leaves):
+    w = values[p].astype(var.dtype)
+    leaves.append(jnp.asarray(w) if sh is None else jax.make_array_from_callback(w.shape, sh, lambda i, w=w: w[i]))
   return nnx.merge(graphdef, nnx.from_flat_state([(p, v.replace(a)) for (p, v), a in zip(flat, leaves)]))
 
 

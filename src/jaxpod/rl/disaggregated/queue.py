@@ -30,8 +30,8 @@ from typing import Sequence
 
 import numpy as np
 
+from jaxpod.policy.rollout.groups import Group
 from jaxpod.problems.base import Problem
-from jaxpod.rl.rollout.groups import Group
 from jaxpod.runtime import storage
 
 ROLLOUTS, WORKERS, PROGRESS = "rollouts", "workers", "progress.json"

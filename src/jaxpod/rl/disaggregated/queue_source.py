@@ -30,7 +30,7 @@ from jaxpod import runtime
 from jaxpod.rl import grpo
 from jaxpod.rl.config import GRPOConfig, RolloutConfig
 from jaxpod.rl.disaggregated.queue import Consumed, Queue, parse_name
-from jaxpod.rl.rollout.groups import Batcher, BatchSource
+from jaxpod.rl.batch import Batcher, BatchSource
 from jaxpod.runtime.hooks import Hook, StepInfo
 from jaxpod.runtime.log import get_logger
 from jaxpod.transfer.config import TransferConfig
@@ -100,9 +100,6 @@ class QueueSource(BatchSource):
     self.step_stats: dict = {}
     self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rl-progress")
     self._last_report: dict | None = None
-
-  def describe(self) -> str:
-    return f"QueueSource ({self.queue.root})"
 
   def _groups(self, name: str) -> list:
     if name not in self.files:

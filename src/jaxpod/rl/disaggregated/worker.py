@@ -28,10 +28,10 @@ import time
 import uuid
 
 from jaxpod import runtime
+from jaxpod.policy.spec import PolicySpec
 from jaxpod.problems.rewards import VerifiedProblems
 from jaxpod.rl.config import RolloutConfig
 from jaxpod.rl.disaggregated.queue import Queue, to_bytes
-from jaxpod.rl.policy import PolicySpec
 from jaxpod.runtime import progress
 from jaxpod.runtime.log import get_logger
 from jaxpod.runtime.mesh import MeshConfig
@@ -94,16 +94,16 @@ def _first_weights(client, like, transfer: TransferConfig, w: int, wait: float, 
 def run_worker(policy: PolicySpec, problems: VerifiedProblems, rollout: RolloutConfig, *, num_generations: int,
                mesh: MeshConfig, transfer: TransferConfig, run_dir: str) -> None:
   """The worker loop (see the module docstring); every host of the worker job calls it. `transfer`: resolved."""
-  from jaxpod.rl.policy import check_same_problems
-  from jaxpod.rl.rollout.episodes import samples_for
-  from jaxpod.rl.rollout.roller import Roller, make_sampler
+  from jaxpod.policy.engine import make_sampler
+  from jaxpod.policy.rollout.episodes import samples_for
+  from jaxpod.policy.rollout.roller import Roller
+  from jaxpod.policy.spec import check_same_problems
   from jaxpod.runtime import mesh_from_config
   check_same_problems(problems.problem_set, f"rollout-worker-{rollout.worker_id}")
   from jaxpod.transfer.api import create_client
   r, w = rollout, rollout.worker_id
   device_mesh = mesh_from_config(mesh)
-  tokenizer, llama = policy.tokenizer(), policy.llama()
-  stop_ids = policy.stop_ids(tokenizer, llama)
+  tokenizer, llama, stop_ids = policy.tokenizer, policy.llama, policy.stop_ids
   graphdef, like = _like(llama, device_mesh)
   client = create_client(transfer)
   if policy.lora is not None:  # adapters only on the wire; the base loaded once (rl/adapters.py)

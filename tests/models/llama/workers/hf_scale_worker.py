@@ -41,7 +41,8 @@ def _check_equal(model, folder: str) -> int:
   n = 0
   for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
     x = var.get_value()
-    want = hf_io.from_hf(path, whole[hf_io.hf_name(path)], tuple(x.shape)).astype(x.dtype)
+    want = np.stack([hf_io.from_hf(path, whole[name], shape) for name, _, shape in hf_io.per_layer(path, x.shape)])
+    want = (want if hf_io.is_stacked_path(path) else want[0]).astype(x.dtype)
     for s in x.addressable_shards:
       np.testing.assert_array_equal(np.asarray(s.data), want[s.index], err_msg=str(path))
     n += 1
