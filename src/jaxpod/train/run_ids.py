@@ -12,8 +12,9 @@ section that is None by default and given counts as given).
 
 A run folder named by the old rule (jaxpod up to commit 02776ac) is found again: `legacy_run_id` rebuilds the tree
 the old code hashed for the same command from that code's default trees (`legacy_run_trees.json`, one per task
-or problem set) with this config's changes on top, and hashes it as the old code did. A command that sets a field
-the old code did not have has no old run.
+or problem set) with this config's changes on top, and hashes it as the old code did; an option renamed since (a
+section's `old_names`, which the CLI still accepts) goes under its old name. A command that sets a field the old
+code did not have has no old run.
 """
 from __future__ import annotations
 
