@@ -1,13 +1,13 @@
 """The layers of docs/DESIGN.md, checked from the import graph of src/jaxpod (every import, lazy ones too).
 
     cli                                  top: the command table, parse, call one workload
-    bench                                benchmarks over the workloads
+    bench  plan                          benchmarks over the workloads; `jaxpod plan` (its --compile builds every
+                                         task kind's real program, so it sits over tasks and rl, beside bench)
     tasks  rl                            what `jaxpod train` runs (TRM Sudoku, causal LM, preference) and RL
                                          post-training (train + sample + transfer): siblings, never importing each other
     policy                               what a trained Llama policy needs whoever trains it: its spec, LoRA rule,
                                          engine options, rollouts and episodes, held-out evaluator, warm-up, task base
     train  sample  extract  transfer     the workloads: never import each other
-    plan                                 `jaxpod plan` (beside the workloads; imports models and runtime)
     problems                             what is solved: problem sets, environments, rewards, verifiers, pass@k
                                          (imports no JAX)
     models  data  io  configs
@@ -25,7 +25,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 RANK = {"cli": 8, "bench": 7, "tasks": 6, "rl": 6, "policy": 5, "train": 4, "sample": 4, "extract": 4, "transfer": 4,
-        "problems": 3, "plan": 4, "models": 2, "data": 2, "io": 2, "configs": 2, "runtime": 1}
+        "problems": 3, "plan": 7, "models": 2, "data": 2, "io": 2, "configs": 2, "runtime": 1}
 WORKLOADS = {"train", "sample", "extract", "transfer"}
 
 
@@ -88,7 +88,7 @@ def test_no_module_imports_upward():
         continue
       if RANK[dst] > RANK[src]:
         bad.append(f"{module} ({src}) imports {target} ({dst})")
-  assert not bad, ("imports must flow downward (cli > bench > tasks, rl > policy > workloads > problems > "
+  assert not bad, ("imports must flow downward (cli > bench, plan > tasks, rl > policy > workloads > problems > "
                    "models/data/io > runtime):\n") + \
       "\n".join(bad)
 

@@ -161,3 +161,12 @@ def test_bad_config_json_names_the_field(tmp_path):
   bad.write_text(json.dumps({**LlamaConfig().to_hf_config(), "hidden_act": "relu"}))
   with pytest.raises(ValueError, match="hidden_act"):
     resolve(str(bad))
+
+
+def test_compile_is_a_bare_flag_and_the_plan_knobs_parse():
+  from jaxpod.cli.args import parse
+  o = parse(PlanOptions, ["--model", "llama-3-8b", "--pod", "v5p-64", "--compile", "--remat", "full",
+                          "--param_dtype", "float32", "--layers", "2", "--microbatches", "2", "--batch", "64"], "plan")
+  assert o.compile and o.model_config().remat == "full" and o.model_config().param_dtype == "float32"
+  assert o.model_config().num_hidden_layers == 2 and o.microbatches == 2
+  assert not parse(PlanOptions, ["--model", "llama-3-8b", "--pod", "v5p-64", "--compile=false"], "plan").compile

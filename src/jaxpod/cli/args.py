@@ -186,6 +186,23 @@ def comma_lists(cls: type, argv: list[str]) -> list[str]:
   return out
 
 
+def _bool_fields(cls: type) -> set[str]:
+  """Dotted names of the fields of `cls` typed bool (nested sections included)."""
+  return {prefix + name for prefix, section in _sections(cls) for name, args in _field_types(section) if bool in args}
+
+
+def bare_flags(cls: type, argv: list[str]) -> list[str]:
+  """`--compile` alone (at the end, or followed by another option) -> `--compile=true`, for bool fields of `cls`."""
+  names = _bool_fields(cls)
+  out = []
+  for i, a in enumerate(argv):
+    following = argv[i + 1] if i + 1 < len(argv) else "--"
+    if a.startswith("--") and "=" not in a and a[2:].replace("-", "_") in names and following.startswith("--"):
+      a = f"{a}=true"
+    out.append(a)
+  return out
+
+
 def option_value(argv: list[str], option: str) -> str | None:
   """The value of `option` (`--name=value` or `--name value`) in (normalised) argv, if any."""
   for i, a in enumerate(argv):
@@ -237,7 +254,7 @@ def parse(cls: type[T], argv: list[str], prog: str) -> T:
     check_config_file(path, prog)
   try:
     with tempfile.TemporaryDirectory() as tmp:
-      return parser.parse_args(comma_lists(cls, renamed(cls, argv, prog, tmp)))
+      return parser.parse_args(bare_flags(cls, comma_lists(cls, renamed(cls, argv, prog, tmp))))
   except SystemExit:
     raise
   except (ValueError, TypeError, KeyError, FileNotFoundError, draccus.utils.DecodingError,

@@ -8,8 +8,13 @@ Phases and what each assumes of the code (DESIGN.md invariant 10):
   load        each host reads, by byte range, the distinct shards its devices hold (model / hosts when
               the model is sharded over hosts); working set: the largest tensor's host share, twice
               (file dtype bytes in flight + the cast); no temporary files
-  train       params + grads + optimizer state (+ EMA only at ema > 0, + a frozen reference) + activations
-              (an estimate: no rematerialisation, attention scores materialised as jaxpod's decoder does)
+  train       params + grads + optimizer state (+ EMA only at ema > 0, + a frozen reference), all in the weights'
+              storage dtype (`param_dtype`: float32 master weights and moments), + activations in the compute
+              dtype (an estimate of what the scanned layer stack keeps under `remat`: every layer's activations
+              with none; each layer's input with full, plus one layer recomputed at a time; the vocab head by
+              slices) + what FSDP gathers for one layer at a time (its weights in the compute dtype, its float32
+              gradients before the reduce-scatter) + a float32 gradient accumulator with microbatches > 1;
+              `jaxpod plan --compile` gives the TPU compiler's own figure beside it
   kv          engines on the trainer's devices: weights resharded to the inference layout (replicated over
               data/fsdp, split over model) + KV pools split by data shard, next to the resident train state
   publish     each shard served once by one of the hosts holding it (bytes round-robin: ~model / hosts);
@@ -86,16 +91,34 @@ def _layout(pod: PodShape, wl: Workload) -> Layout:
   return Layout(data, fsdp, model, pod.hosts)
 
 
-def _activations(cfg: LlamaConfig, wl: Workload, lay: Layout, itemsize: int) -> int:
-  """Activation bytes kept for the backward pass on one device (estimate; see the module docstring)."""
-  rows = math.ceil(wl.batch / (lay.data * lay.fsdp))
-  n, m = rows * wl.seq_len, lay.model
+VOCAB_SLICE = 8192  # vocabulary entries per slice of the loss's log-softmax (models/llama/loss.py)
+
+
+def _activations(cfg: LlamaConfig, wl: Workload, lay: Layout, itemsize: int, microbatches: int = 1) -> int:
+  """Activation bytes the backward pass needs on one device (estimate; see the module docstring)."""
+  rows = math.ceil(math.ceil(wl.batch / (lay.data * lay.fsdp)) / microbatches)
+  if wl.kind == "preference":
+    rows *= 2  # chosen and rejected of each pair in one forward
+  n, m, d = rows * wl.seq_len, lay.model, cfg.hidden_size
   hd, h, k = cfg.head_dim_, cfg.num_attention_heads, cfg.num_key_value_heads
   h_m = h // m if h % m == 0 else h
-  per_layer = (4 * n * cfg.hidden_size * itemsize + n * (2 * h_m + 2 * k) * hd * itemsize
-               + rows * h_m * wl.seq_len ** 2 * (4 + itemsize) + 3 * n * cfg.intermediate_size // m * itemsize)
-  logits = 2 * n * (cfg.vocab_size // m if cfg.vocab_size % m == 0 else cfg.vocab_size) * 4
-  return cfg.num_hidden_layers * per_layer + logits
+  dots = n * (d + (h_m + 2 * k) * hd + 3 * cfg.intermediate_size // m) * itemsize  # matmul outputs of a layer
+  scores = rows * h_m * wl.seq_len ** 2 * (4 + itemsize)  # float32 scores and their probabilities
+  per_layer = 3 * n * d * itemsize + dots + scores
+  kept = {"none": cfg.num_hidden_layers * per_layer, "dots": cfg.num_hidden_layers * (n * d * itemsize + dots),
+          "full": cfg.num_hidden_layers * n * d * itemsize, "offload": cfg.num_hidden_layers * n * d * itemsize}
+  recomputed = 0 if cfg.remat == "none" else per_layer  # one layer's forward again, inside its backward
+  head = 2 * n * min(VOCAB_SLICE, cfg.vocab_size) * 4 + 2 * n * d * 4  # one slice's logits + grads, the head input
+  return kept[cfg.remat] + recomputed + head
+
+
+def _fsdp_working_set(ts, lay: Layout, itemsize: int, layers: int) -> int:
+  """One layer's weights gathered in the compute dtype and its float32 gradients before they are reduce-scattered
+  (none without fsdp)."""
+  if lay.fsdp == 1:
+    return 0
+  block = sum(t.size for t in ts if t.axes and t.axes[0] == "layers") // max(layers, 1)
+  return block // lay.model * (itemsize + 4)
 
 
 def _min_fsdp(sharded: int, fixed: int, limit: int, lay: Layout, pod: PodShape) -> int | None:
@@ -108,11 +131,11 @@ def _min_fsdp(sharded: int, fixed: int, limit: int, lay: Layout, pod: PodShape) 
   return None
 
 
-def make_plan(cfg: LlamaConfig, pod: PodShape, wl: Workload) -> Plan:
+def make_plan(cfg: LlamaConfig, pod: PodShape, wl: Workload, microbatches: int = 1) -> Plan:
   """Per-phase bytes of `wl` with model `cfg` on `pod` (no JAX, no files)."""
   lay = _layout(pod, wl)
   ts = pm.tensors(cfg)
-  item = pm.ITEMSIZE[cfg.dtype]
+  item = pm.ITEMSIZE[cfg.param_dtype_]  # the state's storage dtype (float32 master weights and moments)
   total = sum(t.size for t in ts) * item
   params_dev = sum(device_elements(t, lay) for t in ts) * item
   hb = host_bytes(ts, lay, item)
@@ -128,15 +151,19 @@ def make_plan(cfg: LlamaConfig, pod: PodShape, wl: Workload) -> Plan:
   state_parts = {"params": params_dev, "optimizer": slots * params_dev, "ema": params_dev if ema else 0,
                  "reference": params_dev if wl.reference else 0}
   resident = sum(state_parts.values())
-  acts = _activations(cfg, wl, lay, item)
+  compute = pm.ITEMSIZE[cfg.dtype]
+  acts = _activations(cfg, wl, lay, compute, microbatches)
+  gathered = _fsdp_working_set(ts, lay, compute, cfg.num_hidden_layers)
+  accumulator = sum(device_elements(t, lay) for t in ts) * 4 if microbatches > 1 else 0
   phases = []
 
   load = Phase("load", params_dev, 2 * layer_largest, int(needed.max()), 0,
                {"params": params_dev})
   phases.append(load)
 
-  train = Phase("train", resident + params_dev + acts, 0, 0, 0,
-                {**state_parts, "grads": params_dev, "activations (est.)": acts})
+  train = Phase("train", resident + params_dev + acts + gathered + accumulator, 0, 0, 0,
+                {**state_parts, "grads": params_dev, "activations (est.)": acts, "fsdp gathered": gathered,
+                 "accumulator": accumulator})
   phases.append(train)
 
   kv_tok = pm.kv_bytes_per_token(cfg)
@@ -163,7 +190,7 @@ def make_plan(cfg: LlamaConfig, pod: PodShape, wl: Workload) -> Plan:
                           f"{_gb(wl.keep_last * copies * total)}")
   phases.append(checkpoint)
 
-  _check(cfg, pod, wl, lay, phases, hbm, ram, resident, acts, params_dev, total)
+  _check(cfg, pod, wl, lay, phases, hbm, ram, resident, acts + gathered + accumulator, params_dev, total)
   return Plan(model={k: v for k, v in dataclasses.asdict(cfg).items()
                      if k in ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                               "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings",

@@ -3,6 +3,11 @@
     jaxpod plan --model llama-3-70b --pod v5p-64 --mesh.data 1 --mesh.fsdp -1
     jaxpod plan --model gs://bucket/ckpt --pod v5e-256 --kind rl --kv_rows 256 --kv_len 4096 --json plan.json
     jaxpod plan --model runs/cfg.yaml --hosts 4 --devices_per_host 1 --hbm_gb 16 --host_ram_gb 64
+    jaxpod plan --model llama-3-8b --pod v5p-64 --mesh.data 1 --mesh.fsdp -1 --batch 32 --seq_len 4096 \
+        --remat full --param_dtype float32 --ema 0 --compile      # the TPU compiler's figures too (libtpu)
+
+Without --compile the plan is pure Python and numpy; with it, `plan.compile` builds and compiles the run's
+programs for the pod's TPU topology (needs libtpu: `pip install 'jaxpod[tpu]'`).
 
 Exit 0 when every phase fits, 1 when one does not (each named in one line with its knob), 2 on bad input.
 """
@@ -34,7 +39,12 @@ class PlanOptions(Workload):
   devices_per_host: int = 0  # devices per host (0: the preset's)
   hbm_gb: float = 0.0  # HBM per device in GB (0: the preset's)
   host_ram_gb: float = 0.0  # host RAM per host in GB (0: the preset's)
-  dtype: str = ""  # parameter dtype override: bfloat16 | float32 ("": the config's)
+  dtype: str = ""  # compute dtype override (and the weights' unless param_dtype): bfloat16 | float32 ("": the config's)
+  param_dtype: str = ""  # weights' and optimizer moments' storage dtype (float32: master weights) ("": dtype)
+  remat: str = ""  # activations kept for the backward pass: none | full | dots | offload ("": the config's)
+  layers: int = 0  # decoder layers override, for quick compiles (0: the config's)
+  microbatches: int = 1  # gradient accumulation inside the step (trainer.microbatches)
+  compile: bool = False  # also compile the run's programs for the pod with the TPU compiler (libtpu) and compare
   json: str | None = None  # also write the plan here as JSON
 
   def __post_init__(self):
@@ -42,6 +52,11 @@ class PlanOptions(Workload):
     if not self.model:
       raise ValueError("model is required: --model llama-3-70b (a preset), a config.json path or URL, a checkpoint "
                        "folder, or a workload YAML")
+    if self.layers < 0 or self.microbatches < 1:
+      raise ValueError(f"layers={self.layers}, microbatches={self.microbatches}: expected layers >= 0 (0: the "
+                       "config's) and microbatches >= 1")
+    if self.batch % self.microbatches:
+      raise ValueError(f"batch={self.batch} is not a multiple of microbatches={self.microbatches}")
     for name in ("hosts", "devices_per_host", "hbm_gb", "host_ram_gb"):
       if getattr(self, name) < 0:
         raise ValueError(f"{name}={getattr(self, name)}: expected > 0 (or 0: the preset's)")
@@ -56,6 +71,16 @@ class PlanOptions(Workload):
     name = base.name if not given else f"{self.pod} (changed)" if self.pod else "custom"
     return dataclasses.replace(base, **given, name=name)
 
+  def model_config(self):
+    """The model with the options' dtype, param_dtype, remat and layers applied."""
+    cfg = resolve(self.model)
+    given = {"dtype": self.dtype, "param_dtype": self.param_dtype, "remat": self.remat,
+             "num_hidden_layers": self.layers}
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in given.items() if v})
+    if cfg.layer_types and len(cfg.layer_types) != cfg.num_hidden_layers:
+      cfg = dataclasses.replace(cfg, layer_types=cfg.layer_types[:cfg.num_hidden_layers])
+    return cfg
+
   def workload(self) -> Workload:
     """The Workload fields alone."""
     return Workload(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Workload)})
@@ -63,10 +88,7 @@ class PlanOptions(Workload):
 
 def plan_for(options: PlanOptions) -> Plan:
   """The plan `jaxpod plan` prints for these options (importable: `bench scale` compares against it)."""
-  cfg = resolve(options.model)
-  if options.dtype:
-    cfg = dataclasses.replace(cfg, dtype=options.dtype)
-  return make_plan(cfg, options.pod_shape(), options.workload())
+  return make_plan(options.model_config(), options.pod_shape(), options.workload(), options.microbatches)
 
 
 def _gb(x: int) -> str:
@@ -107,12 +129,52 @@ def print_plan(p: Plan, stream=None) -> None:
         console.print(f"note: {ph.name}: {line}", highlight=False, soft_wrap=True)
 
 
+def print_compiled(p: Plan, results: list, options: PlanOptions, stream=None) -> None:
+  """Per program: the compiler's figures beside the analytic plan's, collectives, and a knob when it does not fit."""
+  from jaxpod.plan import compile as pc
+  from jaxpod.runtime.console import _console
+  console = _console(stream)
+  cfg, wl = options.model_config(), options.workload()
+  rows = wl.batch / (p.mesh["data"] * p.mesh["fsdp"])
+  for c in results:
+    console.print(f"compiled {pc.describe(c)}", highlight=False, soft_wrap=True)
+    if c.program == "train":
+      est = p.phase("train").hbm_per_device
+      ratio = f" ({est / c.total_bytes:.2f}x the compiled)" if c.total_bytes and not c.error else ""
+      console.print(f"  analytic plan: train {est / pc.GIB:.2f} GiB per device{ratio}", highlight=False)
+    if c.collectives:
+      found = ", ".join(f"{k} {v.executed} ({v.bytes / pc.GIB:.2f} GiB)" for k, v in c.collectives.items()
+                        if v.executed)
+      console.print(f"  collectives per step per device: {found or 'none'}"
+                    + ("" if c.collectives_exact else " (a loop bound unread: counted once)"), highlight=False,
+                    soft_wrap=True)
+    if not c.error:
+      found = ", ".join(f"{k} x{n}" for k, n in c.kernels.items())
+      console.print(f"  kernels: {found or 'none (XLA attention)'}", highlight=False, soft_wrap=True)
+    if not c.fits:
+      need = c.error or f"{c.total_bytes / pc.GIB:.2f} GiB > {c.hbm_bytes / pc.GIB:.2f} GiB HBM"
+      console.print(f"does not fit: compiled {c.program}: {need}; turn {pc.knob(c, cfg, wl, rows, options.microbatches)}",
+                    highlight=False, soft_wrap=True)
+
+
 def cli(options: PlanOptions) -> int:
-  """`jaxpod plan`: print the table (and JSON); exit 1 if a phase does not fit."""
+  """`jaxpod plan`: print the table (and JSON); exit 1 if a phase (or, with --compile, a program) does not fit."""
   p = plan_for(options)
   print_plan(p)
+  out, fits = p.to_dict(), p.fits
+  if options.compile:
+    from jaxpod.plan import compile as pc
+    try:
+      results = pc.compile_programs(options.model_config(), options.pod_shape(), options.workload(),
+                                    options.microbatches)
+    except pc.CompileError as e:
+      print(f"jaxpod plan --compile: {e}")
+      return 2
+    print_compiled(p, results, options)
+    out["compiled"] = {c.program: c.to_dict() for c in results}
+    fits = fits and all(c.fits for c in results)
   if options.json:
     import fsspec
     with fsspec.open(options.json, "w") as f:
-      json.dump(p.to_dict(), f, indent=1)
-  return 0 if p.fits else 1
+      json.dump(out, f, indent=1)
+  return 0 if fits else 1

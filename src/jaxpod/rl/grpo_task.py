@@ -78,6 +78,15 @@ class GRPOTask(PolicyTask):
     g = self.grpo
     return self._adamw(g.lr, 5 * self.updates_per_batch, g.weight_decay, g.grad_clip)  # warm-up: 5 batches' updates
 
+  def abstract_batch(self, rows: int, seq_len: int) -> dict:
+    """The rollout batch's shapes (global, unsharded) for `rows` rows of `seq_len` tokens (`batch.to_batch`'s
+    dtypes: the log-probs, advantages and rewards float32), nothing allocated: what `jaxpod plan --compile` lowers this step with."""
+    import jax
+    import jax.numpy as jnp
+    floats = {"behaviour", "advantages", "reward", "correct"}
+    return {k: jax.ShapeDtypeStruct((rows, seq_len)[:n], jnp.float32 if k in floats else jnp.int32)
+            for k, n in self.batch_ndims.items()}
+
   def loss_fn(self, graphdef) -> Callable:
     import jax
     import jax.numpy as jnp

@@ -231,6 +231,13 @@ class LMTask(LlamaTask):
     o = self.lm.optim
     return self.optimizer_for(o.lr, lambda lr: o.build(self.cfg.trainer.steps, lr))
 
+  def abstract_batch(self, rows: int, seq_len: int) -> dict:
+    """The training batch's shapes (global, unsharded) for `rows` rows of `seq_len` tokens, nothing allocated:
+    what `jaxpod plan --compile` lowers this task's step with (no data needed)."""
+    import jax
+    import jax.numpy as jnp
+    return {k: jax.ShapeDtypeStruct((rows, seq_len), jnp.int32) for k in self.batch_ndims}
+
   def loss_fn(self, graphdef) -> Callable:
     import jax.numpy as jnp
     from jaxpod.models.llama.loss import next_token_loss

@@ -316,6 +316,16 @@ class PreferenceTask(LlamaTask):
     """The reference is the starting weights: rebuilt from them on resume, not checkpointed (`train.rebuilt`)."""
     return ("ref",) if self.pc.in_step_reference and self.lora is None else ()
 
+  def abstract_batch(self, rows: int, seq_len: int) -> dict:
+    """The training batch's shapes (global, unsharded) for `rows` pairs of two `seq_len`-token sides (a precomputed
+    reference: [rows, 2] float32 log-probs), nothing allocated: what `jaxpod plan --compile` lowers this step with."""
+    import jax
+    import jax.numpy as jnp
+    out = {k: jax.ShapeDtypeStruct((rows, 2, seq_len), jnp.int32) for k in ("tokens", "answer")}
+    if "ref" in self.batch_ndims:
+      out["ref"] = jax.ShapeDtypeStruct((rows, 2), jnp.float32)
+    return out
+
   def loss_fn(self, graphdef) -> Callable:
     import jax
     import jax.numpy as jnp

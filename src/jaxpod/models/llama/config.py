@@ -23,6 +23,7 @@ DTYPES = ("float32", "bfloat16")
 REMATS = ("none", "full", "dots", "offload")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 LAYER_KINDS = ("full_attention", "sliding_attention")
+ATTENTIONS = ("auto", "xla", "splash", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,9 +61,13 @@ class LlamaConfig:
   sliding_window: int | None = None  # a sliding layer's query at i sees keys j with i - window < j <= i
   layer_types: tuple[str, ...] = ()  # per layer: full_attention | sliding_attention; () = all full
   rope_local_theta: float | None = None  # RoPE base of sliding layers (Gemma 3 local layers); None: rope_theta
+  attn_logit_softcapping: float | None = None  # scores -> cap * tanh(scores / cap) before the softmax (Gemma 2)
   # How jaxpod computes (not in config.json):
   param_dtype: str | None = None  # storage dtype of the weights (float32: master weights for bf16 compute); None: dtype
   remat: str = "none"  # activations kept for the backward pass: none | full | dots | offload (models/llama/stack.py)
+  # attention without a KV cache (training, prefill; models/llama/kernels.py): auto (splash on TPU, cuDNN on GPU
+  # where it serves the model, XLA otherwise) | xla | splash (Pallas; interpreted on CPU) | cudnn
+  attention: str = "auto"
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -86,6 +91,10 @@ class LlamaConfig:
       raise ValueError(f"LlamaConfig.param_dtype={self.param_dtype!r}; use one of {DTYPES} (or leave it unset: dtype)")
     if self.remat not in REMATS:
       raise ValueError(f"LlamaConfig.remat={self.remat!r}; use one of {REMATS}")
+    if self.attention not in ATTENTIONS:
+      raise ValueError(f"LlamaConfig.attention={self.attention!r}; use one of {ATTENTIONS}")
+    if self.attn_logit_softcapping is not None and not self.attn_logit_softcapping > 0:
+      raise ValueError(f"LlamaConfig.attn_logit_softcapping={self.attn_logit_softcapping}; expected > 0 (or None)")
     if not isinstance(self.eos_token_id, tuple):
       raise ValueError(f"LlamaConfig.eos_token_id must be a tuple of ints, got {self.eos_token_id!r}")
     families.family(self.model_type)

@@ -45,8 +45,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxpod.models.llama import params as table, stack
-from jaxpod.models.llama.attention import context, self_attention, visible
+from jaxpod.models.llama import kernels, params as table, stack
+from jaxpod.models.llama.attention import context, self_attention, soft_capped, visible
 from jaxpod.models.llama.config import LlamaConfig
 from jaxpod.models.llama.kv import CACHE_AXES, PAGE_AXES, SLOT_AXES, KVCache, PagedKVCache, SlotKVCache  # noqa: F401
 from jaxpod.runtime.sharding import DEFAULT as DEFAULT_RULES, constrain
@@ -207,19 +207,25 @@ class Attention(nnx.Module):
                   & visible(positions_BxT[:, :, None], k_pos_BxS[:, None, :], window))
     with jax.named_scope("attention"):
       q_BxTxKxGxE = q_BxTxHxE.reshape(b, t, kvh, h // kvh, e)
-      ctx = context(q_BxTxKxGxE, keys_BxKxSxE, values_BxKxSxE, mask_BxTxS, cfg.attn_scale)
+      ctx = context(q_BxTxKxGxE, keys_BxKxSxE, values_BxKxSxE, mask_BxTxS, cfg.attn_scale, cfg.attn_logit_softcapping)
     return constrain(ctx.reshape(b, t, h, e), ("batch", "seq", "heads", "head_dim")), cache
 
 
 def _attend_cached(cfg: LlamaConfig, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, cache, layer: int, positions_BxT, kv_len,
                    window):
   """Context [B, T, H, E] of T new tokens over the cached slots below each row's first position (read in place
-  from a slot cache, gathered from pages; none if kv_len == 0) and causally over the new tokens themselves."""
+  from a slot cache, gathered from pages; none if kv_len == 0) and causally over the new tokens themselves. A prefill
+  (kv_len == 0) runs on `cfg.attention`'s kernel (`kernels.py`: splash on TPU, cuDNN on GPU)."""
   b, t, h, e = q_BxTxHxE.shape
+  if kv_len == 0 and (impl := kernels.choose(cfg, q_BxTxHxE.shape, q_BxTxHxE.dtype)) != "xla":  # a prefill
+    ctx = kernels.attend(impl, cfg, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, jnp.ones((b, t), bool), window)
+    return constrain(ctx, ("batch", "seq", "heads", "head_dim"))
   kvh = cfg.num_key_value_heads
   q_BxTxKxGxE = q_BxTxHxE.reshape(b, t, kvh, h // kvh, e)
   scale, lowest = cfg.attn_scale, jnp.finfo(jnp.float32).min
-  new = jnp.einsum("btkge,bkse->bkgts", q_BxTxKxGxE, k_BxKxTxE, preferred_element_type=jnp.float32) * scale
+  cap = cfg.attn_logit_softcapping
+  new = soft_capped(jnp.einsum("btkge,bkse->bkgts", q_BxTxKxGxE, k_BxKxTxE, preferred_element_type=jnp.float32)
+                    * scale, cap)
   steps_TxT = jnp.arange(t)[:, None] - jnp.arange(t)[None, :]  # query index - key index (= position difference)
   new = jnp.where(((steps_TxT >= 0) & visible(steps_TxT, 0, window))[None, None, None], new, lowest)
   if kv_len == 0:
@@ -230,7 +236,8 @@ def _attend_cached(cfg: LlamaConfig, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, cache, lay
       kv_len = cache.table_BxM.shape[1] * cache.k.shape[3] if kv_len is None else kv_len
     old_k_BxKxSxE, old_v_BxKxSxE = cache.read(layer, kv_len)
     s = old_k_BxKxSxE.shape[2]
-    old = jnp.einsum("btkge,bkse->bkgts", q_BxTxKxGxE, old_k_BxKxSxE, preferred_element_type=jnp.float32) * scale
+    old = soft_capped(jnp.einsum("btkge,bkse->bkgts", q_BxTxKxGxE, old_k_BxKxSxE, preferred_element_type=jnp.float32)
+                      * scale, cap)
     slot_S = jnp.arange(s)
     seen_BxTxS = ((slot_S[None, None, :] < positions_BxT[:, :1, None])  # slots below the row's first new position
                   & visible(positions_BxT[:, :, None], slot_S[None, None, :], window))  # a slot's position is itself
