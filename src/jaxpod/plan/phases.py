@@ -12,7 +12,7 @@ Phases and what each assumes of the code (DESIGN.md invariant 10):
               storage dtype (`param_dtype`: float32 master weights and moments), + activations in the compute
               dtype (an estimate of what the scanned layer stack keeps under `remat`: every layer's activations
               with none; each layer's input with full, plus one layer recomputed at a time; the vocab head by
-              slices) + what FSDP gathers for one layer at a time (its weights in the compute dtype, its float32
+              slices; no [T, T] scores where attention runs a kernel: splash on TPU, cuDNN on GPU) + what FSDP gathers for one layer at a time (its weights in the compute dtype, its float32
               gradients before the reduce-scatter) + a float32 gradient accumulator with microbatches > 1;
               `jaxpod plan --compile` gives the TPU compiler's own figure beside it
   kv          engines on the trainer's devices: weights resharded to the inference layout (replicated over
@@ -94,7 +94,17 @@ def _layout(pod: PodShape, wl: Workload) -> Layout:
 VOCAB_SLICE = 8192  # vocabulary entries per slice of the loss's log-softmax (models/llama/loss.py)
 
 
-def _activations(cfg: LlamaConfig, wl: Workload, lay: Layout, itemsize: int, microbatches: int = 1) -> int:
+def fused_attention(cfg: LlamaConfig, pod: PodShape) -> bool:
+  """Whether attention runs a kernel that never writes the [T, T] scores (`model.attention`, models/llama/kernels.py:
+  auto is splash on TPU, cuDNN on GPU in bf16/fp16); a custom pod is assumed to run XLA."""
+  if cfg.attention != "auto":
+    return cfg.attention != "xla"
+  tpu, gpu = pod.name.startswith(("v4", "v5", "v6")), pod.name.startswith(("h100", "h200", "a100"))
+  return tpu or (gpu and cfg.dtype in ("bfloat16", "float16"))
+
+
+def _activations(cfg: LlamaConfig, wl: Workload, lay: Layout, itemsize: int, microbatches: int = 1,
+                 fused: bool = False) -> int:
   """Activation bytes the backward pass needs on one device (estimate; see the module docstring)."""
   rows = math.ceil(math.ceil(wl.batch / (lay.data * lay.fsdp)) / microbatches)
   if wl.kind == "preference":
@@ -104,6 +114,8 @@ def _activations(cfg: LlamaConfig, wl: Workload, lay: Layout, itemsize: int, mic
   h_m = h // m if h % m == 0 else h
   dots = n * (d + (h_m + 2 * k) * hd + 3 * cfg.intermediate_size // m) * itemsize  # matmul outputs of a layer
   scores = rows * h_m * wl.seq_len ** 2 * (4 + itemsize)  # float32 scores and their probabilities
+  if fused:  # the kernel keeps a float32 max and log-sum-exp per query, and its blocks
+    scores = rows * h_m * wl.seq_len * 2 * 4
   per_layer = 3 * n * d * itemsize + dots + scores
   kept = {"none": cfg.num_hidden_layers * per_layer, "dots": cfg.num_hidden_layers * (n * d * itemsize + dots),
           "full": cfg.num_hidden_layers * n * d * itemsize, "offload": cfg.num_hidden_layers * n * d * itemsize}
@@ -152,7 +164,7 @@ def make_plan(cfg: LlamaConfig, pod: PodShape, wl: Workload, microbatches: int =
                  "reference": params_dev if wl.reference else 0}
   resident = sum(state_parts.values())
   compute = pm.ITEMSIZE[cfg.dtype]
-  acts = _activations(cfg, wl, lay, compute, microbatches)
+  acts = _activations(cfg, wl, lay, compute, microbatches, fused_attention(cfg, pod))
   gathered = _fsdp_working_set(ts, lay, compute, cfg.num_hidden_layers)
   accumulator = sum(device_elements(t, lay) for t in ts) * 4 if microbatches > 1 else 0
   phases = []
