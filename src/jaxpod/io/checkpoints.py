@@ -17,7 +17,8 @@ every host falls back together to the previous step, and the leader moves the ba
 `<dir>.invalid/` so its step number can be saved anew. A step whose tree lacks leaves the run needs
 (written by another configuration) is not damage: every host raises `CheckpointMismatch` in one line
 and nothing is set aside. Leaves the step has beyond the target (an EMA copy written before
-`trainer.ema=0` stopped keeping one) are skipped, never read.
+`trainer.ema=0` stopped keeping one) are skipped, never read. Leaves under an `optional` path that the step
+lacks are left out of what is restored (a frozen DPO reference that newer checkpoints no longer hold).
 
 `verify(URL)` (`jaxpod checkpoint verify`) reads every array of every step to find damage before a
 resume needs it, a leaf at a time (a few leaves up to the largest leaf's bytes), so its memory is
@@ -71,17 +72,38 @@ def _stored_leaves(state_dir) -> dict[str, Any]:
   return _paths(dict(ocp.PyTreeCheckpointHandler().metadata(state_dir).tree))
 
 
-def _restore_items(step_dir: str, target_tree: Any) -> tuple[Any, Any]:
+def _under(path: str, prefixes: tuple[str, ...]) -> bool:
+  return any(path == p or path.startswith(p + "/") for p in prefixes)
+
+
+def _without(tree: dict, paths: set[str], at: str = "") -> dict:
+  """A nested dict without the leaves at `paths` (and without sections left empty)."""
+  out = {}
+  for k, v in tree.items():
+    path = f"{at}{k}"
+    if isinstance(v, dict):
+      sub = _without(v, paths, path + "/")
+      if sub or not v:
+        out[k] = sub
+    elif path not in paths:
+      out[k] = v
+  return out
+
+
+def _restore_items(step_dir: str, target_tree: Any, optional: tuple[str, ...] = ()) -> tuple[Any, Any]:
   """(state, data) of one step folder, read by this host alone (no barrier, no collective); leaves the step
-  holds beyond `target_tree` are skipped, leaves it lacks raise CheckpointMismatch."""
+  holds beyond `target_tree` are skipped, leaves it lacks raise CheckpointMismatch (under `optional`: left out)."""
   import orbax.checkpoint as ocp
   from etils import epath
   state_dir = epath.Path(step_dir) / "state"
   stored = _stored_leaves(state_dir)
-  missing = sorted(set(_paths(target_tree)) - set(stored))
-  per_layer = _per_layer_leaves(missing, stored, _paths(target_tree))
-  if per_layer:
-    missing = sorted(set(missing) - set(per_layer))
+  absent = sorted(set(_paths(target_tree)) - set(stored))
+  per_layer = _per_layer_leaves(absent, stored, _paths(target_tree))
+  absent = [p for p in absent if p not in per_layer]
+  dropped = {p for p in absent if _under(p, optional)}  # e.g. a rebuilt buffer: the caller makes it anew
+  if dropped:
+    target_tree = _without(target_tree, dropped)
+  missing = sorted(p for p in absent if p not in dropped)
   if missing:
     raise CheckpointMismatch(
         f"checkpoint {step_dir} has no {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
@@ -198,15 +220,16 @@ class Checkpointer:
       log.warning("checkpoint step %d is damaged (%s): moved to %s", step, why, dest)
     runtime.barrier("checkpoints.set_aside", timeout_s=600)
 
-  def restore(self, target_tree: Any) -> tuple[int, Any, Any] | None:
+  def restore(self, target_tree: Any, optional: tuple[str, ...] = ()) -> tuple[int, Any, Any] | None:
     """(step, state tree, this host's data state) from the newest step every host restores, or None.
 
     `target_tree` holds ShapeDtypeStructs with shardings: arrays come back as global jax.Arrays
-    placed there (a different mesh than the one saved works).
+    placed there (a different mesh than the one saved works). Leaves under the `optional` paths ("a/b") that a
+    step lacks are absent from its tree.
     """
     for step in self.agreed_steps():
       try:
-        state, data, error = *_restore_items(storage.join(self.dir, str(step)), target_tree), None
+        state, data, error = *_restore_items(storage.join(self.dir, str(step)), target_tree, optional), None
       except Exception as e:  # a damaged step raises whatever TensorStore or JSON decoding raise
         state, data, error = None, None, _error_line(e)
       errors = runtime.allgather(error, "checkpoints.restore")

@@ -25,6 +25,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxpod.io import safetensors_io
+from jaxpod.runtime import progress
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +61,10 @@ def deliver(jobs: list[Job], mesh) -> Iterator[tuple[int, list[np.ndarray]]]:
   bad = sorted({j.owner for j in jobs} - set(hosts))
   if bad:
     raise ValueError(f"deliver: owner(s) {bad} hold no device of the mesh (its hosts are {hosts})")
+  waves = 0
   while any(queues.values()):
+    waves += 1
+    progress.detail(f"gathering arrays to their writers, wave {waves}")  # where a stuck host was (the watchdog)
     wave = [queues[h].pop(0) if queues[h] else None for h in hosts]
     present = [i for i in wave if i is not None]
     shapes = {i: jax.eval_shape(jobs[i].convert, jobs[i].array) for i in present}

@@ -13,8 +13,15 @@ back. Containment, in layers (`containment()` says which are active on this mach
                with no interface (no network, a kernel boundary) and a PID namespace whose init is the
                sandbox's first process (when it exits or is killed, the kernel kills every process the
                program made, even one that left the process group). Used when the probe succeeds.
+  own /proc    `--mount-proc` with them (a mount namespace, private): a fresh /proc of the PID namespace, so
+               the program sees its own processes only, not the machine's. The kernel refuses that mount in a
+               user namespace when the machine's /proc is not fully visible (a container that masks paths of
+               /proc, as Docker does by default); the namespaces then go without it, /proc lists the machine's
+               processes, and only the audit hook's refusal to open or list what is outside the scratch
+               directory and the standard library keeps the program from reading them.
   rlimits      set in the child before the program runs, soft = hard: RLIMIT_CPU (CPU seconds), RLIMIT_AS
-               (memory: an allocation past it is a MemoryError), RLIMIT_FSIZE (file size), RLIMIT_NOFILE,
+               (memory: an allocation past it is a MemoryError), RLIMIT_FSIZE (file size: a write past it,
+               stdout's included, ends the program by SIGXFSZ, which Python ignores unless told), RLIMIT_NOFILE,
                RLIMIT_NPROC (the uid's tasks now plus `max_processes`; the kernel does not apply it to root).
   process tree a new session; at the end (exit or `timeout_s` of wall time) SIGKILL to the whole process group,
                then every process that still carries this run's marker in its environment (/proc).
@@ -43,6 +50,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_child.py")  # what the subprocess runs
 MARKER = "JAXPOD_SANDBOX_RUN"  # environment variable naming the run; the sweep kills processes that carry it
@@ -80,21 +88,29 @@ class Outcome:
   observation: str  # the output and a note on how it ended, or "[no output]"
 
 
-@functools.lru_cache(maxsize=1)
-def _namespaces_work() -> bool:
-  """Whether `unshare -rn --pid --fork --kill-child` runs here (no root needed where user namespaces are on)."""
-  if shutil.which("unshare") is None:
-    return False
+UNSHARE = ("unshare", "-rn", "--pid", "--fork", "--kill-child")
+
+
+def _runs(cmd: tuple[str, ...]) -> bool:
   try:
-    return subprocess.run(["unshare", "-rn", "--pid", "--fork", "--kill-child", "true"], capture_output=True,
-                          timeout=10, env={"PATH": os.defpath}).returncode == 0
+    return subprocess.run([*cmd, "true"], capture_output=True, timeout=10, env={"PATH": os.defpath}).returncode == 0
   except (OSError, subprocess.TimeoutExpired):
     return False
 
 
+@functools.lru_cache(maxsize=1)
+def _namespaces() -> tuple[str, ...]:
+  """The `unshare` command that runs here: with `--mount-proc` if the kernel allows it, else without, else none
+  (no root needed where user namespaces are on)."""
+  if shutil.which("unshare") is None:
+    return ()
+  return next((cmd for cmd in ((*UNSHARE, "--mount-proc"), UNSHARE) if _runs(cmd)), ())
+
+
 def containment(limits: SandboxLimits = SandboxLimits()) -> tuple[str, ...]:
   """The layers active for `limits` on this machine (see the module docstring)."""
-  layers = ("namespaces",) if limits.namespaces and _namespaces_work() else ()
+  ns = _namespaces() if limits.namespaces else ()
+  layers = (("namespaces",) if ns else ()) + (("own /proc",) if "--mount-proc" in ns else ())
   return layers + ("rlimits", "process tree", "audit hook")
 
 
@@ -120,7 +136,7 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Outcome:
     out_path, err_path = os.path.join(private, "stdout"), os.path.join(private, "stderr")
     nproc = _uid_tasks() + limits.max_processes
     rl = [limits.cpu_s, limits.memory_mb << 20, limits.file_mb << 20, limits.open_files, nproc]
-    ns = ["unshare", "-rn", "--pid", "--fork", "--kill-child"] if "namespaces" in containment(limits) else []
+    ns = list(_namespaces()) if "namespaces" in containment(limits) else []
     cmd = [*ns, sys.executable, "-S", "-s", "-P", CHILD, *map(str, rl)]
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": scratch, "TMPDIR": scratch,
            "PYTHONHASHSEED": "0", "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1", MARKER: token}
@@ -148,14 +164,14 @@ def _head(path: str, chars: int) -> tuple[str, bool]:
 
 
 def _kill_tree(p: subprocess.Popen, token: str) -> None:
-  """SIGKILL the run's process group, reap it, then any process left with the run's marker (a few sweeps)."""
+  """SIGKILL the run's process group, reap it, then any process left with the run's marker (sweeps until none)."""
   try:
     os.killpg(p.pid, signal.SIGKILL)
   except (ProcessLookupError, PermissionError):
     pass
   p.wait()
   needle = f"{MARKER}={token}".encode()
-  for _ in range(5):
+  for sweep in range(10):  # a killed namespace takes a moment to go (its /proc is unmounted): wait up to ~1 s
     found = [pid for pid in live_processes() if needle in _environ(pid)]
     if not found:
       return
@@ -164,6 +180,7 @@ def _kill_tree(p: subprocess.Popen, token: str) -> None:
         os.kill(pid, signal.SIGKILL)
       except (ProcessLookupError, PermissionError):
         pass
+    time.sleep(0.002 * 2 ** sweep)
 
 
 def live_processes() -> list[int]:

@@ -1,19 +1,24 @@
 """The sandbox's child: run as `python -S -s -P sandbox_child.py CPU_S AS FSIZE NOFILE NPROC` in the scratch
 directory with the program on stdin (`jaxpod.problems.sandbox` starts it; never imported by the parent).
 
-It reads the program, sets the rlimits (soft = hard, so the program cannot raise them), installs the audit
-hook, seeds `random`, and runs the program as `__main__`; an uncaught exception prints one line,
-`Type: message`, to stderr and exits 1. As PID 1 of a fresh PID namespace it first forks: the init stays
+It reads the program, sets the rlimits (soft = hard, so the program cannot raise them), restores SIGXFSZ's
+default action (Python starts with it ignored, which turns the file-size limit into an OSError the parent cannot
+tell from the program's own), installs the audit hook, seeds `random`, and runs the program as `__main__`; an
+uncaught exception prints one line, `Type: message`, to stderr and exits 1 (a "File too large" the program
+met with SIGXFSZ ignored ends it by SIGXFSZ after that line, so it is the file-size limit all the same). As PID 1 of a fresh PID namespace it first forks: the init stays
 behind to reap and reports the program's death by signal n as exit status 128+n (the kernel spares an init
 the default action of signals such as SIGXCPU).
 """
+import errno
 import os
+import signal
 import sys
 
 READ_ONLY = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
 WRITE_EVENTS = {"os.remove": (0,), "os.rmdir": (0,), "os.mkdir": (0,), "os.rename": (0, 1), "os.link": (0, 1),
                 "os.symlink": (1,), "os.truncate": (0,), "os.chmod": (0,), "os.chown": (0,), "os.utime": (0,),
                 "os.chflags": (0,), "os.mkfifo": (0,), "os.mknod": (0,), "os.setxattr": (0,), "os.removexattr": (0,)}
+LIST_EVENTS = {"os.listdir", "os.scandir"}  # a folder's names are a read of it (the machine's /proc without its own)
 PROCESS_EVENTS = {"os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen",
                   "os.kill", "os.killpg", "signal.pthread_kill", "os.startfile"}
 BLOCKED_MODULES = {"ctypes", "_ctypes", "_posixsubprocess", "multiprocessing", "_multiprocessing", "_xxsubinterpreters",
@@ -45,6 +50,10 @@ def _hook(scratch: str, readable: tuple[str, ...]):
       if write and not inside(path, (scratch,)):
         raise PermissionError("[write outside the scratch directory refused]")
       if not write and not inside(path, (scratch, *readable)) and fsdecode(path) not in READ_ONLY:
+        raise PermissionError("[read outside the scratch directory refused]")
+    elif event in LIST_EVENTS:
+      path = args[0] if args[0] is not None else "."
+      if not isinstance(path, int) and not inside(path, (scratch, *readable)):
         raise PermissionError("[read outside the scratch directory refused]")
     elif event in WRITE_EVENTS:
       for i in WRITE_EVENTS[event]:
@@ -78,6 +87,7 @@ def main() -> None:
   if os.getpid() == 1:
     _init()
   _limit(*(int(a) for a in sys.argv[1:6]))
+  signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
   import random
   random.seed(0)
   scratch = os.path.realpath(os.getcwd())
@@ -92,6 +102,10 @@ def main() -> None:
   except BaseException as e:  # noqa: B036 - the program's error is the observation
     sys.stdout.flush()
     print(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__, file=sys.stderr)
+    if isinstance(e, OSError) and e.errno == errno.EFBIG:
+      sys.stderr.flush()
+      signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+      signal.raise_signal(signal.SIGXFSZ)
     sys.exit(1)
 
 

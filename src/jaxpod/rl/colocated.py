@@ -35,6 +35,7 @@ from jaxpod.problems.rewards import VerifiedProblems
 from jaxpod.rl import grpo
 from jaxpod.rl.batch import Batcher, BatchSource
 from jaxpod.rl.config import GRPOConfig
+from jaxpod.runtime import progress
 from jaxpod.runtime.hooks import Hook, StepInfo
 
 RL_STREAM = 2  # training stream of RL problems (the warm-up uses stream 1)
@@ -152,6 +153,7 @@ class ColocatedRollouts(Hook):
 
     def rounds():
       while True:
+        progress.mark(f"rl rollout for step {version + 1}")  # the watchdog's phase: what a stuck host was doing
         batch = problems.train_problems(RL_STREAM, slot.cursor, slot.sampled_prompts)
         slot.cursor += slot.sampled_prompts
         sampled.extend(self.roller.run(batch))

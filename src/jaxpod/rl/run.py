@@ -28,7 +28,6 @@ run folder). The topology is decided here: the GRPO task is handed the batch sou
 from __future__ import annotations
 
 import dataclasses
-import json
 
 from jaxpod.policy.spec import PolicySpec
 from jaxpod.problems import ProblemSet
@@ -48,16 +47,20 @@ RUN_ID_IGNORES = ("role", "trainer_hosts", "runtime", "mesh", "tracker", "rollou
 
 
 def run_id(cfg: RLConfig) -> str:
-  """`rl-<12 hex>`: a hash of the config without RUN_ID_IGNORES (the same for every job of one run)."""
-  from jaxpod.train.config import config_hash
-  tree = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
-  tree["problems"]["type"] = ProblemSet.get_choice_name(type(cfg.problems))  # equal fields, other sets: other runs
-  return "rl-" + config_hash(tree, RUN_ID_IGNORES)
+  """`rl-<12 hex>`: a hash of the fields that differ from their defaults, without RUN_ID_IGNORES (the same for every
+  job of one run, and across upgrades that add fields; `train.run_ids`)."""
+  from jaxpod.train.run_ids import run_name
+  return run_name(cfg, "rl", RUN_ID_IGNORES, ProblemSet.get_choice_name(type(cfg.problems)), choice="problems")
 
 
 def run_dir(cfg: RLConfig) -> str:
-  """The run folder (see the module docstring)."""
-  return storage.join(storage.absolute(cfg.trainer.runs_dir), cfg.trainer.run_name or run_id(cfg))
+  """The run folder (see the module docstring); one named by the hash rule before upgrades kept ids is resumed."""
+  from jaxpod.train.run_ids import find_run, legacy_run_id
+  runs = storage.absolute(cfg.trainer.runs_dir)
+  if cfg.trainer.run_name:
+    return storage.join(runs, cfg.trainer.run_name)
+  kind = ProblemSet.get_choice_name(type(cfg.problems))
+  return find_run(runs, run_id(cfg), legacy_run_id(cfg, "rl", RUN_ID_IGNORES, "rl", kind))
 
 
 def run(cfg: RLConfig) -> dict | None:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from jaxpod.runtime import kv, state
+from jaxpod.runtime import kv, progress, state
 from jaxpod.runtime.log import get_logger
 
 log = get_logger("control")
@@ -99,19 +99,29 @@ def _next_gen(kind: str, name: str) -> tuple[str, int]:
   return base, _generations[base]
 
 
+def failed_peers() -> list[dict]:
+  """The failure notices other hosts published ({"host", "type", "message"}), by host."""
+  if not state.in_multi_process_job():
+    return []
+  me = state.host_info().process_index
+  notices = [json.loads(value) for _, value in kv.dir_get(_FAILED)]
+  return sorted((n for n in notices if n["host"] != me), key=lambda n: n["host"])
+
+
 def check_peers(where: str = "") -> None:
   """Raise PeerFailed if any other host has published a failure."""
-  if not state.in_multi_process_job():
-    return
-  me = state.host_info().process_index
-  for key, value in kv.dir_get(_FAILED):
-    info = json.loads(value)
-    if info["host"] != me:
-      raise PeerFailed(info["host"], info["type"], info["message"], where)
+  for info in failed_peers():
+    raise PeerFailed(info["host"], info["type"], info["message"], where)
 
 
 def _wait(key: str, deadline: float, what: str) -> str:
-  """Blocking get in slices; between slices look for failed peers; raise at the deadline."""
+  """Blocking get in slices; between slices look for failed peers; raise at the deadline (the watchdog waits as
+  long: this call names a missing host itself)."""
+  with progress.allow(deadline - time.monotonic()):
+    return _wait_slices(key, deadline, what)
+
+
+def _wait_slices(key: str, deadline: float, what: str) -> str:
   step = 0.1
   while True:
     remaining = deadline - time.monotonic()
@@ -182,9 +192,10 @@ def _native_barrier(barrier_id: str, timeout: float, what: str) -> None:
   box, done = _WAITER.submit(barrier_id, timeout)
   step = 0.05
   try:
-    while not done.wait(step):
-      check_peers(what)
-      step = min(step * 2, _MAX_SLICE_S)
+    with progress.allow(timeout):  # this call names a missing host at its deadline: the watchdog waits as long
+      while not done.wait(step):
+        check_peers(what)
+        step = min(step * 2, _MAX_SLICE_S)
   except BaseException:
     _WAITER.abandon()
     raise
@@ -233,7 +244,8 @@ def broadcast_call(fn: Callable[[], Any], name: str, timeout_s: float | None = N
   key = f"{base}/{gen}/value"
   if host.is_leader:
     try:
-      value = fn()
+      with progress.allow(deadline - time.monotonic()):  # the others wait this long for it
+        value = fn()
       payload = encode({"ok": True, "value": value})
     except BaseException as e:
       kv.set(key, encode({"ok": False, "type": type(e).__name__, "message": str(e)}))
@@ -252,10 +264,14 @@ def abort(exc: BaseException) -> None:
   """Publish this host's failure so every other host raises PeerFailed naming it."""
   if not state.in_multi_process_job() or isinstance(exc, PeerFailed):
     return  # a PeerFailed is a consequence; the root cause is already published
-  host = state.host_info()
-  notice = {"host": host.process_index, "type": type(exc).__name__, "message": str(exc)[:2000]}
+  publish_failure(state.host_info().process_index, type(exc).__name__, str(exc))
+
+
+def publish_failure(host: int, exc_type: str, message: str) -> None:
+  """The failure notice of `host` (this one, or one the watchdog found stuck), read by every other host."""
+  notice = {"host": host, "type": exc_type, "message": message[:2000]}
   try:
-    kv.set(f"{_FAILED}/{host.process_index}", json.dumps(notice), overwrite=True)
+    kv.set(f"{_FAILED}/{host}", json.dumps(notice), overwrite=True)
     log.error("published failure to the other hosts: %s: %s", notice["type"], notice["message"])
   except Exception as e:  # the coordination service may be gone already
     log.error("could not publish failure (%s); peers will see the heartbeat timeout", e)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import sys
 
-from jaxpod.runtime import compile_cache, control, program_check
+from jaxpod.runtime import compile_cache, control, program_check, watchdog
 from jaxpod.runtime.hosts import HostInfo
 from jaxpod.runtime.log import get_logger, setup_logging
 from jaxpod.runtime.state import (STATE, RuntimeConfig, cache_dir, config, host_info,  # noqa: F401 - re-exported
@@ -77,6 +77,7 @@ def init(cfg: RuntimeConfig | None = None, runs_dir: str | None = None) -> HostI
   STATE.cache_dir = compile_cache.setup(cfg.compile_cache, runs_dir, host.is_leader)
   if host.multi_process:
     _install_excepthook()
+    watchdog.arm(cfg, host.process_index)  # the calling thread's progress marks count from here
   program_check.enable(cfg.program_check or program_check.env_enabled())
   log.debug("initialised: %s, %d local / %d global devices", host.source, jax.local_device_count(),
             jax.device_count())
@@ -99,6 +100,7 @@ def shutdown() -> None:
   if STATE.host is None:
     return
   import jax
+  watchdog.disarm()  # leaving the job waits on the others (a barrier): not a stall
   if STATE.cache_dir:  # every host: each reads the shared cache, only process 0 writes it
     log.info("%s (%s)", compile_cache.STATS.summary(), STATE.cache_dir)
   if STATE.host.multi_process:

@@ -36,6 +36,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from jaxpod.runtime import progress
+
 
 @dataclasses.dataclass
 class StepInfo:
@@ -97,6 +99,7 @@ def run_hooks(hooks: list[Hook], info: StepInfo) -> dict:
   out: dict = {}
   for hook in hooks:
     if hook.due(info.step, info.final):
+      progress.mark(f"{type(hook).__name__} at step {info.step}")  # what a stuck host was in (the watchdog)
       result = hook(info)
       if result:
         out.update(result)

@@ -4,7 +4,9 @@ Each host gets the variables `runtime.init()` reads (coordinator, host count and
 devices per host), every output line is prefixed with its host and kept in a per-host log,
 and the first host to exit non-zero takes the others down: SIGTERM, then SIGKILL after a
 grace period (JAX installs a SIGTERM handler for preemption notices, so SIGTERM alone does
-not stop a JAX process). The summary names the first host that failed and its last lines.
+not stop a JAX process). The summary names the first host that failed and its last lines, and first the host the watchdogs named
+(`runtime.watchdog`: a stuck host with its phase and where it was, or the host whose failure the others exited on),
+whichever host exited first.
 
 Hosts are isolated by default (DESIGN.md invariant 8): each gets a private local root
 `<hosts_root>/host_<i>/` holding its own HOME, TMPDIR, XDG cache folder and working directory,
@@ -18,6 +20,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -269,10 +272,34 @@ def launch(cmd: list[str], cfg: LaunchConfig, sink: TextIO | None = sys.stdout, 
   return result
 
 
+def watchdog_line(result: LaunchResult) -> str | None:
+  """The host the hosts' watchdogs named (`runtime.watchdog`), whichever host exited first: the line a stuck host
+  printed about itself ("host i made no progress for N s in <phase>, at <file:line>"), else the failure notice a
+  host left waiting exited on ("host i failed: ..."); None if no watchdog spoke."""
+  from jaxpod.runtime.watchdog import NOTICE
+  stuck = re.compile(re.escape(NOTICE) + r"(host \d+ made no progress for .*)$")
+  waited = re.compile(re.escape(NOTICE) + r"host \d+ exits: (host \d+ failed.*); it was in ")
+  for pattern in (stuck, waited):
+    for lines in result.output:
+      for line in lines:
+        m = pattern.match(line)
+        if m:
+          return m.group(1)
+  return None
+
+
 def format_summary(result: LaunchResult, procs: list[_Host]) -> str:
   n = len(procs)
   if result.reason == "":
     return f"jaxpod launch: all {n} hosts exited 0 in {result.seconds:.1f}s; logs in {result.log_dir}"
+  named = watchdog_line(result)
+  if named is not None:
+    return f"jaxpod launch: {named}\n" + _failure_summary(result, procs)
+  return _failure_summary(result, procs)
+
+
+def _failure_summary(result: LaunchResult, procs: list[_Host]) -> str:
+  n = len(procs)
   if result.reason == "exit":
     h = procs[result.first_failed]
     tail = "\n".join(f"    {line}" for line in h.tail)

@@ -24,6 +24,8 @@ class RuntimeConfig:
   shutdown_timeout_s: int | None = None  # how long shutdown waits for peers; None: 15 s simulated, 120 s real
   init_timeout_s: int = 120  # how long to wait for every host to join
   control_timeout_s: float = 600.0  # default deadline of barriers/broadcasts/allgathers
+  stall_timeout_s: float | None = None  # a host without progress this long is stuck (watchdog); None: max(600 s, 10 x longest step)
+  compile_timeout_s: float = 3600.0  # how long one trace + XLA compile may take before the watchdog calls the host stuck
   program_check: bool = False  # compare lowered programs across hosts before running them (or JAXPOD_PROGRAM_CHECK=1)
   log_level: str = "INFO"  # jaxpod logger level
   compile_cache: compile_cache.CompileCacheConfig = dataclasses.field(
@@ -38,6 +40,10 @@ class RuntimeConfig:
       raise ValueError(f"runtime.init_timeout_s={self.init_timeout_s} must be >= 1")
     if self.control_timeout_s <= 0:
       raise ValueError(f"runtime.control_timeout_s={self.control_timeout_s} must be > 0")
+    for name in ("stall_timeout_s", "compile_timeout_s"):
+      v = getattr(self, name)
+      if v is not None and v <= 0:
+        raise ValueError(f"runtime.{name}={v} must be > 0 seconds (a stuck host is found after it)")
 
   def hosts(self) -> HostInfo:
     """HostInfo without initialising JAX (for early validation)."""

@@ -47,6 +47,7 @@ from typing import Sequence
 
 import numpy as np
 
+from jaxpod.runtime import progress
 from jaxpod.sample.config import EngineConfig
 from jaxpod.sample.tokens import NO_TOKEN, Completion
 
@@ -145,6 +146,7 @@ class Scheduler:
   def step(self) -> list[Completion]:
     """One round: admit (prefill), prepare, decode `steps_per_round` tokens; the completions finished in it."""
     self._done = []
+    progress.touch()  # a round is progress for the watchdog (in whatever phase samples: rollout, eval, sample)
     self._admit()
     if any(self.slots):
       self._prepare()

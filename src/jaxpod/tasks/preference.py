@@ -17,7 +17,8 @@
   warm-up, `jaxpod rl`'s too: a trainer run in the data cache, a preempted rerun resumes it), then
   its own wrong samples become the rejected answers and the verifier's answers the chosen ones.
 - Reference (DPO, IPO): `reference: in_step` (default) keeps the starting weights as a frozen copy
-  in the state's `buffers` (sharded exactly like the policy, checkpointed with it, never seen by the
+  in the state's `buffers` (sharded exactly like the policy, rebuilt from the starting weights on resume
+  rather than checkpointed (`train.rebuilt`), never seen by the
   optimizer, which only receives the gradient of `params`) and runs one extra forward per step;
   `precomputed` runs the reference once over every pair before training, stores the [N, 2] log-probs
   beside the pairs in shared storage and frees the weights. See docs/DESIGN.md for the memory each costs.
@@ -309,6 +310,11 @@ class PreferenceTask(LlamaTask):
 
   def _buffers(self, params) -> dict:
     return {"ref": params} if self.pc.in_step_reference else {}
+
+  @property
+  def rebuilt_buffers(self) -> tuple[str, ...]:
+    """The reference is the starting weights: rebuilt from them on resume, not checkpointed (`train.rebuilt`)."""
+    return ("ref",) if self.pc.in_step_reference and self.lora is None else ()
 
   def abstract_batch(self, rows: int, seq_len: int) -> dict:
     """The training batch's shapes (global, unsharded) for `rows` pairs of two `seq_len`-token sides (a precomputed

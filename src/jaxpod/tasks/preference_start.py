@@ -22,6 +22,7 @@ import numpy as np
 from jaxpod.data import sort_digits
 from jaxpod.data.pairs import encode_pair, stack_pairs
 from jaxpod.problems.environments import answer_ids
+from jaxpod.runtime import progress
 
 
 def _answer_ids(tokenizer, text: str) -> list[int]:
@@ -125,6 +126,7 @@ def reference_logps(graphdef, params, arrays: dict, mesh, batch: int) -> np.ndar
   n = len(arrays["tokens"])
   out = np.zeros((n, 2), np.float32)
   for start in range(0, n, batch):
+    progress.touch()  # every batch is progress for the watchdog
     rows = {k: arrays[k][start:start + batch] for k in ("tokens", "answer")}
     fill = batch - len(rows["tokens"])
     rows = {k: np.concatenate([v, np.zeros((fill, *v.shape[1:]), v.dtype)]).astype(np.int32) for k, v in rows.items()}

@@ -158,27 +158,17 @@ RUN_ID_IGNORES = ("runtime", "mesh", "tracker", "trainer.steps", "trainer.runs_d
                   "task.data.cache_dir", "task.data.eval_batch_size", "task.bar_metrics", "task.plot_metrics")
 
 
-def config_hash(tree: dict, ignores: tuple[str, ...]) -> str:
-  """12 hex digits of a config tree (a JSON-able dict) without the dotted fields in `ignores`."""
-  import copy
-  import hashlib
-  import json
-  tree = copy.deepcopy(tree)
-  for dotted in ignores:
-    *parents, leaf = dotted.split(".")
-    node = tree
-    for p in parents:
-      node = node.get(p, {})
-    node.pop(leaf, None)
-  return hashlib.sha256(json.dumps(tree, sort_keys=True).encode()).hexdigest()[:12]
-
-
 def run_id(cfg: TrainConfig, prefix: str) -> str:
-  """`<prefix>-<12 hex>`: a hash of the config without RUN_ID_IGNORES, the same for the same command."""
-  import json
-  tree = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
-  tree["task"]["type"] = task_type(cfg.task)  # two tasks with equal fields are different runs
-  return f"{prefix}-{config_hash(tree, RUN_ID_IGNORES)}"
+  """`<prefix>-<12 hex>`: a hash of the fields that differ from their defaults, without RUN_ID_IGNORES (the same
+  for the same command, across upgrades that add fields; `train.run_ids`)."""
+  from jaxpod.train.run_ids import run_name
+  return run_name(cfg, prefix, RUN_ID_IGNORES, task_type(cfg.task))
+
+
+def legacy_run_id(cfg: TrainConfig, prefix: str) -> str | None:
+  """The name the run-id rule before `run_id`'s gave this command's folder (a run to resume), or None."""
+  from jaxpod.train.run_ids import legacy_run_id as legacy
+  return legacy(cfg, prefix, RUN_ID_IGNORES, "train", task_type(cfg.task))
 
 
 def validate_storage(cfg: TrainConfig, hosts: HostInfo) -> None:

@@ -18,6 +18,8 @@ shardings, optimizer step, EMA, checkpoints, hooks, tracker. A task supplies:
     hooks(graphdef, mesh, tcfg)    task-specific hooks, run after eval (LM: SampleHook)
     initial_params(mesh, shardings)  optional: (params, buffers) to start from, placed in shardings.params /
                                    shardings.buffers (e.g. a HF checkpoint); absent or None: init_model(seed)
+    rebuilt_buffers                optional: keys of `buffers` rebuilt from the starting weights on resume rather than
+                                   checkpointed (DPO's frozen reference; `train.rebuilt`)
     eval_summary(ev)               (label, value) rows for the end-of-run table
     summary_fields(run_dir)        optional: extra keys for summary.json (leader, after the run; e.g. accuracy.start)
     name, headline                 run-folder prefix; the eval metric logged first (optional)

@@ -27,10 +27,12 @@ from typing import Any, Callable, Sequence
 from jaxpod import runtime
 from jaxpod.runtime import storage
 from jaxpod.runtime.log import get_logger
-from jaxpod.train.config import TrainConfig, run_id, validate_for_hosts, validate_storage
+from jaxpod.runtime.progress import mark as mark_progress  # the watchdog's marks (train.progress: the bar)
+from jaxpod.train.config import TrainConfig, legacy_run_id, run_id, validate_for_hosts, validate_storage
 from jaxpod.train.hooks import (CheckpointHook, EvalHook, Hook, ProgressHook, StepInfo, TrackerHook, find_hook,
                                 run_hooks)
 from jaxpod.train.preemption import Preempted, PreemptionWatch
+from jaxpod.train.rebuilt import RebuiltBuffers
 from jaxpod.train.task import EndOfData
 
 log = get_logger("train")
@@ -59,8 +61,14 @@ class RunSummary:
 
 
 def run_url(cfg: TrainConfig, prefix: str) -> str:
-  """The run folder: `<runs_dir>/<run_name>`, or `<runs_dir>/<prefix>-<config hash>` (a rerun finds it again)."""
-  url = storage.join(storage.absolute(cfg.trainer.runs_dir), cfg.trainer.run_name or run_id(cfg, prefix))
+  """The run folder: `<runs_dir>/<run_name>`, or `<runs_dir>/<prefix>-<config hash>` (a rerun finds it again, also
+  one named by the hash rule before upgrades kept ids)."""
+  from jaxpod.train.run_ids import find_run
+  runs = storage.absolute(cfg.trainer.runs_dir)
+  if cfg.trainer.run_name:
+    url = storage.join(runs, cfg.trainer.run_name)
+  else:
+    url = find_run(runs, run_id(cfg, prefix), legacy_run_id(cfg, prefix))
   storage.makedirs(url)
   return url
 
@@ -116,6 +124,7 @@ def train(cfg: TrainConfig, extra_hooks: Sequence[Hook] = (), task=None) -> RunS
   with runtime.guard():
     task = make_task(cfg) if task is None else task
     run_dir = runtime.broadcast_call(lambda: run_url(cfg, task.name), "train.run_dir")
+    mark_progress("train: preparing the data")
     prepared = runtime.broadcast_call(task.prepare, "train.dataset", timeout_s=3600)
     return _run(cfg, task, run_dir, prepared, extra_hooks, t_start)
 
@@ -131,6 +140,7 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
 
   host = runtime.host_info()
   tcfg, dcfg = cfg.trainer, cfg.task.data
+  mark_progress("train: setting up the task, the mesh and the state")
   task.setup(prepared, host.process_index, host.process_count)
   mesh = runtime.mesh_from_config(cfg.mesh)
   log.info("run %s: task %s, mesh %s", run_dir, task.name, runtime.describe_mesh(mesh))
@@ -150,10 +160,13 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
   ckpt = Checkpointer(CheckpointConfig(dir=storage.join(run_dir, "checkpoints"), keep_last=tcfg.keep_last,
                                        async_save=tcfg.async_checkpoints))
   iterator = task.train_iter()
-  restored = _restore(tcfg, ckpt, st.to_nested(st.with_shardings(abstract, shardings)))
+  mark_progress("train: restoring the newest checkpoint")
+  rebuilt = RebuiltBuffers(task, init_fn, mesh, shardings)  # e.g. DPO's reference: not in the checkpoints
+  restored = _restore(tcfg, ckpt, rebuilt.target(st.to_nested(st.with_shardings(abstract, shardings))),
+                      rebuilt.optional())
   if restored is not None:
     start, tree, data_state = restored
-    state = st.from_nested(tree, abstract)
+    state = st.from_nested(rebuilt.complete(tree), abstract)
     if data_state is not None:
       iterator.set_state(data_state)
     tracker.truncate_after(start)
@@ -162,6 +175,7 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
     start = 0
     initial = getattr(task, "initial_params", None)
     state = st.init_state(init_fn, shardings, initial(mesh, shardings) if initial is not None else None)
+  rebuilt.remember(state)
   if start >= tcfg.steps:
     log.warning("run %s is already complete at step %d: nothing to train (raise --trainer.steps to train further, "
                 "or pass --trainer.run_name NEW for a new run)", run_dir, start)
@@ -181,7 +195,8 @@ def _run(cfg: TrainConfig, task, run_dir: str, prepared, extra_hooks, t_start: f
     hooks: list[Hook] = [EvalHook(evaluator, tcfg.eval_every, getattr(task, "headline", None),
                                   at_start=tcfg.eval_at_start),
                          *task.hooks(graphdef, mesh, tcfg), *extra_hooks,
-                         CheckpointHook(ckpt, tcfg.checkpoint_every, st.to_nested, before_save=tracker.sync),
+                         CheckpointHook(ckpt, tcfg.checkpoint_every, rebuilt.checkpoint_tree,
+                                        before_save=tracker.sync),
                          ProgressHook(progress), TrackerHook(tracker, tcfg.log_every, tcfg.steps)]
     loop = Loop(task, step_fn, iterator, batch_sh, hooks, run_dir, mesh,
                 PreemptionWatch(host.multi_process, tcfg.preemption_check_every), tcfg.steps, dcfg.global_batch_size)
@@ -247,9 +262,10 @@ def _on_failure(e: BaseException, host, ckpt) -> None:
     ckpt.wait()  # with several hosts the peers may be gone: nothing collective on the way down
 
 
-def _restore(tcfg, ckpt, target):
+def _restore(tcfg, ckpt, target, optional: tuple[str, ...] = ()):
   """`trainer.resume`: this run's newest good checkpoint (auto), none (never: refuse if there is one), or,
-  when this run has none yet, the newest good one under a given URL (a run folder or its checkpoints/)."""
+  when this run has none yet, the newest good one under a given URL (a run folder or its checkpoints/);
+  `optional`: checkpoint paths a step may lack (`Checkpointer.restore`)."""
   from jaxpod.io import CheckpointConfig, Checkpointer
   if tcfg.resume == "never":
     found = ckpt.steps()
@@ -257,14 +273,14 @@ def _restore(tcfg, ckpt, target):
       raise ValueError(f"trainer.resume=never but {ckpt.dir} already holds checkpoints (steps {found}); pass "
                        "--trainer.run_name NEW for a new run, or --trainer.resume auto to continue")
     return None
-  restored = ckpt.restore(target)
+  restored = ckpt.restore(target, optional)
   if restored is not None or tcfg.resume == "auto":
     return restored
   source = tcfg.resume
   if storage.exists(storage.join(source, "checkpoints")):
     source = storage.join(source, "checkpoints")
   other = Checkpointer(CheckpointConfig(dir=source))
-  restored = other.restore(target)
+  restored = other.restore(target, optional)
   other.close()
   if restored is None:
     raise ValueError(f"trainer.resume={tcfg.resume}: no checkpoint there restores on every host")
@@ -289,6 +305,7 @@ def _loop(loop: Loop, state, start: int) -> tuple[dict, int, str]:
 
   step, ended = start, ""
   for step in range(start + 1, loop.steps + 1):
+    mark_progress(f"train step {step}", step=True)  # the watchdog's step time: step to step, hooks included
     try:
       host_batch = next(loop.iterator)
     except EndOfData as e:
@@ -337,6 +354,7 @@ def _start_hooks(loop: Loop, state, start: int) -> dict:
                   extras={"data_state": loop.iterator.get_state})
   out: dict = {}
   for hook in loop.hooks:
+    mark_progress(f"{type(hook).__name__} before step {start + 1}")
     out.update(hook.on_start(info) or {})
   if out:
     for hook in loop.hooks:

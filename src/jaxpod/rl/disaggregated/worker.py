@@ -32,6 +32,7 @@ from jaxpod.policy.spec import PolicySpec
 from jaxpod.problems.rewards import VerifiedProblems
 from jaxpod.rl.config import RolloutConfig
 from jaxpod.rl.disaggregated.queue import Queue, to_bytes
+from jaxpod.runtime import progress
 from jaxpod.runtime.log import get_logger
 from jaxpod.runtime.mesh import MeshConfig
 from jaxpod.transfer.config import TransferConfig
@@ -179,6 +180,7 @@ def _loop(problems: VerifiedProblems, r: RolloutConfig, num_generations: int, qu
 
   last_log = time.monotonic()
   while True:
+    progress.mark(f"rl rollout worker {w} round")  # polling a full queue is progress too (the watchdog)
     p = runtime.broadcast_call(plan, "rl.worker.plan")
     if p["done"]:
       log.info("rollout worker %d: the trainer %s; %d files written", w,
