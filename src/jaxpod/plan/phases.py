@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from jaxpod.models.llama.config import LlamaConfig
+from jaxpod.models.llama.config import LlamaConfig, attention_kernel
 from jaxpod.plan import model as pm
 from jaxpod.plan.pods import GB, PodShape
 from jaxpod.plan.shard import Layout, device_elements, host_bytes
@@ -95,12 +95,12 @@ VOCAB_SLICE = 8192  # vocabulary entries per slice of the loss's log-softmax (mo
 
 
 def fused_attention(cfg: LlamaConfig, pod: PodShape) -> bool:
-  """Whether attention runs a kernel that never writes the [T, T] scores (`model.attention`, models/llama/kernels.py:
-  auto is splash on TPU, cuDNN on GPU in bf16/fp16); a custom pod is assumed to run XLA."""
-  if cfg.attention != "auto":
-    return cfg.attention != "xla"
-  tpu, gpu = pod.name.startswith(("v4", "v5", "v6")), pod.name.startswith(("h100", "h200", "a100"))
-  return tpu or (gpu and cfg.dtype in ("bfloat16", "float16"))
+  """Whether attention runs a kernel that never writes the [T, T] scores on this pod (the model's own rule:
+  config.attention_kernel, splash on TPU, cuDNN on GPU); a custom pod is assumed to run XLA."""
+  try:
+    return attention_kernel(cfg, pod.platform or "cpu", cfg.head_dim_, cfg.dtype) != "xla"
+  except ValueError:  # a forced kernel this pod cannot run: the run refuses it in one line; plan with XLA's bytes
+    return False
 
 
 def _activations(cfg: LlamaConfig, wl: Workload, lay: Layout, itemsize: int, microbatches: int = 1,

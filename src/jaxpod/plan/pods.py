@@ -44,6 +44,14 @@ class PodShape:
     """Devices in the whole pod."""
     return self.hosts * self.devices_per_host
 
+  @property
+  def platform(self) -> str:
+    """tpu | gpu for a preset's accelerators (a changed preset keeps its kind); "" for a custom shape."""
+    key = self.name.split(" ")[0]
+    if key in _GPU:
+      return "gpu"
+    return "tpu" if re.fullmatch(r"(v4|v5p|v5e|v6e)-\d+", key) else ""
+
   @classmethod
   def named(cls, name: str) -> "PodShape":
     """A preset: v4-N, v5p-N, v5e-N, v6e-N (Cloud TPU names) or h100x8 / h200x8 / a100x8 (one GPU node)."""

@@ -198,6 +198,37 @@ class LlamaConfig:
       return cls.from_hf_config(json.load(f), **overrides)
 
 
+def attention_unsupported(cfg: LlamaConfig, impl: str, where: str, head_dim: int, dtype: str) -> str | None:
+  """Why attention kernel `impl` cannot serve `cfg` on platform `where` (tpu | gpu | cpu) in compute `dtype`
+  (a dtype name), None when it can. JAX-free: the model (models/llama/kernels.py) and `jaxpod plan` both ask."""
+  if impl == "splash":
+    if where not in ("tpu", "cpu"):
+      return f"splash is a TPU kernel (interpreted on CPU), and this program compiles for {where}"
+    return None
+  if impl == "cudnn":
+    if where != "gpu":
+      return f"cuDNN attention needs a GPU, and this program compiles for {where}"
+    if cfg.attn_logit_softcapping is not None:
+      return f"cuDNN attention has no logit soft cap (attn_logit_softcapping={cfg.attn_logit_softcapping})"
+    if dtype not in ("bfloat16", "float16"):
+      return f"cuDNN attention computes in bfloat16 or float16, not {dtype} (model.dtype)"
+    if head_dim % 8 or head_dim > 128:
+      return f"cuDNN's flash attention needs head_dim a multiple of 8 and <= 128, not {head_dim}"
+  return None
+
+
+def attention_kernel(cfg: LlamaConfig, where: str, head_dim: int, dtype: str) -> str:
+  """The kernel that runs: `cfg.attention`, or for `auto` the platform's kernel when it serves the model, else xla.
+  A forced kernel that cannot serve the model raises one line naming `model.attention`."""
+  if cfg.attention == "auto":
+    impl = {"tpu": "splash", "gpu": "cudnn"}.get(where, "xla")
+    return impl if attention_unsupported(cfg, impl, where, head_dim, dtype) is None else "xla"
+  why = attention_unsupported(cfg, cfg.attention, where, head_dim, dtype)
+  if why:
+    raise ValueError(f"model.attention={cfg.attention!r} cannot serve this model: {why}; use 'auto' or 'xla'")
+  return cfg.attention
+
+
 def tiny(**overrides) -> LlamaConfig:
   """A test-sized config: hidden 64, 2 layers, GQA 4/2, vocab 256+."""
   base = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

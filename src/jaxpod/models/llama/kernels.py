@@ -16,8 +16,8 @@ head j // G), soft caps by its `attn_logits_soft_cap`. It is one row's kernel, v
 `jax.shard_map` over the mesh: Mosaic kernels cannot be partitioned by XLA, so each device runs it on its rows
 (the batch's mesh axes) and its heads (the model axis, when the kv heads split over it; otherwise every model
 shard computes all heads). T is padded up to a multiple of 128 (the kernel's lane width), the padding hidden
-as segment 0. Why: for one 4096-token row x 32 heads x 128 per v5p chip the kernel's forward + backward holds
-66 MiB of temporaries against 2,064 MiB for XLA's (../shared/reference/compile.md).
+as segment 0. Why: it never writes the [T, T] scores; Llama-3-8B's train step on v5p-64 holds 1.26 GiB less per
+chip at one 4096-token row with it, 7 GiB less at four (docs/scale.md, `jaxpod plan --compile`).
 
 The window counts slots here, positions on XLA's path: the same whenever a row's positions are its slots plus a
 constant (every caller of the cache-free path). A stack of sliding and full layers (one scan, the layer's window
@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpod.models.llama.config import attention_kernel
 from jaxpod.runtime import sharding
 
 LANES = 128  # splash's block sizes are multiples of this; T is padded up to one
@@ -51,37 +52,9 @@ def platform() -> str:
   return "gpu" if name in _GPU else name
 
 
-def unsupported(cfg, impl: str, where: str, head_dim: int, dtype) -> str | None:
-  """Why kernel `impl` cannot serve this model on platform `where` (None: it can)."""
-  if impl == "splash":
-    if where not in ("tpu", "cpu"):
-      return f"splash is a TPU kernel (interpreted on CPU), and this program compiles for {where}"
-    return None
-  if impl == "cudnn":
-    if where != "gpu":
-      return f"cuDNN attention needs a GPU, and this program compiles for {where}"
-    if cfg.attn_logit_softcapping is not None:
-      return f"cuDNN attention has no logit soft cap (attn_logit_softcapping={cfg.attn_logit_softcapping})"
-    if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
-      return f"cuDNN attention computes in bfloat16 or float16, not {jnp.dtype(dtype).name} (model.dtype)"
-    if head_dim % 8 or head_dim > 128:
-      return f"cuDNN's flash attention needs head_dim a multiple of 8 and <= 128, not {head_dim}"
-    return None
-  return None
-
-
 def choose(cfg, shape_BxTxHxE, dtype, where: str | None = None) -> str:
-  """The kernel that runs: `cfg.attention`, or for `auto` the platform's kernel when it serves the model, else xla.
-  A forced kernel that cannot serve the model raises one line naming `model.attention`."""
-  where = platform() if where is None else where
-  head_dim = shape_BxTxHxE[-1]
-  if cfg.attention == "auto":
-    impl = {"tpu": "splash", "gpu": "cudnn"}.get(where, "xla")
-    return impl if unsupported(cfg, impl, where, head_dim, dtype) is None else "xla"
-  why = unsupported(cfg, cfg.attention, where, head_dim, dtype)
-  if why:
-    raise ValueError(f"model.attention={cfg.attention!r} cannot serve this model: {why}; use 'auto' or 'xla'")
-  return cfg.attention
+  """The kernel that runs for these shapes on `where` (None: this program's platform): config.attention_kernel."""
+  return attention_kernel(cfg, platform() if where is None else where, shape_BxTxHxE[-1], jnp.dtype(dtype).name)
 
 
 def attend(impl: str, cfg, q_BxTxHxE, k_BxKxTxE, v_BxKxTxE, kv_mask_BxT, window):
